@@ -1,0 +1,851 @@
+//! The persistent allocator.
+//!
+//! Persistent metadata is only: the chunk word, one descriptor per page, and one
+//! allocation bitmap per slab (all in the chunk's header page), plus each thread
+//! slot's active page table (APT). Everything else (free counts, pools, which slab a
+//! thread allocates from) is volatile and rebuilt lazily, chunk by chunk, the first
+//! time a chunk is touched after open.
+//!
+//! NV-epochs (log-free paper §5): a block's page is recorded durably in the
+//! allocating (or freeing) thread's APT *before* its bitmap bit can change, so that a
+//! crash between "allocated" and "linked" (or between "unlinked" and "freed") leaves
+//! the block in an active page, and recovery finds it by scanning active pages only.
+//! The common allocation and free therefore need no log record: one flush of the
+//! bitmap word (allocation: no fence, the caller's fence before linking covers it).
+
+use crate::error::{Error, Result};
+use crate::layout::*;
+use crate::region::Region;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+// Volatile slab states.
+const S_NONE: u8 = 0;
+const S_OWNED: u8 = 1;
+const S_POOLED: u8 = 2;
+const S_DETACHED: u8 = 3;
+
+// Volatile chunk states.
+const C_UNSCANNED: u8 = 0;
+const C_NORMAL: u8 = 1;
+const C_HUGE: u8 = 2;
+const C_IN_HUGE: u8 = 3;
+const C_BAD: u8 = 4;
+
+#[derive(Default)]
+pub(crate) struct SlabVol {
+    /// Blocks allocated (bits set) in the slab headed by this page.
+    pub used: AtomicU32,
+    pub state: AtomicU8,
+    /// Free tickets outstanding for blocks of this page (a page with tickets must
+    /// stay in its APT until they are freed).
+    pub pending: AtomicU32,
+}
+
+pub(crate) struct ChunkVol {
+    state: AtomicU8,
+    /// Chunks in the huge run headed here.
+    huge: AtomicU64,
+    /// Volatile copy of the page descriptors (written under the page lock).
+    desc: [AtomicU64; MAX_CHUNK_PAGES as usize],
+    pub slabs: [SlabVol; MAX_CHUNK_PAGES as usize],
+}
+
+impl ChunkVol {
+    fn new() -> Self {
+        Self {
+            state: AtomicU8::new(C_UNSCANNED),
+            huge: AtomicU64::new(0),
+            desc: std::array::from_fn(|_| AtomicU64::new(0)),
+            slabs: std::array::from_fn(|_| SlabVol::default()),
+        }
+    }
+}
+
+/// Where a block lives and what it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BlockKind {
+    Slab { class: usize, index: u64 },
+    Run { pages: u64 },
+    Huge { chunks: u64 },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Loc {
+    pub chunk: u64,
+    /// Head page of the slab or run (0 for a huge run).
+    pub head: u64,
+    pub kind: BlockKind,
+}
+
+impl Loc {
+    /// The APT entry covering this block: its head page (the chunk header page for
+    /// huge runs).
+    pub fn apt_page(&self, geo: &Geometry) -> u64 {
+        geo.chunk_off(self.chunk) + self.head * PAGE
+    }
+}
+
+struct PageState {
+    /// Chunks scanned so far (chunks below are known).
+    frontier: u64,
+    /// Chunks with free pages, by index.
+    with_free: BTreeSet<u64>,
+    /// Free page count per scanned chunk.
+    free_pages: Vec<u16>,
+}
+
+pub(crate) struct Allocator {
+    geo: Geometry,
+    chunks: Box<[OnceLock<Box<ChunkVol>>]>,
+    frontier: AtomicU64,
+    nchunks: AtomicU64,
+    pages: Mutex<PageState>,
+    pools: Box<[Mutex<Vec<u64>>]>,
+    pub max_size: u64,
+}
+
+/// Statistics of the allocator (volatile view).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AllocStats {
+    pub chunks: u64,
+    pub chunks_scanned: u64,
+    pub free_pages_scanned: u64,
+}
+
+impl Allocator {
+    pub fn new(region: &Region, max_size: u64) -> Self {
+        let geo = region.geometry();
+        let cap = (region.reserved().max(region.size()) / geo.chunk_size()) + 1;
+        Self {
+            geo,
+            chunks: (0..cap).map(|_| OnceLock::new()).collect(),
+            frontier: AtomicU64::new(0),
+            nchunks: AtomicU64::new(geo.chunks_in(region.size())),
+            pages: Mutex::new(PageState {
+                frontier: 0,
+                with_free: BTreeSet::new(),
+                free_pages: Vec::new(),
+            }),
+            pools: (0..CLASSES.len()).map(|_| Mutex::new(Vec::new())).collect(),
+            max_size,
+        }
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    pub fn stats(&self) -> AllocStats {
+        let ps = self.pages.lock().unwrap();
+        AllocStats {
+            chunks: self.nchunks.load(Ordering::Acquire),
+            chunks_scanned: ps.frontier,
+            free_pages_scanned: ps.free_pages.iter().map(|&x| x as u64).sum(),
+        }
+    }
+
+    fn cv(&self, c: u64) -> &ChunkVol {
+        self.chunks[c as usize].get_or_init(|| Box::new(ChunkVol::new()))
+    }
+
+    pub fn slab_vol(&self, chunk: u64, page: u64) -> &SlabVol {
+        &self.cv(chunk).slabs[page as usize]
+    }
+
+    fn bitmap_off(&self, chunk: u64, head: u64) -> u64 {
+        self.geo.chunk_off(chunk) + BITMAP_BASE + BITMAP_BYTES * head
+    }
+
+    fn desc_off(&self, chunk: u64, page: u64) -> u64 {
+        self.geo.chunk_off(chunk) + DESC_BASE + 8 * page
+    }
+
+    /// Scans chunks up to and including `c` (lazily, in order, skipping huge runs).
+    pub fn ensure_scanned(&self, region: &Region, c: u64) {
+        if c < self.frontier.load(Ordering::Acquire) {
+            return;
+        }
+        let mut ps = self.pages.lock().unwrap();
+        self.scan_locked(region, &mut ps, c);
+    }
+
+    fn scan_locked(&self, region: &Region, ps: &mut PageState, c: u64) {
+        let n = self.nchunks.load(Ordering::Acquire);
+        while ps.frontier <= c && ps.frontier < n {
+            let i = ps.frontier;
+            let cv = self.cv(i);
+            let off = self.geo.chunk_off(i);
+            let w: u64 = region.read(off);
+            ps.free_pages.resize(i as usize + 1, 0);
+            if w & CHUNK_MAGIC_MASK != CHUNK_MAGIC {
+                cv.state.store(C_BAD, Ordering::Release);
+                ps.frontier += 1;
+                continue;
+            }
+            match w & 0xff {
+                CHUNK_HUGE => {
+                    let cnt = (w >> 8) & 0xff_ffff;
+                    if cnt == 0 || i + cnt > n {
+                        cv.state.store(C_BAD, Ordering::Release);
+                        ps.frontier += 1;
+                        continue;
+                    }
+                    cv.huge.store(cnt, Ordering::Relaxed);
+                    cv.state.store(C_HUGE, Ordering::Release);
+                    for j in 1..cnt {
+                        self.cv(i + j).state.store(C_IN_HUGE, Ordering::Release);
+                    }
+                    ps.free_pages.resize((i + cnt) as usize, 0);
+                    ps.frontier += cnt;
+                }
+                CHUNK_NORMAL => {
+                    let mut free = 0u16;
+                    let mut p = 1;
+                    while p < self.geo.chunk_pages {
+                        let d: u64 = region.read(self.desc_off(i, p));
+                        cv.desc[p as usize].store(d, Ordering::Relaxed);
+                        match pd_kind(d) {
+                            PD_FREE => free += 1,
+                            PD_SLAB => {
+                                let class = pd_class(d);
+                                if class < CLASSES.len() {
+                                    let used = self.count_bits(region, i, p, class);
+                                    let sv = &cv.slabs[p as usize];
+                                    sv.used.store(used as u32, Ordering::Relaxed);
+                                    if used < slab_blocks(class) {
+                                        sv.state.store(S_POOLED, Ordering::Release);
+                                        self.pools[class]
+                                            .lock()
+                                            .unwrap()
+                                            .push(self.geo.chunk_off(i) + p * PAGE);
+                                    } else {
+                                        sv.state.store(S_DETACHED, Ordering::Release);
+                                    }
+                                }
+                            }
+                            _ => {}
+                        }
+                        p += 1;
+                    }
+                    ps.free_pages[i as usize] = free;
+                    if free > 0 {
+                        ps.with_free.insert(i);
+                    }
+                    cv.state.store(C_NORMAL, Ordering::Release);
+                    ps.frontier += 1;
+                }
+                _ => {
+                    cv.state.store(C_BAD, Ordering::Release);
+                    ps.frontier += 1;
+                }
+            }
+        }
+        self.frontier.store(ps.frontier, Ordering::Release);
+    }
+
+    fn count_bits(&self, region: &Region, chunk: u64, head: u64, class: usize) -> u64 {
+        let bm = self.bitmap_off(chunk, head);
+        let nb = slab_blocks(class);
+        let mut n = 0;
+        for w in 0..nb.div_ceil(64) {
+            let mut v: u64 = region.read(bm + 8 * w);
+            let valid = (nb - 64 * w).min(64);
+            if valid < 64 {
+                v &= (1u64 << valid) - 1;
+            }
+            n += v.count_ones() as u64;
+        }
+        n
+    }
+
+    /// Finds the block a pointer designates, validating it.
+    pub fn locate(&self, region: &Region, off: u64) -> Result<Loc> {
+        let hs = self.geo.header_size();
+        if off < hs || off % 16 != 0 || !region.contains(off, 16) {
+            return Err(Error::InvalidPointer(off, "outside the chunk area"));
+        }
+        let chunk = (off - hs) / self.geo.chunk_size();
+        if chunk >= self.nchunks.load(Ordering::Acquire) {
+            return Err(Error::InvalidPointer(off, "beyond the last chunk"));
+        }
+        self.ensure_scanned(region, chunk);
+        let cv = self.cv(chunk);
+        let coff = self.geo.chunk_off(chunk);
+        match cv.state.load(Ordering::Acquire) {
+            C_HUGE => {
+                if off != coff + PAGE {
+                    return Err(Error::InvalidPointer(off, "inside a huge block"));
+                }
+                return Ok(Loc {
+                    chunk,
+                    head: 0,
+                    kind: BlockKind::Huge {
+                        chunks: cv.huge.load(Ordering::Relaxed),
+                    },
+                });
+            }
+            C_NORMAL => {}
+            C_IN_HUGE => return Err(Error::InvalidPointer(off, "inside a huge block")),
+            _ => return Err(Error::InvalidPointer(off, "in a corrupt chunk")),
+        }
+        let page = (off - coff) / PAGE;
+        if page == 0 {
+            return Err(Error::InvalidPointer(off, "in a chunk header"));
+        }
+        let mut d = cv.desc[page as usize].load(Ordering::Acquire);
+        let mut head = page;
+        if pd_kind(d) == PD_CONT {
+            head = pd_head(d);
+            if head == 0 || head >= page {
+                return Err(Error::InvalidPointer(off, "bad continuation page"));
+            }
+            d = cv.desc[head as usize].load(Ordering::Acquire);
+        }
+        match pd_kind(d) {
+            PD_SLAB => {
+                let class = pd_class(d);
+                if class >= CLASSES.len() {
+                    return Err(Error::InvalidPointer(off, "slab of unknown class"));
+                }
+                let rel = off - (coff + head * PAGE);
+                let b = CLASSES[class] as u64;
+                if rel % b != 0 || rel / b >= slab_blocks(class) {
+                    return Err(Error::InvalidPointer(off, "not the start of a block"));
+                }
+                Ok(Loc {
+                    chunk,
+                    head,
+                    kind: BlockKind::Slab {
+                        class,
+                        index: rel / b,
+                    },
+                })
+            }
+            PD_RUN => {
+                if off != coff + head * PAGE {
+                    return Err(Error::InvalidPointer(off, "inside a large block"));
+                }
+                Ok(Loc {
+                    chunk,
+                    head,
+                    kind: BlockKind::Run { pages: pd_pages(d) },
+                })
+            }
+            _ => Err(Error::InvalidPointer(off, "in a free page")),
+        }
+    }
+
+    /// Usable bytes of the block at `loc`.
+    pub fn usable(&self, loc: &Loc) -> u64 {
+        match loc.kind {
+            BlockKind::Slab { class, .. } => CLASSES[class] as u64,
+            BlockKind::Run { pages } => pages * PAGE,
+            BlockKind::Huge { chunks } => chunks * self.geo.chunk_size() - PAGE,
+        }
+    }
+
+    /// Whether the block is currently allocated.
+    pub fn is_allocated(&self, region: &Region, loc: &Loc) -> bool {
+        match loc.kind {
+            BlockKind::Slab { index, .. } => {
+                let w = region
+                    .atomic_u64(self.bitmap_off(loc.chunk, loc.head) + 8 * (index / 64))
+                    .load(Ordering::Acquire);
+                w & (1 << (index % 64)) != 0
+            }
+            _ => true, // runs and huge blocks exist only while allocated
+        }
+    }
+
+    /// Every allocated block whose APT entry is `page` (used by recovery).
+    pub fn blocks_of_page(&self, region: &Region, page: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        let Ok(loc) = self.locate_page(region, page) else {
+            return out;
+        };
+        match loc.kind {
+            BlockKind::Slab { class, .. } => {
+                let bm = self.bitmap_off(loc.chunk, loc.head);
+                let nb = slab_blocks(class);
+                let base = self.geo.chunk_off(loc.chunk) + loc.head * PAGE;
+                for i in 0..nb {
+                    let w: u64 = region.read(bm + 8 * (i / 64));
+                    if w & (1 << (i % 64)) != 0 {
+                        out.push(base + i * CLASSES[class] as u64);
+                    }
+                }
+            }
+            BlockKind::Run { .. } => out.push(page),
+            BlockKind::Huge { .. } => out.push(page + PAGE),
+        }
+        out
+    }
+
+    /// Resolves an APT entry (a head page or a huge chunk's header page).
+    pub fn locate_page(&self, region: &Region, page: u64) -> Result<Loc> {
+        let hs = self.geo.header_size();
+        if page < hs || (page - hs) % PAGE != 0 {
+            return Err(Error::InvalidPointer(page, "APT entry is not a page"));
+        }
+        let rel = page - hs;
+        let chunk = rel / self.geo.chunk_size();
+        if (rel % self.geo.chunk_size()) / PAGE == 0 {
+            // chunk header page: only meaningful for a huge head
+            if chunk >= self.nchunks.load(Ordering::Acquire) {
+                return Err(Error::InvalidPointer(page, "beyond the last chunk"));
+            }
+            self.ensure_scanned(region, chunk);
+            if self.cv(chunk).state.load(Ordering::Acquire) == C_HUGE {
+                return self.locate(region, page + PAGE);
+            }
+            return Err(Error::InvalidPointer(page, "header page of a normal chunk"));
+        }
+        let l = self.locate(region, page)?;
+        Ok(l)
+    }
+
+    // ---- allocation of blocks from a slab (owner thread only) ----
+
+    /// Takes a free block from `slab` (head page offset), or None when full.
+    /// `before_set` runs before the bit is set (the APT insertion).
+    pub fn take_block(
+        &self,
+        region: &Region,
+        slab: u64,
+        class: usize,
+        cursor: &mut u64,
+        before_set: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Option<u64>> {
+        let (chunk, head) = self.split(slab);
+        let bm = self.bitmap_off(chunk, head);
+        let nb = slab_blocks(class);
+        let words = nb.div_ceil(64);
+        for k in 0..words {
+            let w = (*cursor + k) % words;
+            let a = region.atomic_u64(bm + 8 * w);
+            let v = a.load(Ordering::Acquire);
+            let valid = (nb - 64 * w).min(64);
+            let mask = if valid < 64 {
+                !((1u64 << valid) - 1)
+            } else {
+                0
+            };
+            if v | mask == u64::MAX {
+                continue;
+            }
+            let bit = (v | mask).trailing_ones() as u64;
+            before_set()?;
+            let old = a.fetch_or(1 << bit, Ordering::AcqRel);
+            debug_assert!(old & (1 << bit) == 0, "only the owner sets bits");
+            region.flush(bm + 8 * w, 8);
+            self.slab_vol(chunk, head)
+                .used
+                .fetch_add(1, Ordering::AcqRel);
+            *cursor = w;
+            return Ok(Some(slab + (64 * w + bit) * CLASSES[class] as u64));
+        }
+        Ok(None)
+    }
+
+    fn split(&self, page_off: u64) -> (u64, u64) {
+        let rel = page_off - self.geo.header_size();
+        (
+            rel / self.geo.chunk_size(),
+            (rel % self.geo.chunk_size()) / PAGE,
+        )
+    }
+
+    /// The owner found `slab` full and drops it.
+    pub fn detach(&self, slab: u64, class: usize) {
+        let (chunk, head) = self.split(slab);
+        let sv = self.slab_vol(chunk, head);
+        sv.state.store(S_DETACHED, Ordering::SeqCst);
+        if (sv.used.load(Ordering::SeqCst) as u64) < slab_blocks(class) {
+            self.repool(sv, slab, class);
+        }
+    }
+
+    /// A thread gives up ownership of a slab that may still have room.
+    pub fn release_owned(&self, slab: u64, class: usize) {
+        let (chunk, head) = self.split(slab);
+        let sv = self.slab_vol(chunk, head);
+        if sv
+            .state
+            .compare_exchange(S_OWNED, S_POOLED, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.pools[class].lock().unwrap().push(slab);
+        }
+    }
+
+    fn repool(&self, sv: &SlabVol, slab: u64, class: usize) {
+        if sv
+            .state
+            .compare_exchange(S_DETACHED, S_POOLED, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.pools[class].lock().unwrap().push(slab);
+        }
+    }
+
+    /// Takes ownership of a pooled slab of `class`.
+    pub fn pop_pool(&self, class: usize) -> Option<u64> {
+        let mut pool = self.pools[class].lock().unwrap();
+        while let Some(slab) = pool.pop() {
+            let (chunk, head) = self.split(slab);
+            let cv = self.cv(chunk);
+            let sv = &cv.slabs[head as usize];
+            if sv
+                .state
+                .compare_exchange(S_POOLED, S_OWNED, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                let d = cv.desc[head as usize].load(Ordering::Acquire);
+                if pd_kind(d) == PD_SLAB && pd_class(d) == class {
+                    return Some(slab);
+                }
+                // a stale entry for a page reused by another class
+                sv.state.store(S_POOLED, Ordering::SeqCst);
+            }
+        }
+        None
+    }
+
+    // ---- page-level allocation ----
+
+    /// Allocates `n` contiguous pages in one chunk; returns (chunk, head page).
+    /// `describe` writes the descriptors (under the page lock).
+    fn alloc_pages(
+        &self,
+        region: &Region,
+        n: u64,
+        before_publish: &mut dyn FnMut(u64) -> Result<()>,
+        descs: &dyn Fn(u64) -> Vec<u64>,
+    ) -> Result<(u64, u64)> {
+        let mut ps = self.pages.lock().unwrap();
+        let mut tried_reclaim = false;
+        loop {
+            let candidates: Vec<u64> = ps.with_free.iter().copied().collect();
+            for c in candidates {
+                if (ps.free_pages[c as usize] as u64) < n {
+                    continue;
+                }
+                let cv = self.cv(c);
+                let mut run = 0;
+                for p in 1..self.geo.chunk_pages {
+                    if pd_kind(cv.desc[p as usize].load(Ordering::Relaxed)) == PD_FREE {
+                        run += 1;
+                        if run == n {
+                            let head = p + 1 - n;
+                            before_publish(self.geo.chunk_off(c) + head * PAGE)?;
+                            let ds = descs(head);
+                            for (i, d) in ds.iter().enumerate() {
+                                let pg = head + i as u64;
+                                cv.desc[pg as usize].store(*d, Ordering::Release);
+                                region.write(self.desc_off(c, pg), d);
+                            }
+                            region.flush(self.desc_off(c, head), 8 * n as usize);
+                            ps.free_pages[c as usize] -= n as u16;
+                            if ps.free_pages[c as usize] == 0 {
+                                ps.with_free.remove(&c);
+                            }
+                            return Ok((c, head));
+                        }
+                    } else {
+                        run = 0;
+                    }
+                }
+            }
+            let nch = self.nchunks.load(Ordering::Acquire);
+            if ps.frontier < nch {
+                let f = ps.frontier;
+                self.scan_locked(region, &mut ps, f);
+                continue;
+            }
+            if !tried_reclaim {
+                tried_reclaim = true;
+                drop(ps);
+                self.reclaim_empty_slabs(region);
+                ps = self.pages.lock().unwrap();
+                continue;
+            }
+            self.grow_locked(region, &mut ps, 1, n * PAGE)?;
+        }
+    }
+
+    /// Returns empty pooled slabs' pages to the page allocator.
+    pub fn reclaim_empty_slabs(&self, region: &Region) -> u64 {
+        let mut freed = 0;
+        for class in 0..CLASSES.len() {
+            let slabs: Vec<u64> = std::mem::take(&mut *self.pools[class].lock().unwrap());
+            let mut keep = Vec::new();
+            for slab in slabs {
+                let (chunk, head) = self.split(slab);
+                let sv = self.slab_vol(chunk, head);
+                if sv.used.load(Ordering::SeqCst) == 0
+                    && sv
+                        .state
+                        .compare_exchange(S_POOLED, S_NONE, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                {
+                    if sv.used.load(Ordering::SeqCst) == 0 {
+                        self.free_pages(region, chunk, head, slab_pages(class));
+                        freed += 1;
+                    } else {
+                        sv.state.store(S_POOLED, Ordering::SeqCst);
+                        keep.push(slab);
+                    }
+                } else if sv.state.load(Ordering::SeqCst) == S_POOLED {
+                    keep.push(slab);
+                }
+            }
+            self.pools[class].lock().unwrap().extend(keep);
+        }
+        freed
+    }
+
+    fn free_pages(&self, region: &Region, chunk: u64, head: u64, n: u64) {
+        let mut ps = self.pages.lock().unwrap();
+        let cv = self.cv(chunk);
+        for p in head..head + n {
+            cv.desc[p as usize].store(0, Ordering::Release);
+            region.write(self.desc_off(chunk, p), &0u64);
+        }
+        region.flush(self.desc_off(chunk, head), 8 * n as usize);
+        region.fence();
+        ps.free_pages[chunk as usize] += n as u16;
+        ps.with_free.insert(chunk);
+    }
+
+    /// Grows the heap by at least `min_chunks` (called with the page lock held).
+    fn grow_locked(
+        &self,
+        region: &Region,
+        ps: &mut PageState,
+        min_chunks: u64,
+        want: u64,
+    ) -> Result<()> {
+        let cur = region.size();
+        let nch = self.nchunks.load(Ordering::Acquire);
+        let max = self.max_size.min(region.reserved());
+        let room = self.geo.chunks_in(max).saturating_sub(nch);
+        if room < min_chunks {
+            return Err(Error::HeapFull {
+                requested: want,
+                heap_size: cur,
+                max_size: self.max_size.max(cur),
+            });
+        }
+        // Double, within the limit.
+        let add = nch.max(min_chunks).min(room);
+        let new_size = self.geo.size_for_chunks(nch + add);
+        region.extend_mapping(new_size)?;
+        for c in nch..nch + add {
+            let off = self.geo.chunk_off(c);
+            region.write(off, &chunk_word(CHUNK_NORMAL, 0));
+            region.flush(off, 8);
+        }
+        region.fence();
+        region.sync_metadata()?;
+        region.update_superblock(|sb| sb.size = new_size)?;
+        self.nchunks.store(nch + add, Ordering::Release);
+        let f = ps.frontier;
+        self.scan_locked(region, ps, f.max(nch + add - 1));
+        Ok(())
+    }
+
+    /// Grows the heap explicitly to at least `new_size` bytes.
+    pub fn grow_to(&self, region: &Region, new_size: u64) -> Result<()> {
+        let mut ps = self.pages.lock().unwrap();
+        let nch = self.nchunks.load(Ordering::Acquire);
+        let want = self.geo.chunks_in(self.geo.round_size(new_size));
+        if want <= nch {
+            return Ok(());
+        }
+        let new_size = self.geo.size_for_chunks(want);
+        if new_size > region.reserved() {
+            return Err(Error::HeapFull {
+                requested: new_size - region.size(),
+                heap_size: region.size(),
+                max_size: region.reserved(),
+            });
+        }
+        region.extend_mapping(new_size)?;
+        for c in nch..want {
+            let off = self.geo.chunk_off(c);
+            region.write(off, &chunk_word(CHUNK_NORMAL, 0));
+            region.flush(off, 8);
+        }
+        region.fence();
+        region.sync_metadata()?;
+        region.update_superblock(|sb| sb.size = new_size)?;
+        self.nchunks.store(want, Ordering::Release);
+        let f = ps.frontier;
+        self.scan_locked(region, &mut ps, f.max(want - 1));
+        Ok(())
+    }
+
+    /// A fresh slab of `class`, owned by the caller.
+    pub fn new_slab(&self, region: &Region, class: usize) -> Result<u64> {
+        let n = slab_pages(class);
+        let (c, head) = self.alloc_pages(region, n, &mut |_| Ok(()), &|head| {
+            let mut v = vec![pd_slab(class, n)];
+            v.extend((1..n).map(|_| pd_cont(head)));
+            v
+        })?;
+        let sv = self.slab_vol(c, head);
+        sv.used.store(0, Ordering::SeqCst);
+        sv.state.store(S_OWNED, Ordering::SeqCst);
+        Ok(self.geo.chunk_off(c) + head * PAGE)
+    }
+
+    /// A run of pages for a large block; `before_publish(head_page_off)` runs before
+    /// the descriptors are written (the APT insertion).
+    pub fn alloc_run(
+        &self,
+        region: &Region,
+        bytes: u64,
+        before_publish: &mut dyn FnMut(u64) -> Result<()>,
+    ) -> Result<u64> {
+        let n = bytes.div_ceil(PAGE);
+        let (c, head) = self.alloc_pages(region, n, before_publish, &|head| {
+            let mut v = vec![pd_run(n)];
+            v.extend((1..n).map(|_| pd_cont(head)));
+            v
+        })?;
+        Ok(self.geo.chunk_off(c) + head * PAGE)
+    }
+
+    /// Whole chunks for a block larger than a chunk's pages.
+    pub fn alloc_huge(
+        &self,
+        region: &Region,
+        bytes: u64,
+        before_publish: &mut dyn FnMut(u64) -> Result<()>,
+    ) -> Result<u64> {
+        let n = (bytes + PAGE).div_ceil(self.geo.chunk_size());
+        if n > 0xff_ffff || self.geo.size_for_chunks(n) > region.reserved().max(self.max_size) {
+            return Err(Error::TooLarge(bytes));
+        }
+        let mut ps = self.pages.lock().unwrap();
+        loop {
+            let nch = self.nchunks.load(Ordering::Acquire);
+            let f = ps.frontier;
+            self.scan_locked(region, &mut ps, f.max(nch.saturating_sub(1)));
+            let full_free = (self.geo.chunk_pages - 1) as u16;
+            let mut start = 0;
+            let mut run = 0;
+            let mut c = 0;
+            while c < nch {
+                let cv = self.cv(c);
+                let st = cv.state.load(Ordering::Acquire);
+                if st == C_NORMAL && ps.free_pages[c as usize] == full_free {
+                    if run == 0 {
+                        start = c;
+                    }
+                    run += 1;
+                    if run == n {
+                        break;
+                    }
+                    c += 1;
+                } else {
+                    run = 0;
+                    c += if st == C_HUGE {
+                        cv.huge.load(Ordering::Relaxed).max(1)
+                    } else {
+                        1
+                    };
+                }
+            }
+            if run == n {
+                let off = self.geo.chunk_off(start);
+                before_publish(off)?;
+                region.write(off, &chunk_word(CHUNK_HUGE, n));
+                region.flush(off, 8);
+                let cv = self.cv(start);
+                cv.huge.store(n, Ordering::Relaxed);
+                cv.state.store(C_HUGE, Ordering::Release);
+                for j in start..start + n {
+                    ps.free_pages[j as usize] = 0;
+                    ps.with_free.remove(&j);
+                    if j > start {
+                        self.cv(j).state.store(C_IN_HUGE, Ordering::Release);
+                    }
+                }
+                return Ok(off + PAGE);
+            }
+            // Need room at the end: grow by enough chunks for a run at the tail.
+            let tail_free = run;
+            self.grow_locked(region, &mut ps, n - tail_free, bytes)?;
+        }
+    }
+
+    /// Frees a located block: clears its allocation state and flushes (no fence:
+    /// callers fence, once for a batch).
+    pub fn free_loc(&self, region: &Region, loc: &Loc, off: u64) -> Result<()> {
+        match loc.kind {
+            BlockKind::Slab { class, index } => {
+                let a = region.atomic_u64(self.bitmap_off(loc.chunk, loc.head) + 8 * (index / 64));
+                let old = a.fetch_and(!(1 << (index % 64)), Ordering::AcqRel);
+                if old & (1 << (index % 64)) == 0 {
+                    return Err(Error::DoubleFree(off));
+                }
+                region.flush(self.bitmap_off(loc.chunk, loc.head) + 8 * (index / 64), 8);
+                let sv = self.slab_vol(loc.chunk, loc.head);
+                sv.used.fetch_sub(1, Ordering::SeqCst);
+                if sv.state.load(Ordering::SeqCst) == S_DETACHED {
+                    self.repool(sv, self.geo.chunk_off(loc.chunk) + loc.head * PAGE, class);
+                }
+                Ok(())
+            }
+            BlockKind::Run { pages } => {
+                let mut ps = self.pages.lock().unwrap();
+                let cv = self.cv(loc.chunk);
+                if pd_kind(cv.desc[loc.head as usize].load(Ordering::Acquire)) != PD_RUN {
+                    return Err(Error::DoubleFree(off));
+                }
+                for p in loc.head..loc.head + pages {
+                    cv.desc[p as usize].store(0, Ordering::Release);
+                    region.write(self.desc_off(loc.chunk, p), &0u64);
+                }
+                region.flush(self.desc_off(loc.chunk, loc.head), 8 * pages as usize);
+                ps.free_pages[loc.chunk as usize] += pages as u16;
+                ps.with_free.insert(loc.chunk);
+                Ok(())
+            }
+            BlockKind::Huge { chunks } => {
+                let mut ps = self.pages.lock().unwrap();
+                let head = self.cv(loc.chunk);
+                if head.state.load(Ordering::Acquire) != C_HUGE {
+                    return Err(Error::DoubleFree(off));
+                }
+                // Re-format the chunk headers the block overwrote, then un-huge the head.
+                let hdr_len = (BITMAP_BASE + BITMAP_BYTES * self.geo.chunk_pages) as usize;
+                for j in loc.chunk + 1..loc.chunk + chunks {
+                    let o = self.geo.chunk_off(j);
+                    region.fill(o, hdr_len, 0);
+                    region.write(o, &chunk_word(CHUNK_NORMAL, 0));
+                    region.flush(o, hdr_len);
+                }
+                region.fence();
+                let o = self.geo.chunk_off(loc.chunk);
+                region.write(o, &chunk_word(CHUNK_NORMAL, 0));
+                region.flush(o, 8);
+                let full_free = (self.geo.chunk_pages - 1) as u16;
+                for j in loc.chunk..loc.chunk + chunks {
+                    let cv = self.cv(j);
+                    for p in 0..MAX_CHUNK_PAGES as usize {
+                        cv.desc[p].store(0, Ordering::Relaxed);
+                    }
+                    cv.huge.store(0, Ordering::Relaxed);
+                    cv.state.store(C_NORMAL, Ordering::Release);
+                    ps.free_pages[j as usize] = full_free;
+                    ps.with_free.insert(j);
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,536 @@
+//! The mapped heap file.
+//!
+//! A region reserves a large virtual range once (`PROT_NONE`, no swap reservation) and
+//! maps the file at its start with `MAP_FIXED`, so that growing maps more of the file
+//! right after what is mapped and the base never moves: persistent pointers are
+//! offsets and stay valid, and so do addresses handed to atomics.
+//!
+//! All raw access to mapped memory in Ember goes through the methods here, which
+//! bounds-check every range (out of range is a panic naming the offset, never UB).
+
+use crate::error::{Error, Result};
+use crate::layout::*;
+use crate::persist::{PersistStats, Persister, Strategy, LINE};
+use crate::sim::CrashSim;
+use bytemuck::Pod;
+use std::fs::{File, OpenOptions as FsOpen};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// How a region is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Shared writable mapping, exclusive file lock.
+    ReadWrite,
+    /// Private copy-on-write mapping, shared file lock: recovery may run in memory
+    /// without touching the file (used by `ember check`).
+    CheckOnly,
+}
+
+pub struct Region {
+    base: *mut u8,
+    reserved: usize,
+    size: AtomicUsize,
+    file: File,
+    path: PathBuf,
+    access: Access,
+    persister: Persister,
+    pub(crate) sim: Option<Arc<CrashSim>>,
+    sb: Mutex<Superblock>,
+    generation: u64,
+    opened_clean: bool,
+}
+
+// SAFETY: the region owns its mapping; all access to the mapped bytes goes through
+// methods that copy in/out or use atomics, and mapping changes (growth) are serialised
+// by `&mut`-free internal locking (`grow` holds the superblock mutex and only maps
+// fresh address space beyond `size`).
+unsafe impl Send for Region {}
+// SAFETY: see above.
+unsafe impl Sync for Region {}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn reserve(len: usize) -> std::io::Result<*mut u8> {
+    // SAFETY: anonymous PROT_NONE mapping at a kernel-chosen address; no existing
+    // memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(p as *mut u8)
+}
+
+/// Maps `[off, off+len)` of the file at `base + off` inside our own reservation.
+fn map_file(base: *mut u8, off: usize, len: usize, fd: i32, access: Access) -> std::io::Result<()> {
+    let (prot, flags) = match access {
+        Access::ReadWrite => (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED),
+        Access::CheckOnly => (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE),
+    };
+    // SAFETY: `base + off .. base + off + len` lies inside the PROT_NONE reservation
+    // owned by this region (callers check `off + len <= reserved`), so MAP_FIXED only
+    // replaces our own reserved pages.
+    let p = unsafe {
+        libc::mmap(
+            base.add(off) as *mut libc::c_void,
+            len,
+            prot,
+            flags | libc::MAP_FIXED,
+            fd,
+            off as libc::off_t,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Parameters for creating a heap file.
+#[derive(Clone, Debug)]
+pub struct CreateParams {
+    pub size: u64,
+    pub geometry: Geometry,
+}
+
+impl Region {
+    /// Creates a new heap file (sparse) of at least `size` bytes and maps it.
+    pub(crate) fn create(
+        path: &Path,
+        params: &CreateParams,
+        reserve_len: u64,
+        persister: Persister,
+    ) -> Result<Region> {
+        params.geometry.validate().map_err(Error::InvalidOptions)?;
+        let size = params.geometry.round_size(params.size);
+        let file = FsOpen::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    Error::Exists {
+                        path: path.to_path_buf(),
+                    }
+                } else {
+                    Error::io(path, e)
+                }
+            })?;
+        lock_file(&file, path, Access::ReadWrite)?;
+        file.set_len(size).map_err(|e| Error::io(path, e))?;
+        let sb = Superblock {
+            version: FORMAT_VERSION,
+            uuid: *uuid::Uuid::new_v4().as_bytes(),
+            seq: 0,
+            size,
+            generation: 1,
+            root: 0,
+            clean: false,
+            geometry: params.geometry,
+            created: now_unix(),
+        };
+        let region = Self::map(file, path, sb, reserve_len, Access::ReadWrite, persister)?;
+        // Format every chunk header, then publish the superblock: a crash before the
+        // superblock is durable leaves a file that is refused as "not an Ember heap".
+        for c in 0..params.geometry.chunks_in(size) {
+            let off = params.geometry.chunk_off(c);
+            region.write(off, &chunk_word(CHUNK_NORMAL, 0));
+            region.flush(off, 8);
+        }
+        region.fence();
+        region.write_superblock(sb)?;
+        // The file's length itself must survive a crash too.
+        region.sync_metadata()?;
+        Ok(region)
+    }
+
+    /// Opens an existing heap file and validates its superblock.
+    pub(crate) fn open(
+        path: &Path,
+        access: Access,
+        reserve_len: u64,
+        persister: Persister,
+    ) -> Result<Region> {
+        let file = FsOpen::new()
+            .read(true)
+            .write(access == Access::ReadWrite)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+        if !meta.is_file() {
+            return Err(Error::NotAHeap {
+                path: path.to_path_buf(),
+                detail: "not a regular file".into(),
+            });
+        }
+        let flen = meta.len();
+        if flen < SB_B + SB_LEN as u64 {
+            return Err(Error::NotAHeap {
+                path: path.to_path_buf(),
+                detail: format!("file is only {flen} bytes"),
+            });
+        }
+        lock_file(&file, path, access)?;
+        let sb = read_superblock(&file, path)?;
+        if sb.size > flen {
+            return Err(Error::Truncated {
+                path: path.to_path_buf(),
+                expected: sb.size,
+                actual: flen,
+            });
+        }
+        let mut region = Self::map(file, path, sb, reserve_len, access, persister)?;
+        if access == Access::ReadWrite {
+            let mut nsb = sb;
+            nsb.generation += 1;
+            nsb.clean = false;
+            region.generation = nsb.generation;
+            region.write_superblock(nsb)?;
+        }
+        Ok(region)
+    }
+
+    fn map(
+        file: File,
+        path: &Path,
+        sb: Superblock,
+        reserve_len: u64,
+        access: Access,
+        persister: Persister,
+    ) -> Result<Region> {
+        let reserved = reserve_len.max(sb.size).next_multiple_of(PAGE) as usize;
+        let base = reserve(reserved).map_err(|e| Error::io(path, e))?;
+        let region = Region {
+            base,
+            reserved,
+            size: AtomicUsize::new(0),
+            file,
+            path: path.to_path_buf(),
+            access,
+            persister,
+            sim: None,
+            sb: Mutex::new(sb),
+            generation: sb.generation,
+            opened_clean: sb.clean,
+        };
+        map_file(base, 0, sb.size as usize, region.file.as_raw_fd(), access)
+            .map_err(|e| Error::io(path, e))?;
+        region.size.store(sb.size as usize, Ordering::Release);
+        Ok(region)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    /// Bytes currently mapped and in use.
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire) as u64
+    }
+    /// The largest size this mapping can grow to without moving.
+    pub fn reserved(&self) -> u64 {
+        self.reserved as u64
+    }
+    /// Whether the superblock said "clean shutdown" when this region was opened.
+    pub fn opened_clean(&self) -> bool {
+        self.opened_clean
+    }
+    /// The open generation (bumped at every read-write open).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+    pub fn superblock(&self) -> Superblock {
+        *self.sb.lock().unwrap()
+    }
+    pub fn geometry(&self) -> Geometry {
+        self.superblock().geometry
+    }
+    pub fn strategy(&self) -> Strategy {
+        self.persister.strategy
+    }
+    pub fn fence_ns(&self) -> u64 {
+        self.persister.fence_ns
+    }
+    pub fn persist_stats(&self) -> PersistStats {
+        self.persister.counters.snapshot()
+    }
+
+    /// Whether `[off, off+len)` lies inside the heap.
+    #[inline]
+    pub fn contains(&self, off: u64, len: u64) -> bool {
+        off.checked_add(len).is_some_and(|e| e <= self.size())
+    }
+
+    #[inline]
+    #[track_caller]
+    fn check(&self, off: u64, len: usize) -> *mut u8 {
+        let end = off.checked_add(len as u64);
+        match end {
+            Some(e) if e <= self.size.load(Ordering::Acquire) as u64 => {
+                // SAFETY: in bounds of the mapped range checked just above.
+                unsafe { self.base.add(off as usize) }
+            }
+            _ => panic!(
+                "persistent heap access out of bounds: [{off:#x}, +{len}) beyond {:#x} in {}",
+                self.size(),
+                self.path.display()
+            ),
+        }
+    }
+
+    /// Copies bytes out of the heap.
+    #[inline]
+    #[track_caller]
+    pub fn read_bytes(&self, off: u64, dst: &mut [u8]) {
+        let p = self.check(off, dst.len());
+        // SAFETY: `p..p+len` is mapped (checked); `dst` is a distinct Rust buffer.
+        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) }
+    }
+
+    /// Copies bytes into the heap (not yet durable: flush and fence).
+    #[inline]
+    #[track_caller]
+    pub fn write_bytes(&self, off: u64, src: &[u8]) {
+        let p = self.check(off, src.len());
+        // SAFETY: `p..p+len` is mapped writable (checked); `src` is a distinct buffer.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) }
+    }
+
+    /// Fills a range with one byte value.
+    #[track_caller]
+    pub fn fill(&self, off: u64, len: usize, byte: u8) {
+        let p = self.check(off, len);
+        // SAFETY: as for write_bytes.
+        unsafe { std::ptr::write_bytes(p, byte, len) }
+    }
+
+    /// Reads a plain-data value (unaligned copy).
+    #[inline]
+    #[track_caller]
+    pub fn read<T: Pod>(&self, off: u64) -> T {
+        let p = self.check(off, std::mem::size_of::<T>());
+        // SAFETY: in bounds; `T: Pod` makes every bit pattern valid.
+        unsafe { std::ptr::read_unaligned(p as *const T) }
+    }
+
+    /// Writes a plain-data value (unaligned copy).
+    #[inline]
+    #[track_caller]
+    pub fn write<T: Pod>(&self, off: u64, v: &T) {
+        let p = self.check(off, std::mem::size_of::<T>());
+        // SAFETY: in bounds and writable; `T: Pod` has no padding or drop glue.
+        unsafe { std::ptr::write_unaligned(p as *mut T, *v) }
+    }
+
+    /// The 8-byte word at `off` (8-aligned) as an atomic.
+    #[inline]
+    #[track_caller]
+    pub fn atomic_u64(&self, off: u64) -> &AtomicU64 {
+        assert!(off % 8 == 0, "unaligned atomic at {off:#x}");
+        let p = self.check(off, 8);
+        // SAFETY: in bounds, 8-aligned (the base is page aligned); the mapping lives
+        // as long as `self` and never moves, so the reference cannot dangle. Atomics
+        // permit shared mutation.
+        unsafe { &*(p as *const AtomicU64) }
+    }
+
+    /// The 4-byte word at `off` (4-aligned) as an atomic.
+    #[inline]
+    #[track_caller]
+    pub fn atomic_u32(&self, off: u64) -> &AtomicU32 {
+        assert!(off % 4 == 0, "unaligned atomic at {off:#x}");
+        let p = self.check(off, 4);
+        // SAFETY: as for atomic_u64.
+        unsafe { &*(p as *const AtomicU32) }
+    }
+
+    /// Writes back the cache lines covering `[off, off+len)`.
+    #[inline]
+    #[track_caller]
+    pub fn flush(&self, off: u64, len: usize) {
+        let p = self.check(off, len) as usize;
+        self.persister.flush(p, len);
+        if let Some(sim) = &self.sim {
+            sim.on_flush(off, len);
+        }
+    }
+
+    /// Waits until this thread's earlier flushes are durable.
+    #[inline]
+    pub fn fence(&self) {
+        if let Some(sim) = &self.sim {
+            sim.on_fence(self);
+        }
+        self.persister.fence();
+    }
+
+    /// flush + fence.
+    #[inline]
+    #[track_caller]
+    pub fn persist(&self, off: u64, len: usize) {
+        self.flush(off, len);
+        self.fence();
+    }
+
+    /// A snapshot of `[0, size)` (tests and the crash simulator).
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.size() as usize];
+        self.read_bytes(0, &mut v);
+        v
+    }
+
+    /// Compares one cache line of the mapping with `img`.
+    pub(crate) fn line_differs(&self, off: u64, img: &[u8]) -> bool {
+        let p = self.check(off, LINE);
+        // SAFETY: in bounds; we only read.
+        let cur = unsafe { std::slice::from_raw_parts(p, LINE) };
+        cur != &img[off as usize..off as usize + LINE]
+    }
+
+    /// Writes a new superblock into the copy that is not current and persists it.
+    pub(crate) fn write_superblock(&self, mut sb: Superblock) -> Result<()> {
+        if self.access != Access::ReadWrite {
+            // A private check mapping may still record changes in memory.
+            *self.sb.lock().unwrap() = sb;
+            return Ok(());
+        }
+        let mut cur = self.sb.lock().unwrap();
+        sb.seq = cur.seq + 1;
+        let off = if sb.seq % 2 == 0 { SB_A } else { SB_B };
+        self.write_bytes(off, &sb.encode());
+        self.persist(off, SB_LEN);
+        *cur = sb;
+        Ok(())
+    }
+
+    /// Updates superblock fields through a closure and persists the result.
+    pub(crate) fn update_superblock(&self, f: impl FnOnce(&mut Superblock)) -> Result<()> {
+        let mut sb = self.superblock();
+        f(&mut sb);
+        self.write_superblock(sb)
+    }
+
+    /// `fsync` of the file's metadata (its length after create or grow).
+    pub(crate) fn sync_metadata(&self) -> Result<()> {
+        if self.access == Access::ReadWrite && self.sim.is_none() {
+            self.file.sync_all().map_err(|e| Error::io(&self.path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Extends the file and the mapping to `new_size` (no superblock change; the
+    /// caller formats what it added and then publishes the size).
+    pub(crate) fn extend_mapping(&self, new_size: u64) -> Result<()> {
+        let old = self.size();
+        if new_size <= old {
+            return Ok(());
+        }
+        if new_size > self.reserved as u64 {
+            return Err(Error::HeapFull {
+                requested: new_size - old,
+                heap_size: old,
+                max_size: self.reserved as u64,
+            });
+        }
+        if self.access == Access::ReadWrite {
+            let flen = self
+                .file
+                .metadata()
+                .map_err(|e| Error::io(&self.path, e))?
+                .len();
+            if flen < new_size {
+                self.file
+                    .set_len(new_size)
+                    .map_err(|e| Error::io(&self.path, e))?;
+            }
+        }
+        map_file(
+            self.base,
+            old as usize,
+            (new_size - old) as usize,
+            self.file.as_raw_fd(),
+            self.access,
+        )
+        .map_err(|e| Error::io(&self.path, e))?;
+        if let Some(sim) = &self.sim {
+            sim.on_grow(self, old, new_size);
+        }
+        self.size.store(new_size as usize, Ordering::Release);
+        Ok(())
+    }
+
+    pub(crate) fn attach_sim(&mut self, sim: Arc<CrashSim>) {
+        sim.reset_from(self);
+        self.sim = Some(sim);
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: `base..base+reserved` is the reservation created in `map`, which
+        // includes every file mapping we placed inside it; nothing borrows it any more
+        // (all borrows are tied to `&self`).
+        unsafe {
+            libc::munmap(self.base as *mut libc::c_void, self.reserved);
+        }
+    }
+}
+
+fn lock_file(file: &File, path: &Path, access: Access) -> Result<()> {
+    let r = match access {
+        Access::ReadWrite => file.try_lock(),
+        Access::CheckOnly => file.try_lock_shared(),
+    };
+    match r {
+        Ok(()) => Ok(()),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::InUse {
+            path: path.to_path_buf(),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::io(path, e)),
+    }
+}
+
+fn read_superblock(file: &File, path: &Path) -> Result<Superblock> {
+    use std::os::unix::fs::FileExt;
+    let mut a = [0u8; SB_LEN];
+    let mut b = [0u8; SB_LEN];
+    file.read_exact_at(&mut a, SB_A)
+        .map_err(|e| Error::io(path, e))?;
+    file.read_exact_at(&mut b, SB_B)
+        .map_err(|e| Error::io(path, e))?;
+    if a[0..7] != MAGIC[0..7] && b[0..7] != MAGIC[0..7] {
+        return Err(Error::NotAHeap {
+            path: path.to_path_buf(),
+            detail: "bad magic".into(),
+        });
+    }
+    let sa = Superblock::decode(path, &a)?;
+    let sbb = Superblock::decode(path, &b)?;
+    match (sa, sbb) {
+        (Some(x), Some(y)) => Ok(if x.seq >= y.seq { x } else { y }),
+        (Some(x), None) | (None, Some(x)) => Ok(x),
+        (None, None) => Err(Error::Corrupt {
+            path: path.to_path_buf(),
+            detail: "both superblock copies fail their checksum".into(),
+        }),
+    }
+}
