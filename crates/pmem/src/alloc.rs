@@ -63,6 +63,21 @@ impl ChunkVol {
     }
 }
 
+/// Whether page `p`'s descriptor (in `d`, a chunk's descriptors) is a continuation
+/// whose head page does not cover it.
+pub(crate) fn is_orphan(d: &[u64], p: u64) -> bool {
+    let x = d[p as usize];
+    if pd_kind(x) != PD_CONT {
+        return false;
+    }
+    let h = pd_head(x);
+    if h == 0 || h >= p {
+        return true;
+    }
+    let hd = d[h as usize];
+    !matches!(pd_kind(hd), PD_SLAB | PD_RUN) || h + pd_pages(hd) <= p
+}
+
 /// Where a block lives and what it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BlockKind {
@@ -202,6 +217,7 @@ impl Allocator {
                 }
                 CHUNK_NORMAL => {
                     let mut free = 0u16;
+                    self.repair_orphans(region, i);
                     let mut p = 1;
                     while p < self.geo.chunk_pages {
                         let d: u64 = region.read(self.desc_off(i, p));
@@ -243,6 +259,34 @@ impl Allocator {
             }
         }
         self.frontier.store(ps.frontier, Ordering::Release);
+    }
+
+    /// Frees continuation descriptors whose head does not cover them: the trace of a
+    /// page allocation or free interrupted by a crash (see `alloc_pages`).
+    fn repair_orphans(&self, region: &Region, chunk: u64) -> u64 {
+        let np = self.geo.chunk_pages;
+        let d: Vec<u64> = (0..np)
+            .map(|p| {
+                if p == 0 {
+                    0
+                } else {
+                    region.read(self.desc_off(chunk, p))
+                }
+            })
+            .collect();
+        let mut fixed = 0;
+        for p in 1..np {
+            if !is_orphan(&d, p) {
+                continue;
+            }
+            region.write(self.desc_off(chunk, p), &0u64);
+            region.flush(self.desc_off(chunk, p), 8);
+            fixed += 1;
+        }
+        if fixed > 0 {
+            region.fence();
+        }
+        fixed
     }
 
     fn count_bits(&self, region: &Region, chunk: u64, head: u64, class: usize) -> u64 {
@@ -377,8 +421,10 @@ impl Allocator {
                     }
                 }
             }
-            BlockKind::Run { .. } => out.push(page),
-            BlockKind::Huge { .. } => out.push(page + PAGE),
+            // From the located block, not the entry: a stale entry for a page that
+            // is now inside a huge block or run resolves to that block.
+            BlockKind::Run { .. } => out.push(self.geo.chunk_off(loc.chunk) + loc.head * PAGE),
+            BlockKind::Huge { .. } => out.push(self.geo.chunk_off(loc.chunk) + PAGE),
         }
         out
     }
@@ -541,12 +587,22 @@ impl Allocator {
                             let head = p + 1 - n;
                             before_publish(self.geo.chunk_off(c) + head * PAGE)?;
                             let ds = descs(head);
-                            for (i, d) in ds.iter().enumerate() {
-                                let pg = head + i as u64;
-                                cv.desc[pg as usize].store(*d, Ordering::Release);
-                                region.write(self.desc_off(c, pg), d);
+                            // Continuations first, then the head: a durable head
+                            // implies durable continuations; orphan continuations
+                            // (head never written) are freed by the chunk scan.
+                            if n > 1 {
+                                for (i, d) in ds.iter().enumerate().skip(1) {
+                                    let pg = head + i as u64;
+                                    cv.desc[pg as usize].store(*d, Ordering::Release);
+                                    region.write(self.desc_off(c, pg), d);
+                                }
+                                region.flush(self.desc_off(c, head + 1), 8 * (n - 1) as usize);
+                                region.fence();
                             }
-                            region.flush(self.desc_off(c, head), 8 * n as usize);
+                            cv.desc[head as usize].store(ds[0], Ordering::Release);
+                            region.write(self.desc_off(c, head), &ds[0]);
+                            // Durable before any block of the page can be handed out.
+                            region.persist(self.desc_off(c, head), 8);
                             ps.free_pages[c as usize] -= n as u16;
                             if ps.free_pages[c as usize] == 0 {
                                 ps.with_free.remove(&c);
@@ -608,15 +664,27 @@ impl Allocator {
 
     fn free_pages(&self, region: &Region, chunk: u64, head: u64, n: u64) {
         let mut ps = self.pages.lock().unwrap();
-        let cv = self.cv(chunk);
-        for p in head..head + n {
-            cv.desc[p as usize].store(0, Ordering::Release);
-            region.write(self.desc_off(chunk, p), &0u64);
-        }
-        region.flush(self.desc_off(chunk, head), 8 * n as usize);
+        self.clear_descs(region, chunk, head, n);
         region.fence();
         ps.free_pages[chunk as usize] += n as u16;
         ps.with_free.insert(chunk);
+    }
+
+    /// Clears the descriptors of pages `head..head+n`: the head first (durably), then
+    /// the continuations (flushed; the caller fences).
+    fn clear_descs(&self, region: &Region, chunk: u64, head: u64, n: u64) {
+        let cv = self.cv(chunk);
+        cv.desc[head as usize].store(0, Ordering::Release);
+        region.write(self.desc_off(chunk, head), &0u64);
+        region.flush(self.desc_off(chunk, head), 8);
+        if n > 1 {
+            region.fence();
+            for p in head + 1..head + n {
+                cv.desc[p as usize].store(0, Ordering::Release);
+                region.write(self.desc_off(chunk, p), &0u64);
+            }
+            region.flush(self.desc_off(chunk, head + 1), 8 * (n - 1) as usize);
+        }
     }
 
     /// Grows the heap by at least `min_chunks` (called with the page lock held).
@@ -763,7 +831,8 @@ impl Allocator {
                 let off = self.geo.chunk_off(start);
                 before_publish(off)?;
                 region.write(off, &chunk_word(CHUNK_HUGE, n));
-                region.flush(off, 8);
+                // Durable before the caller writes over the next chunks' headers.
+                region.persist(off, 8);
                 let cv = self.cv(start);
                 cv.huge.store(n, Ordering::Relaxed);
                 cv.state.store(C_HUGE, Ordering::Release);
@@ -806,11 +875,7 @@ impl Allocator {
                 if pd_kind(cv.desc[loc.head as usize].load(Ordering::Acquire)) != PD_RUN {
                     return Err(Error::DoubleFree(off));
                 }
-                for p in loc.head..loc.head + pages {
-                    cv.desc[p as usize].store(0, Ordering::Release);
-                    region.write(self.desc_off(loc.chunk, p), &0u64);
-                }
-                region.flush(self.desc_off(loc.chunk, loc.head), 8 * pages as usize);
+                self.clear_descs(region, loc.chunk, loc.head, pages);
                 ps.free_pages[loc.chunk as usize] += pages as u16;
                 ps.with_free.insert(loc.chunk);
                 Ok(())

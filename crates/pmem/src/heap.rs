@@ -124,17 +124,12 @@ impl Recovery {
     /// Every allocated block in an active page: the candidates for the leak sweep.
     pub fn active_blocks(&self) -> Vec<PPtr<u8>> {
         let inner = &self.heap.inner;
-        let mut v = Vec::new();
-        for page in self.active_pages() {
-            v.extend(
-                inner
-                    .alloc
-                    .blocks_of_page(&inner.region, page)
-                    .into_iter()
-                    .map(PPtr::from_raw),
-            );
-        }
-        v
+        let set: BTreeSet<u64> = self
+            .active_pages()
+            .into_iter()
+            .flat_map(|p| inner.alloc.blocks_of_page(&inner.region, p))
+            .collect();
+        set.into_iter().map(PPtr::from_raw).collect()
     }
 
     /// Frees every block in an active page for which `reachable` is false, clears the
@@ -147,15 +142,19 @@ impl Recovery {
         let region = &inner.region;
         let pages = self.active_pages();
         self.report.active_pages = pages.len() as u64;
+        // Two entries may resolve to one block (a stale entry for a page that is now
+        // inside a run or huge block), so collect the distinct blocks first.
+        let blocks: BTreeSet<u64> = pages
+            .iter()
+            .flat_map(|p| inner.alloc.blocks_of_page(region, *p))
+            .collect();
+        self.report.active_blocks = blocks.len() as u64;
         let mut freed = 0;
-        for page in &pages {
-            for b in inner.alloc.blocks_of_page(region, *page) {
-                self.report.active_blocks += 1;
-                if !reachable(PPtr::from_raw(b)) {
-                    let loc = inner.alloc.locate(region, b)?;
-                    inner.alloc.free_loc(region, &loc, b)?;
-                    freed += 1;
-                }
+        for b in blocks {
+            if !reachable(PPtr::from_raw(b)) {
+                let loc = inner.alloc.locate(region, b)?;
+                inner.alloc.free_loc(region, &loc, b)?;
+                freed += 1;
             }
         }
         region.fence();

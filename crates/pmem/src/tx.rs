@@ -4,9 +4,11 @@
 //! (no flushes until commit); writes into blocks it allocated itself go straight to
 //! the block, since nothing can reach those before commit. Commit:
 //!
-//! 1. flush the lines written in the transaction's fresh blocks;
-//! 2. write the log header {magic, state=COMMITTED, len, crc32(len ++ records)} and
-//!    flush the records and the header; **fence** (the commit point);
+//! 1. flush the lines written in the transaction's fresh blocks and the log records;
+//!    if the transaction allocated, **fence** (fresh contents and allocation bits are
+//!    durable before the commit record can be: the checksum covers only the records);
+//! 2. write the log header {magic, state=COMMITTED, len, crc32(records ++ len)} and
+//!    flush it; **fence** (the commit point);
 //! 3. copy every record to its home location and flush it; **fence**;
 //! 4. clear the header (state, len, crc = 0), flush; **fence** (the log can never
 //!    be replayed over later writes);
@@ -274,6 +276,14 @@ impl<'a> Tx<'a> {
             region.flush(off, len as usize);
         }
         if !st.writes.is_empty() {
+            region.flush(st.log_off + HDR, st.cursor as usize);
+        }
+        if !st.fresh.is_empty() {
+            // The commit record must not become durable before the fresh blocks'
+            // contents and allocation bits do (the checksum covers only the records).
+            region.fence();
+        }
+        if !st.writes.is_empty() {
             let len = st.cursor;
             let mut h = std::mem::replace(&mut st.crc, crc32fast::Hasher::new());
             h.update(&len.to_le_bytes());
@@ -284,7 +294,6 @@ impl<'a> Tx<'a> {
             hdr[8..16].copy_from_slice(&len.to_le_bytes());
             hdr[16..20].copy_from_slice(&crc.to_le_bytes());
             region.write_bytes(st.log_off, &hdr);
-            region.flush(st.log_off + HDR, len as usize);
             region.flush(st.log_off, 24);
         }
         region.fence(); // commit point
