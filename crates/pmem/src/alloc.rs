@@ -403,9 +403,35 @@ impl Allocator {
         }
     }
 
-    /// Every allocated block whose APT entry is `page` (used by recovery).
+    /// Every allocated block covered by the APT entry `page` (used by recovery): a
+    /// head page, a huge head's header page, or a whole chunk (flag bit 0 set).
     pub fn blocks_of_page(&self, region: &Region, page: u64) -> Vec<u64> {
         let mut out = Vec::new();
+        if page & 1 != 0 {
+            let off = page - 1;
+            let hs = self.geo.header_size();
+            if off < hs || (off - hs) % self.geo.chunk_size() != 0 {
+                return out;
+            }
+            let chunk = (off - hs) / self.geo.chunk_size();
+            if chunk >= self.nchunks.load(Ordering::Acquire) {
+                return out;
+            }
+            self.ensure_scanned(region, chunk);
+            match self.cv(chunk).state.load(Ordering::Acquire) {
+                C_HUGE => out.push(off + PAGE),
+                C_NORMAL => {
+                    for p in 1..self.geo.chunk_pages {
+                        let d = self.cv(chunk).desc[p as usize].load(Ordering::Acquire);
+                        if matches!(pd_kind(d), PD_SLAB | PD_RUN) {
+                            out.extend(self.blocks_of_page(region, off + p * PAGE));
+                        }
+                    }
+                }
+                _ => {}
+            }
+            return out;
+        }
         let Ok(loc) = self.locate_page(region, page) else {
             return out;
         };

@@ -125,7 +125,12 @@ pub fn check_heap(heap: &Heap) -> CheckReport {
             }
             r.active_pages += 1;
             let hs = geo.header_size();
-            if v < hs || (v - hs) % PAGE != 0 || !region.contains(v, PAGE) {
+            let (base, unit) = if v & 1 != 0 {
+                (v - 1, geo.chunk_size())
+            } else {
+                (v, PAGE)
+            };
+            if base < hs || (base - hs) % unit != 0 || !region.contains(base, PAGE) {
                 r.problems.push(format!(
                     "slot {s}: active page table entry {i} = {v:#x} is not a heap page"
                 ));

@@ -432,6 +432,15 @@ impl FreeTicket {
     }
 }
 
+/// Low bit of an APT entry: the entry covers its whole chunk (the value is the
+/// chunk's offset plus this flag), not one page.
+pub const APT_CHUNK_FLAG: u64 = 1;
+
+fn apt_chunk_entry(geo: &Geometry, page: u64) -> u64 {
+    let c = (page - geo.header_size()) / geo.chunk_size();
+    geo.chunk_off(c) | APT_CHUNK_FLAG
+}
+
 struct AptVol {
     page: u64,
     last_alloc_op: u64,
@@ -608,9 +617,17 @@ impl ThreadHeap {
         self.heap.free_ticket(t)
     }
 
-    /// Makes the page at `page` an entry of this slot's APT, durably.
+    /// Makes `page` covered by this slot's APT, durably: by an entry for the page
+    /// itself or for its whole chunk.
     fn ensure_apt(&mut self, page: u64, alloc: bool) -> Result<usize> {
-        if let Some(&i) = self.apt_index.get(&page) {
+        let geo = *self.heap.inner.alloc.geometry();
+        let chunk_entry = apt_chunk_entry(&geo, page);
+        let hit = self
+            .apt_index
+            .get(&page)
+            .or_else(|| self.apt_index.get(&chunk_entry))
+            .copied();
+        if let Some(i) = hit {
             if alloc {
                 self.apt[i].last_alloc_op = self.op;
             }
@@ -619,19 +636,48 @@ impl ThreadHeap {
         if self.apt_free.is_empty() {
             self.trim_apt();
         }
+        if self.apt_free.is_empty() {
+            self.coalesce_apt();
+            if let Some(&i) = self.apt_index.get(&chunk_entry) {
+                if alloc {
+                    self.apt[i].last_alloc_op = self.op;
+                }
+                return Ok(i);
+            }
+        }
         let Some(i) = self.apt_free.pop() else {
             return Err(Error::ActivePagesFull(self.slot, self.apt.len()));
         };
+        self.set_apt(i, page, if alloc { self.op } else { 0 });
+        Ok(i)
+    }
+
+    fn set_apt(&mut self, i: usize, entry: u64, last_alloc_op: u64) {
         let region = &self.heap.inner.region;
         let off = region.geometry().apt_off(self.slot) + 8 * i as u64;
-        region.atomic_u64(off).store(page, Ordering::Release);
+        region.atomic_u64(off).store(entry, Ordering::Release);
         region.persist(off, 8);
         self.apt[i] = AptVol {
-            page,
-            last_alloc_op: if alloc { self.op } else { 0 },
+            page: entry,
+            last_alloc_op,
         };
-        self.apt_index.insert(page, i);
-        Ok(i)
+        self.apt_index.insert(entry, i);
+    }
+
+    fn clear_apt(&mut self, i: usize) {
+        let region = &self.heap.inner.region;
+        let off = region.geometry().apt_off(self.slot) + 8 * i as u64;
+        region.atomic_u64(off).store(0, Ordering::Release);
+        region.flush(off, 8);
+        let entry = std::mem::replace(&mut self.apt[i].page, 0);
+        self.apt_index.remove(&entry);
+        self.apt_free.push(i);
+        // Cached entry indices of the current slabs may name this entry.
+        for c in 0..self.cur_apt.len() {
+            if self.cur_apt[c] == Some(i) {
+                self.cur_apt[c] = None;
+            }
+        }
     }
 
     /// Drops APT entries whose allocations have ended and which have no free
@@ -640,36 +686,76 @@ impl ThreadHeap {
     fn trim_apt(&mut self) {
         let inner = self.heap.inner.clone();
         let region = &inner.region;
-        let geo = region.geometry();
-        let cur_pages: Vec<u64> = self.cur.iter().flatten().copied().collect();
+        let geo = *inner.alloc.geometry();
         for i in 0..self.apt.len() {
-            let page = self.apt[i].page;
-            if page == 0 || self.apt[i].last_alloc_op >= self.op {
+            let entry = self.apt[i].page;
+            if entry == 0 || self.apt[i].last_alloc_op >= self.op {
                 continue;
             }
-            let pending = match inner.alloc.locate_page(region, page) {
-                Ok(loc) => inner
-                    .alloc
-                    .slab_vol(loc.chunk, loc.head)
-                    .pending
-                    .load(Ordering::Acquire),
-                Err(_) => 0,
-            };
-            if pending != 0 {
-                continue;
-            }
-            let off = geo.apt_off(self.slot) + 8 * i as u64;
-            region.atomic_u64(off).store(0, Ordering::Release);
-            region.flush(off, 8);
-            self.apt[i].page = 0;
-            self.apt_index.remove(&page);
-            self.apt_free.push(i);
-            if cur_pages.contains(&page) {
-                for c in 0..self.cur.len() {
-                    if self.cur[c] == Some(page) {
-                        self.cur_apt[c] = None;
-                    }
+            let pending: u32 = if entry & APT_CHUNK_FLAG != 0 {
+                let chunk = (entry - APT_CHUNK_FLAG - geo.header_size()) / geo.chunk_size();
+                (0..geo.chunk_pages)
+                    .map(|p| {
+                        inner
+                            .alloc
+                            .slab_vol(chunk, p)
+                            .pending
+                            .load(Ordering::Acquire)
+                    })
+                    .sum()
+            } else {
+                match inner.alloc.locate_page(region, entry) {
+                    Ok(loc) => inner
+                        .alloc
+                        .slab_vol(loc.chunk, loc.head)
+                        .pending
+                        .load(Ordering::Acquire),
+                    Err(_) => 0,
                 }
+            };
+            if pending == 0 {
+                self.clear_apt(i);
+            }
+        }
+    }
+
+    /// When the table is full of pages with operations in flight (typically free
+    /// tickets for blocks scattered over many pages), replaces the page entries of
+    /// the chunk with the most of them by one entry for the whole chunk (log-free
+    /// paper §5.3: the tracking granularity is a choice). Recovery then scans that
+    /// chunk whole. The chunk entry is durable before the page entries go.
+    fn coalesce_apt(&mut self) {
+        let geo = *self.heap.inner.alloc.geometry();
+        let mut by_chunk: HashMap<u64, Vec<usize>> = HashMap::new();
+        for (i, a) in self.apt.iter().enumerate() {
+            if a.page != 0 && a.page & APT_CHUNK_FLAG == 0 {
+                by_chunk
+                    .entry(apt_chunk_entry(&geo, a.page))
+                    .or_default()
+                    .push(i);
+            }
+        }
+        let Some((entry, idxs)) = by_chunk.into_iter().max_by_key(|(_, v)| v.len()) else {
+            return;
+        };
+        if idxs.len() < 2 {
+            return;
+        }
+        let last = idxs
+            .iter()
+            .map(|&i| self.apt[i].last_alloc_op)
+            .max()
+            .unwrap_or(0);
+        let keep = idxs[0];
+        let old = self.apt[keep].page;
+        self.apt_index.remove(&old);
+        self.set_apt(keep, entry, last);
+        for &i in &idxs[1..] {
+            self.clear_apt(i);
+        }
+        for c in 0..self.cur_apt.len() {
+            if self.cur_apt[c] == Some(keep) {
+                self.cur_apt[c] = None;
             }
         }
     }
