@@ -16,15 +16,10 @@
 use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::region::Region;
+use crate::slab_state::SlabState;
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
-
-// Volatile slab states.
-const S_NONE: u8 = 0;
-const S_OWNED: u8 = 1;
-const S_POOLED: u8 = 2;
-const S_DETACHED: u8 = 3;
 
 // Volatile chunk states.
 const C_UNSCANNED: u8 = 0;
@@ -33,23 +28,13 @@ const C_HUGE: u8 = 2;
 const C_IN_HUGE: u8 = 3;
 const C_BAD: u8 = 4;
 
-#[derive(Default)]
-pub(crate) struct SlabVol {
-    /// Blocks allocated (bits set) in the slab headed by this page.
-    pub used: AtomicU32,
-    pub state: AtomicU8,
-    /// Free tickets outstanding for blocks of this page (a page with tickets must
-    /// stay in its APT until they are freed).
-    pub pending: AtomicU32,
-}
-
 pub(crate) struct ChunkVol {
     state: AtomicU8,
     /// Chunks in the huge run headed here.
     huge: AtomicU64,
     /// Volatile copy of the page descriptors (written under the page lock).
     desc: [AtomicU64; MAX_CHUNK_PAGES as usize],
-    pub slabs: [SlabVol; MAX_CHUNK_PAGES as usize],
+    pub slabs: [SlabState; MAX_CHUNK_PAGES as usize],
 }
 
 impl ChunkVol {
@@ -58,7 +43,7 @@ impl ChunkVol {
             state: AtomicU8::new(C_UNSCANNED),
             huge: AtomicU64::new(0),
             desc: std::array::from_fn(|_| AtomicU64::new(0)),
-            slabs: std::array::from_fn(|_| SlabVol::default()),
+            slabs: std::array::from_fn(|_| SlabState::new()),
         }
     }
 }
@@ -117,7 +102,8 @@ pub(crate) struct Allocator {
     frontier: AtomicU64,
     nchunks: AtomicU64,
     pages: Mutex<PageState>,
-    pools: Box<[Mutex<Vec<u64>>]>,
+    /// Per class: slabs with room, with the life they were pooled in.
+    pools: Box<[Mutex<Vec<(u64, u32)>>]>,
     pub max_size: u64,
 }
 
@@ -165,7 +151,7 @@ impl Allocator {
         self.chunks[c as usize].get_or_init(|| Box::new(ChunkVol::new()))
     }
 
-    pub fn slab_vol(&self, chunk: u64, page: u64) -> &SlabVol {
+    pub fn slab_vol(&self, chunk: u64, page: u64) -> &SlabState {
         &self.cv(chunk).slabs[page as usize]
     }
 
@@ -229,15 +215,13 @@ impl Allocator {
                                 if class < CLASSES.len() {
                                     let used = self.count_bits(region, i, p, class);
                                     let sv = &cv.slabs[p as usize];
-                                    sv.used.store(used as u32, Ordering::Relaxed);
-                                    if used < slab_blocks(class) {
-                                        sv.state.store(S_POOLED, Ordering::Release);
+                                    if let Some(life) =
+                                        sv.scanned(used as u32, slab_blocks(class) as u32)
+                                    {
                                         self.pools[class]
                                             .lock()
                                             .unwrap()
-                                            .push(self.geo.chunk_off(i) + p * PAGE);
-                                    } else {
-                                        sv.state.store(S_DETACHED, Ordering::Release);
+                                            .push((self.geo.chunk_off(i) + p * PAGE, life));
                                     }
                                 }
                             }
@@ -512,9 +496,7 @@ impl Allocator {
             let old = a.fetch_or(1 << bit, Ordering::AcqRel);
             debug_assert!(old & (1 << bit) == 0, "only the owner sets bits");
             region.flush(bm + 8 * w, 8);
-            self.slab_vol(chunk, head)
-                .used
-                .fetch_add(1, Ordering::AcqRel);
+            self.slab_vol(chunk, head).took_block();
             *cursor = w;
             return Ok(Some(slab + (64 * w + bit) * CLASSES[class] as u64));
         }
@@ -532,54 +514,30 @@ impl Allocator {
     /// The owner found `slab` full and drops it.
     pub fn detach(&self, slab: u64, class: usize) {
         let (chunk, head) = self.split(slab);
-        let sv = self.slab_vol(chunk, head);
-        sv.state.store(S_DETACHED, Ordering::SeqCst);
-        if (sv.used.load(Ordering::SeqCst) as u64) < slab_blocks(class) {
-            self.repool(sv, slab, class);
+        if let Some(life) = self
+            .slab_vol(chunk, head)
+            .owner_detach(slab_blocks(class) as u32)
+        {
+            self.pools[class].lock().unwrap().push((slab, life));
         }
     }
 
     /// A thread gives up ownership of a slab that may still have room.
     pub fn release_owned(&self, slab: u64, class: usize) {
         let (chunk, head) = self.split(slab);
-        let sv = self.slab_vol(chunk, head);
-        if sv
-            .state
-            .compare_exchange(S_OWNED, S_POOLED, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-        {
-            self.pools[class].lock().unwrap().push(slab);
-        }
-    }
-
-    fn repool(&self, sv: &SlabVol, slab: u64, class: usize) {
-        if sv
-            .state
-            .compare_exchange(S_DETACHED, S_POOLED, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-        {
-            self.pools[class].lock().unwrap().push(slab);
+        if let Some(life) = self.slab_vol(chunk, head).release_owned() {
+            self.pools[class].lock().unwrap().push((slab, life));
         }
     }
 
     /// Takes ownership of a pooled slab of `class`.
     pub fn pop_pool(&self, class: usize) -> Option<u64> {
         let mut pool = self.pools[class].lock().unwrap();
-        while let Some(slab) = pool.pop() {
+        while let Some((slab, life)) = pool.pop() {
             let (chunk, head) = self.split(slab);
-            let cv = self.cv(chunk);
-            let sv = &cv.slabs[head as usize];
-            if sv
-                .state
-                .compare_exchange(S_POOLED, S_OWNED, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-            {
-                let d = cv.desc[head as usize].load(Ordering::Acquire);
-                if pd_kind(d) == PD_SLAB && pd_class(d) == class {
-                    return Some(slab);
-                }
-                // a stale entry for a page reused by another class
-                sv.state.store(S_POOLED, Ordering::SeqCst);
+            // An entry from an earlier life of the page fails here (life tag).
+            if self.slab_vol(chunk, head).try_own(life) {
+                return Some(slab);
             }
         }
         None
@@ -661,26 +619,16 @@ impl Allocator {
     pub fn reclaim_empty_slabs(&self, region: &Region) -> u64 {
         let mut freed = 0;
         for class in 0..CLASSES.len() {
-            let slabs: Vec<u64> = std::mem::take(&mut *self.pools[class].lock().unwrap());
+            let slabs: Vec<(u64, u32)> = std::mem::take(&mut *self.pools[class].lock().unwrap());
             let mut keep = Vec::new();
-            for slab in slabs {
+            for (slab, life) in slabs {
                 let (chunk, head) = self.split(slab);
                 let sv = self.slab_vol(chunk, head);
-                if sv.used.load(Ordering::SeqCst) == 0
-                    && sv
-                        .state
-                        .compare_exchange(S_POOLED, S_NONE, Ordering::SeqCst, Ordering::SeqCst)
-                        .is_ok()
-                {
-                    if sv.used.load(Ordering::SeqCst) == 0 {
-                        self.free_pages(region, chunk, head, slab_pages(class));
-                        freed += 1;
-                    } else {
-                        sv.state.store(S_POOLED, Ordering::SeqCst);
-                        keep.push(slab);
-                    }
-                } else if sv.state.load(Ordering::SeqCst) == S_POOLED {
-                    keep.push(slab);
+                if sv.try_retire_empty(life) {
+                    self.free_pages(region, chunk, head, slab_pages(class));
+                    freed += 1;
+                } else if sv.state() == crate::slab_state::POOLED && sv.life() == life {
+                    keep.push((slab, life));
                 }
             }
             self.pools[class].lock().unwrap().extend(keep);
@@ -789,9 +737,7 @@ impl Allocator {
             v.extend((1..n).map(|_| pd_cont(head)));
             v
         })?;
-        let sv = self.slab_vol(c, head);
-        sv.used.store(0, Ordering::SeqCst);
-        sv.state.store(S_OWNED, Ordering::SeqCst);
+        self.slab_vol(c, head).fresh_owned();
         Ok(self.geo.chunk_off(c) + head * PAGE)
     }
 
@@ -888,10 +834,9 @@ impl Allocator {
                     return Err(Error::DoubleFree(off));
                 }
                 region.flush(self.bitmap_off(loc.chunk, loc.head) + 8 * (index / 64), 8);
-                let sv = self.slab_vol(loc.chunk, loc.head);
-                sv.used.fetch_sub(1, Ordering::SeqCst);
-                if sv.state.load(Ordering::SeqCst) == S_DETACHED {
-                    self.repool(sv, self.geo.chunk_off(loc.chunk) + loc.head * PAGE, class);
+                if let Some(life) = self.slab_vol(loc.chunk, loc.head).freed_block() {
+                    let slab = self.geo.chunk_off(loc.chunk) + loc.head * PAGE;
+                    self.pools[class].lock().unwrap().push((slab, life));
                 }
                 Ok(())
             }

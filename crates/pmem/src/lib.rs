@@ -32,6 +32,8 @@ pub mod persist;
 pub mod pptr;
 pub mod region;
 pub mod sim;
+#[doc(hidden)]
+pub mod slab_state;
 pub mod tx;
 
 pub use alloc::AllocStats;
