@@ -407,26 +407,28 @@ impl Region {
     }
 
     /// Writes a new superblock into the copy that is not current and persists it.
-    pub(crate) fn write_superblock(&self, mut sb: Superblock) -> Result<()> {
+    pub(crate) fn write_superblock(&self, sb: Superblock) -> Result<()> {
+        self.update_superblock(|cur| *cur = sb)
+    }
+
+    /// Updates superblock fields through a closure and persists the result. The
+    /// read-modify-write runs under one lock, so concurrent updates (a root change
+    /// and a growth) never lose each other's fields.
+    pub(crate) fn update_superblock(&self, f: impl FnOnce(&mut Superblock)) -> Result<()> {
+        let mut cur = self.sb.lock().unwrap();
+        let mut sb = *cur;
+        f(&mut sb);
         if self.access != Access::ReadWrite {
-            // A private check mapping may still record changes in memory.
-            *self.sb.lock().unwrap() = sb;
+            // A private check mapping only records changes in memory.
+            *cur = sb;
             return Ok(());
         }
-        let mut cur = self.sb.lock().unwrap();
         sb.seq = cur.seq + 1;
         let off = if sb.seq % 2 == 0 { SB_A } else { SB_B };
         self.write_bytes(off, &sb.encode());
         self.persist(off, SB_LEN);
         *cur = sb;
         Ok(())
-    }
-
-    /// Updates superblock fields through a closure and persists the result.
-    pub(crate) fn update_superblock(&self, f: impl FnOnce(&mut Superblock)) -> Result<()> {
-        let mut sb = self.superblock();
-        f(&mut sb);
-        self.write_superblock(sb)
     }
 
     /// `fsync` of the file's metadata (its length after create or grow).
@@ -440,6 +442,10 @@ impl Region {
     /// Extends the file and the mapping to `new_size` (no superblock change; the
     /// caller formats what it added and then publishes the size).
     pub(crate) fn extend_mapping(&self, new_size: u64) -> Result<()> {
+        if self.access != Access::ReadWrite {
+            // A private mapping past the end of the file would fault on first touch.
+            return Err(Error::ReadOnly);
+        }
         let old = self.size();
         if new_size <= old {
             return Ok(());

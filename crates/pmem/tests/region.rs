@@ -1,0 +1,262 @@
+//! Region and superblock: creation, refusal of bad files with named problems, the
+//! A/B superblock fallback, the file lock, growth, strategies.
+
+use pmem::layout::{Superblock, SB_A, SB_B, SB_LEN};
+use pmem::{Error, Geometry, Heap, HeapOptions, Strategy};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+fn opts() -> HeapOptions {
+    HeapOptions {
+        size: 3 << 20,
+        geometry: Geometry::small(),
+        ..Default::default()
+    }
+}
+
+fn make(path: &Path) {
+    let heap = Heap::create(path, &opts()).unwrap();
+    let mut th = heap.thread().unwrap();
+    let p = th.alloc(100).unwrap();
+    heap.region().write_bytes(p.offset(), b"persisted");
+    heap.region().persist(p.offset(), 9);
+    heap.set_root(p).unwrap();
+}
+
+fn open_err(path: &Path) -> Error {
+    match Heap::open(path, &opts()) {
+        Ok(_) => panic!("{} opened", path.display()),
+        Err(e) => e,
+    }
+}
+
+fn current_sb_off(path: &Path) -> u64 {
+    let f = std::fs::File::open(path).unwrap();
+    let mut best = (0, SB_A);
+    for off in [SB_A, SB_B] {
+        let mut b = [0u8; SB_LEN];
+        f.read_exact_at(&mut b, off).unwrap();
+        if let Ok(Some(sb)) = Superblock::decode(path, &b) {
+            if sb.seq >= best.0 {
+                best = (sb.seq, off);
+            }
+        }
+    }
+    best.1
+}
+
+#[test]
+fn create_reopen_and_generation() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("a.heap");
+    make(&p);
+    let g1 = {
+        let (h, rep) = Heap::open(&p, &opts()).unwrap().finish(|_| true).unwrap();
+        assert!(rep.was_clean);
+        let mut b = [0u8; 9];
+        h.region().read_bytes(h.root().offset(), &mut b);
+        assert_eq!(&b, b"persisted");
+        h.region().generation()
+    };
+    let (h, _) = Heap::open(&p, &opts()).unwrap().finish(|_| true).unwrap();
+    assert_eq!(h.region().generation(), g1 + 1);
+    // Creating over an existing file is refused.
+    assert!(matches!(
+        Heap::create(&p, &opts()),
+        Err(Error::Exists { .. })
+    ));
+}
+
+#[test]
+fn refuses_foreign_empty_and_missing_files() {
+    let d = tempfile::tempdir().unwrap();
+    let foreign = d.path().join("foreign.txt");
+    std::fs::write(&foreign, "hello world, this is not a heap\n".repeat(4096)).unwrap();
+    let e = open_err(&foreign);
+    assert!(matches!(e, Error::NotAHeap { .. }), "{e}");
+    assert!(e.to_string().contains("foreign.txt"), "{e}");
+
+    let empty = d.path().join("empty.heap");
+    std::fs::write(&empty, b"").unwrap();
+    assert!(matches!(open_err(&empty), Error::NotAHeap { .. }));
+
+    assert!(matches!(
+        open_err(&d.path().join("missing")),
+        Error::Io { .. }
+    ));
+    assert!(matches!(
+        open_err(d.path()),
+        Error::Io { .. } | Error::NotAHeap { .. }
+    ));
+}
+
+#[test]
+fn refuses_truncated_heap() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t.heap");
+    make(&p);
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.set_len(1 << 20).unwrap();
+    let e = open_err(&p);
+    assert!(matches!(e, Error::Truncated { .. }), "{e}");
+    assert!(e.to_string().contains("truncated"), "{e}");
+}
+
+#[test]
+fn refuses_newer_format_version() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("n.heap");
+    make(&p);
+    let off = current_sb_off(&p);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    let mut b = [0u8; SB_LEN];
+    f.read_exact_at(&mut b, off).unwrap();
+    let mut sb = Superblock::decode(&p, &b).unwrap().unwrap();
+    sb.version += 1;
+    f.write_all_at(&sb.encode(), off).unwrap();
+    let e = open_err(&p);
+    assert!(matches!(e, Error::NewerVersion { .. }), "{e}");
+}
+
+#[test]
+fn torn_superblock_falls_back_to_the_other_copy() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("s.heap");
+    make(&p);
+    let off = current_sb_off(&p);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    f.write_all_at(&[0xAB; 40], off + 40).unwrap(); // tear the newest copy
+    drop(f);
+    let (h, _) = Heap::open(&p, &opts()).unwrap().finish(|_| true).unwrap();
+    assert!(!h.root().is_null(), "root from the older copy");
+    drop(h);
+    // Both copies torn: refused as corrupt.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    f.write_all_at(&[0xCD; 40], SB_A + 40).unwrap();
+    f.write_all_at(&[0xCD; 40], SB_B + 40).unwrap();
+    let e = open_err(&p);
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+}
+
+#[test]
+fn second_opener_gets_in_use() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("l.heap");
+    make(&p);
+    let (_h, _) = Heap::open(&p, &opts()).unwrap().finish(|_| true).unwrap();
+    assert!(matches!(open_err(&p), Error::InUse { .. }));
+    assert!(matches!(
+        Heap::open_check(&p).err().unwrap(),
+        Error::InUse { .. }
+    ));
+}
+
+#[test]
+fn grows_online_and_keeps_pointers() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("g.heap");
+    let o = HeapOptions {
+        max_size: 64 << 20,
+        ..opts()
+    };
+    let heap = Heap::create(&p, &o).unwrap();
+    let first = heap.region().size();
+    let mut th = heap.thread().unwrap();
+    let a = th.alloc(64).unwrap();
+    heap.region().write(a.offset(), &0x1234u64);
+    let atomic = heap.region().atomic_u64(a.offset());
+    let mut blocks = Vec::new();
+    for _ in 0..40 {
+        blocks.push(th.alloc(500_000).unwrap());
+    }
+    assert!(heap.region().size() > first);
+    // The same reference still reads the same word: the mapping never moved.
+    assert_eq!(atomic.load(std::sync::atomic::Ordering::Relaxed), 0x1234);
+    heap.grow(heap.region().size() + (8 << 20)).unwrap();
+    let size = heap.region().size();
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), size);
+    for b in &blocks {
+        th.free(*b).unwrap();
+    }
+    drop(th);
+    drop(heap);
+    let (h, _) = Heap::open(&p, &o).unwrap().finish(|_| true).unwrap();
+    assert_eq!(h.region().size(), size);
+    assert!(pmem::check_heap(&h).ok());
+}
+
+#[test]
+fn heap_full_is_an_error_and_recoverable() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("f.heap");
+    let heap = Heap::create(&p, &opts()).unwrap();
+    let mut th = heap.thread().unwrap();
+    let mut v = Vec::new();
+    let e = loop {
+        match th.alloc(40_000) {
+            Ok(b) => v.push(b),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(e, Error::HeapFull { .. }), "{e}");
+    assert!(matches!(
+        th.alloc(1 << 40),
+        Err(Error::TooLarge(_) | Error::HeapFull { .. })
+    ));
+    th.free(v.pop().unwrap()).unwrap();
+    th.alloc(40_000).unwrap();
+}
+
+#[test]
+fn every_supported_strategy_round_trips() {
+    for st in [
+        Strategy::Clwb,
+        Strategy::Clflushopt,
+        Strategy::Clflush,
+        Strategy::FenceOnly,
+        Strategy::Msync,
+    ] {
+        if !st.supported() {
+            continue;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.heap");
+        let o = HeapOptions {
+            strategy: st,
+            fence_ns: 50,
+            ..opts()
+        };
+        let heap = Heap::create(&p, &o).unwrap();
+        assert_eq!(heap.region().strategy(), st);
+        let mut th = heap.thread().unwrap();
+        let before = heap.region().persist_stats();
+        let b = th.alloc(64).unwrap();
+        heap.region().write_bytes(b.offset(), &[7u8; 64]);
+        heap.region().persist(b.offset(), 64);
+        let after = heap.region().persist_stats();
+        assert!(after.fences > before.fences, "{st:?}");
+        assert!(after.flushes > before.flushes, "{st:?}");
+        if st == Strategy::Msync {
+            assert!(after.msyncs > before.msyncs);
+        }
+        heap.set_root(b).unwrap();
+        drop(th);
+        drop(heap);
+        let (h, _) = Heap::open(&p, &o).unwrap().finish(|_| true).unwrap();
+        let mut buf = [0u8; 64];
+        h.region().read_bytes(h.root().offset(), &mut buf);
+        assert_eq!(buf, [7u8; 64], "{st:?}");
+    }
+}

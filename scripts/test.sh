@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Ember's whole test suite: the README's test command, and what .ci/run calls.
+# Installs what it needs, runs formatting and lint checks, every test (unit,
+# crash simulator, SIGKILL, model-based, concurrency, CLI) and the loom models,
+# then prints one summary line.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export CARGO_TERM_COLOR=never
+
+need() { command -v "$1" >/dev/null 2>&1; }
+if ! need cargo; then
+  echo "test.sh: cargo not found; install Rust (rustup) first" >&2
+  exit 1
+fi
+for comp in rustfmt clippy; do
+  if ! cargo "${comp/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    rustup component add "$comp"
+  fi
+done
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+echo "== cargo test"
+cargo test --workspace 2>&1 | tee -a "$log"
+
+echo "== loom models"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+  cargo test -p pmem --test loom_slab --release 2>&1 | tee -a "$log"
+
+passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
+grep -E '^crash-sim: ' "$log" || { echo "test.sh: the crash simulator printed no summary" >&2; exit 1; }
+echo "all: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
