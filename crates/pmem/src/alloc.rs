@@ -28,6 +28,9 @@ const C_HUGE: u8 = 2;
 const C_IN_HUGE: u8 = 3;
 const C_BAD: u8 = 4;
 
+/// Slabs of one class with room: (head page offset, life it was pooled in).
+type Pool = Mutex<Vec<(u64, u32)>>;
+
 pub(crate) struct ChunkVol {
     state: AtomicU8,
     /// Chunks in the huge run headed here.
@@ -48,6 +51,45 @@ impl ChunkVol {
     }
 }
 
+/// Checks a chunk's page descriptors (after orphan repair): every head's span lies
+/// in the chunk and is made of its continuations, classes and sizes are right, and
+/// no continuation lies outside a head's span.
+pub(crate) fn validate_descs(d: &[u64]) -> std::result::Result<(), String> {
+    let np = d.len() as u64;
+    let mut p = 1;
+    while p < np {
+        let x = d[p as usize];
+        match pd_kind(x) {
+            PD_FREE if x == 0 => p += 1,
+            PD_SLAB | PD_RUN => {
+                let pages = pd_pages(x);
+                if x >> 24 != 0 || pages == 0 || p + pages > np {
+                    return Err(format!("page {p}: head {x:#x} does not fit the chunk"));
+                }
+                if pd_kind(x) == PD_SLAB
+                    && (pd_class(x) >= CLASSES.len() || pages != slab_pages(pd_class(x)))
+                {
+                    return Err(format!(
+                        "page {p}: slab descriptor {x:#x} has a bad class or size"
+                    ));
+                }
+                for q in p + 1..p + pages {
+                    if d[q as usize] != pd_cont(p) {
+                        return Err(format!("page {q}: not a continuation of page {p}"));
+                    }
+                }
+                p += pages;
+            }
+            _ => {
+                return Err(format!(
+                    "page {p}: descriptor {x:#x} outside any head's span"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether page `p`'s descriptor (in `d`, a chunk's descriptors) is a continuation
 /// whose head page does not cover it.
 pub(crate) fn is_orphan(d: &[u64], p: u64) -> bool {
@@ -61,6 +103,18 @@ pub(crate) fn is_orphan(d: &[u64], p: u64) -> bool {
     }
     let hd = d[h as usize];
     !matches!(pd_kind(hd), PD_SLAB | PD_RUN) || h + pd_pages(hd) <= p
+}
+
+/// What an active page table entry covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Covered {
+    Slab {
+        chunk: u64,
+        head: u64,
+        class: usize,
+    },
+    /// A page-run or huge block (allocation state in durable descriptors).
+    Block(u64),
 }
 
 /// Where a block lives and what it is.
@@ -103,7 +157,7 @@ pub(crate) struct Allocator {
     nchunks: AtomicU64,
     pages: Mutex<PageState>,
     /// Per class: slabs with room, with the life they were pooled in.
-    pools: Box<[Mutex<Vec<(u64, u32)>>]>,
+    pools: Box<[Pool]>,
     pub max_size: u64,
 }
 
@@ -204,6 +258,22 @@ impl Allocator {
                 CHUNK_NORMAL => {
                     let mut free = 0u16;
                     self.repair_orphans(region, i);
+                    let descs: Vec<u64> = (0..self.geo.chunk_pages)
+                        .map(|p| {
+                            if p == 0 {
+                                0
+                            } else {
+                                region.read(self.desc_off(i, p))
+                            }
+                        })
+                        .collect();
+                    if let Err(_why) = validate_descs(&descs) {
+                        // Corrupt metadata: never allocate from or free into this
+                        // chunk (`ember check` names the problem).
+                        cv.state.store(C_BAD, Ordering::Release);
+                        ps.frontier += 1;
+                        continue;
+                    }
                     let mut p = 1;
                     while p < self.geo.chunk_pages {
                         let d: u64 = region.read(self.desc_off(i, p));
@@ -214,10 +284,9 @@ impl Allocator {
                                 let class = pd_class(d);
                                 if class < CLASSES.len() {
                                     let used = self.count_bits(region, i, p, class);
+                                    let room = used < slab_blocks(class);
                                     let sv = &cv.slabs[p as usize];
-                                    if let Some(life) =
-                                        sv.scanned(used as u32, slab_blocks(class) as u32)
-                                    {
+                                    if let Some(life) = sv.scanned(room) {
                                         self.pools[class]
                                             .lock()
                                             .unwrap()
@@ -291,10 +360,10 @@ impl Allocator {
     /// Finds the block a pointer designates, validating it.
     pub fn locate(&self, region: &Region, off: u64) -> Result<Loc> {
         let hs = self.geo.header_size();
-        if off < hs || off % 16 != 0 || !region.contains(off, 16) {
+        if off < hs || !off.is_multiple_of(16) || !region.contains(off, 16) {
             return Err(Error::InvalidPointer(off, "outside the chunk area"));
         }
-        let chunk = (off - hs) / self.geo.chunk_size();
+        let chunk = (off - hs) >> self.geo.chunk_shift();
         if chunk >= self.nchunks.load(Ordering::Acquire) {
             return Err(Error::InvalidPointer(off, "beyond the last chunk"));
         }
@@ -339,16 +408,14 @@ impl Allocator {
                 }
                 let rel = off - (coff + head * PAGE);
                 let b = CLASSES[class] as u64;
-                if rel % b != 0 || rel / b >= slab_blocks(class) {
+                let index = div_by_class(rel, class);
+                if index * b != rel || index >= slab_blocks(class) {
                     return Err(Error::InvalidPointer(off, "not the start of a block"));
                 }
                 Ok(Loc {
                     chunk,
                     head,
-                    kind: BlockKind::Slab {
-                        class,
-                        index: rel / b,
-                    },
+                    kind: BlockKind::Slab { class, index },
                 })
             }
             PD_RUN => {
@@ -394,7 +461,7 @@ impl Allocator {
         if page & 1 != 0 {
             let off = page - 1;
             let hs = self.geo.header_size();
-            if off < hs || (off - hs) % self.geo.chunk_size() != 0 {
+            if off < hs || !(off - hs).is_multiple_of(self.geo.chunk_size()) {
                 return out;
             }
             let chunk = (off - hs) / self.geo.chunk_size();
@@ -442,7 +509,7 @@ impl Allocator {
     /// Resolves an APT entry (a head page or a huge chunk's header page).
     pub fn locate_page(&self, region: &Region, page: u64) -> Result<Loc> {
         let hs = self.geo.header_size();
-        if page < hs || (page - hs) % PAGE != 0 {
+        if page < hs || !(page - hs).is_multiple_of(PAGE) {
             return Err(Error::InvalidPointer(page, "APT entry is not a page"));
         }
         let rel = page - hs;
@@ -465,15 +532,38 @@ impl Allocator {
     // ---- allocation of blocks from a slab (owner thread only) ----
 
     /// Takes a free block from `slab` (head page offset), or None when full.
-    /// `before_set` runs before the bit is set (the APT insertion).
+    ///
+    /// The owner claims all free bits of one bitmap word with a single `fetch_or`
+    /// and hands them out from `claimed` (bits of word `cursor`) without further
+    /// atomics. The caller has made the slab's page covered by its active page
+    /// table, so nothing is flushed: recovery recomputes the bits of covered pages
+    /// from reachability (claimed bits not yet handed out are unreachable and come
+    /// back), and the bitmap is made durable when the page leaves the table.
+    #[inline]
     pub fn take_block(
         &self,
         region: &Region,
         slab: u64,
         class: usize,
         cursor: &mut u64,
-        before_set: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<Option<u64>> {
+        claimed: &mut u64,
+    ) -> Option<u64> {
+        if *claimed == 0 && !self.claim_word(region, slab, class, cursor, claimed) {
+            return None;
+        }
+        let bit = claimed.trailing_zeros() as u64;
+        *claimed &= *claimed - 1;
+        Some(slab + (64 * *cursor + bit) * CLASSES[class] as u64)
+    }
+
+    fn claim_word(
+        &self,
+        region: &Region,
+        slab: u64,
+        class: usize,
+        cursor: &mut u64,
+        claimed: &mut u64,
+    ) -> bool {
         let (chunk, head) = self.split(slab);
         let bm = self.bitmap_off(chunk, head);
         let nb = slab_blocks(class);
@@ -481,42 +571,178 @@ impl Allocator {
         for k in 0..words {
             let w = (*cursor + k) % words;
             let a = region.atomic_u64(bm + 8 * w);
-            let v = a.load(Ordering::Acquire);
+            let v = a.load(Ordering::SeqCst);
             let valid = (nb - 64 * w).min(64);
             let mask = if valid < 64 {
                 !((1u64 << valid) - 1)
             } else {
                 0
             };
-            if v | mask == u64::MAX {
+            let free = !(v | mask);
+            if free == 0 {
                 continue;
             }
-            let bit = (v | mask).trailing_ones() as u64;
-            before_set()?;
-            let old = a.fetch_or(1 << bit, Ordering::AcqRel);
-            debug_assert!(old & (1 << bit) == 0, "only the owner sets bits");
-            region.flush(bm + 8 * w, 8);
-            self.slab_vol(chunk, head).took_block();
+            // Only the owner sets bits: everything free now is ours after this.
+            let old = a.fetch_or(free, Ordering::SeqCst);
+            debug_assert_eq!(old & free, 0, "only the owner sets bits");
             *cursor = w;
-            return Ok(Some(slab + (64 * w + bit) * CLASSES[class] as u64));
+            *claimed = free & !old;
+            return *claimed != 0;
         }
-        Ok(None)
+        false
+    }
+
+    /// Returns claimed-but-unused bits of word `cursor` (the owner lets go of a slab).
+    pub fn unclaim(&self, region: &Region, slab: u64, cursor: u64, claimed: u64) {
+        if claimed == 0 {
+            return;
+        }
+        let (chunk, head) = self.split(slab);
+        let a = region.atomic_u64(self.bitmap_off(chunk, head) + 8 * cursor);
+        a.fetch_and(!claimed, Ordering::SeqCst);
+    }
+
+    /// Whether the slab's bitmap has a free block (SeqCst reads).
+    fn has_room(&self, region: &Region, chunk: u64, head: u64, class: usize) -> bool {
+        let bm = self.bitmap_off(chunk, head);
+        let nb = slab_blocks(class);
+        (0..nb.div_ceil(64)).any(|w| {
+            let v = region.atomic_u64(bm + 8 * w).load(Ordering::SeqCst);
+            let valid = (nb - 64 * w).min(64);
+            let mask = if valid < 64 {
+                !((1u64 << valid) - 1)
+            } else {
+                0
+            };
+            v | mask != u64::MAX
+        })
+    }
+
+    fn is_empty_slab(&self, region: &Region, chunk: u64, head: u64, class: usize) -> bool {
+        let bm = self.bitmap_off(chunk, head);
+        (0..slab_blocks(class).div_ceil(64))
+            .all(|w| region.atomic_u64(bm + 8 * w).load(Ordering::SeqCst) == 0)
+    }
+
+    /// What an APT entry covers: slabs (whose bits recovery recomputes) and page-run
+    /// or huge blocks (whose descriptors are durable). A stale entry resolves to
+    /// whatever now holds its page.
+    pub fn covered(&self, region: &Region, entry: u64) -> Vec<Covered> {
+        let mut out = Vec::new();
+        let hs = self.geo.header_size();
+        let n = self.nchunks.load(Ordering::Acquire);
+        let whole = entry & 1 != 0;
+        let base = entry & !1;
+        let unit = if whole { self.geo.chunk_size() } else { PAGE };
+        if base < hs || !(base - hs).is_multiple_of(unit) {
+            return out;
+        }
+        let rel = base - hs;
+        let chunk = rel / self.geo.chunk_size();
+        if chunk >= n {
+            return out;
+        }
+        let pages: Vec<u64> = if whole {
+            (0..self.geo.chunk_pages).collect()
+        } else {
+            vec![(rel % self.geo.chunk_size()) / PAGE]
+        };
+        self.ensure_scanned(region, chunk);
+        let cv = self.cv(chunk);
+        let coff = self.geo.chunk_off(chunk);
+        match cv.state.load(Ordering::Acquire) {
+            C_HUGE => out.push(Covered::Block(coff + PAGE)),
+            C_NORMAL => {
+                for p in pages {
+                    if p == 0 {
+                        continue;
+                    }
+                    let mut head = p;
+                    let mut d = cv.desc[p as usize].load(Ordering::Acquire);
+                    if pd_kind(d) == PD_CONT {
+                        if whole {
+                            continue; // its head is visited itself
+                        }
+                        head = pd_head(d);
+                        if head == 0 || head >= p {
+                            continue;
+                        }
+                        d = cv.desc[head as usize].load(Ordering::Acquire);
+                    }
+                    match pd_kind(d) {
+                        PD_SLAB if pd_class(d) < CLASSES.len() => out.push(Covered::Slab {
+                            chunk,
+                            head,
+                            class: pd_class(d),
+                        }),
+                        PD_RUN => out.push(Covered::Block(coff + head * PAGE)),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+
+    /// Flushes the bitmap lines of a slab (no fence).
+    pub fn flush_bitmap(&self, region: &Region, chunk: u64, head: u64, class: usize) {
+        let bytes = slab_blocks(class).div_ceil(64) * 8;
+        region.flush(self.bitmap_off(chunk, head), bytes as usize);
+    }
+
+    /// Recovery: sets the allocation bit of every block slot of a covered slab to
+    /// `reachable(block)`, flushes changed lines (no fence), and re-registers the
+    /// slab's volatile state. Returns (blocks kept, blocks freed, blocks revived).
+    pub fn recompute_slab(
+        &self,
+        region: &Region,
+        chunk: u64,
+        head: u64,
+        class: usize,
+        reachable: &mut dyn FnMut(u64) -> bool,
+    ) -> (u64, u64, u64) {
+        let bm = self.bitmap_off(chunk, head);
+        let nb = slab_blocks(class);
+        let base = self.geo.chunk_off(chunk) + head * PAGE;
+        let size = CLASSES[class] as u64;
+        let (mut kept, mut freed, mut revived) = (0, 0, 0);
+        for w in 0..nb.div_ceil(64) {
+            let a = region.atomic_u64(bm + 8 * w);
+            let old = a.load(Ordering::Acquire);
+            let mut new = 0u64;
+            for bit in 0..(nb - 64 * w).min(64) {
+                if reachable(base + (64 * w + bit) * size) {
+                    new |= 1 << bit;
+                }
+            }
+            kept += (old & new).count_ones() as u64;
+            freed += (old & !new).count_ones() as u64;
+            revived += (new & !old).count_ones() as u64;
+            if new != old {
+                a.store(new, Ordering::Release);
+                region.flush(bm + 8 * w, 8);
+            }
+        }
+        let used = self.count_bits(region, chunk, head, class);
+        if let Some(life) = self.slab_vol(chunk, head).scanned(used < nb) {
+            self.pools[class].lock().unwrap().push((base, life));
+        }
+        (kept, freed, revived)
     }
 
     fn split(&self, page_off: u64) -> (u64, u64) {
         let rel = page_off - self.geo.header_size();
-        (
-            rel / self.geo.chunk_size(),
-            (rel % self.geo.chunk_size()) / PAGE,
-        )
+        let shift = self.geo.chunk_shift();
+        (rel >> shift, (rel & ((1 << shift) - 1)) / PAGE)
     }
 
     /// The owner found `slab` full and drops it.
-    pub fn detach(&self, slab: u64, class: usize) {
+    pub fn detach(&self, region: &Region, slab: u64, class: usize) {
         let (chunk, head) = self.split(slab);
         if let Some(life) = self
             .slab_vol(chunk, head)
-            .owner_detach(slab_blocks(class) as u32)
+            .owner_detach(|| self.has_room(region, chunk, head, class))
         {
             self.pools[class].lock().unwrap().push((slab, life));
         }
@@ -583,6 +809,13 @@ impl Allocator {
                                 region.flush(self.desc_off(c, head + 1), 8 * (n - 1) as usize);
                                 region.fence();
                             }
+                            if pd_kind(ds[0]) == PD_SLAB {
+                                // A fresh slab's bitmap is zero, durably, before the
+                                // head descriptor is (no stale bits can surface).
+                                let bm = self.bitmap_off(c, head);
+                                region.fill(bm, BITMAP_BYTES as usize, 0);
+                                region.flush(bm, BITMAP_BYTES as usize);
+                            }
                             cv.desc[head as usize].store(ds[0], Ordering::Release);
                             region.write(self.desc_off(c, head), &ds[0]);
                             // Durable before any block of the page can be handed out.
@@ -624,7 +857,7 @@ impl Allocator {
             for (slab, life) in slabs {
                 let (chunk, head) = self.split(slab);
                 let sv = self.slab_vol(chunk, head);
-                if sv.try_retire_empty(life) {
+                if sv.try_retire_empty(life, || self.is_empty_slab(region, chunk, head, class)) {
                     self.free_pages(region, chunk, head, slab_pages(class));
                     freed += 1;
                 } else if sv.state() == crate::slab_state::POOLED && sv.life() == life {
@@ -636,28 +869,32 @@ impl Allocator {
         freed
     }
 
+    /// Returns an empty slab's pages. Its bitmap is zero in memory but may not be
+    /// durably so (bits of covered pages are not flushed per operation): make the
+    /// zeroes durable before the page stops being a slab.
     fn free_pages(&self, region: &Region, chunk: u64, head: u64, n: u64) {
         let mut ps = self.pages.lock().unwrap();
-        self.clear_descs(region, chunk, head, n);
+        region.flush(self.bitmap_off(chunk, head), BITMAP_BYTES as usize);
         region.fence();
+        self.clear_descs(region, chunk, head, n);
         ps.free_pages[chunk as usize] += n as u16;
         ps.with_free.insert(chunk);
     }
 
     /// Clears the descriptors of pages `head..head+n`: the head first (durably), then
-    /// the continuations (flushed; the caller fences).
+    /// the continuations (durably), before anyone can reuse the pages (the caller
+    /// publishes them as free only after this returns).
     fn clear_descs(&self, region: &Region, chunk: u64, head: u64, n: u64) {
         let cv = self.cv(chunk);
         cv.desc[head as usize].store(0, Ordering::Release);
         region.write(self.desc_off(chunk, head), &0u64);
-        region.flush(self.desc_off(chunk, head), 8);
+        region.persist(self.desc_off(chunk, head), 8);
         if n > 1 {
-            region.fence();
             for p in head + 1..head + n {
                 cv.desc[p as usize].store(0, Ordering::Release);
                 region.write(self.desc_off(chunk, p), &0u64);
             }
-            region.flush(self.desc_off(chunk, head + 1), 8 * (n - 1) as usize);
+            region.persist(self.desc_off(chunk, head + 1), 8 * (n - 1) as usize);
         }
     }
 
@@ -700,6 +937,13 @@ impl Allocator {
 
     /// Grows the heap explicitly to at least `new_size` bytes.
     pub fn grow_to(&self, region: &Region, new_size: u64) -> Result<()> {
+        if new_size > region.reserved() {
+            return Err(Error::HeapFull {
+                requested: new_size.saturating_sub(region.size()),
+                heap_size: region.size(),
+                max_size: region.reserved(),
+            });
+        }
         let mut ps = self.pages.lock().unwrap();
         let nch = self.nchunks.load(Ordering::Acquire);
         let want = self.geo.chunks_in(self.geo.round_size(new_size));
@@ -765,7 +1009,12 @@ impl Allocator {
         bytes: u64,
         before_publish: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<u64> {
-        let n = (bytes + PAGE).div_ceil(self.geo.chunk_size());
+        let Some(n) = bytes
+            .checked_add(PAGE)
+            .map(|b| b.div_ceil(self.geo.chunk_size()))
+        else {
+            return Err(Error::TooLarge(bytes));
+        };
         if n > 0xff_ffff || self.geo.size_for_chunks(n) > region.reserved().max(self.max_size) {
             return Err(Error::TooLarge(bytes));
         }
@@ -829,11 +1078,14 @@ impl Allocator {
         match loc.kind {
             BlockKind::Slab { class, index } => {
                 let a = region.atomic_u64(self.bitmap_off(loc.chunk, loc.head) + 8 * (index / 64));
-                let old = a.fetch_and(!(1 << (index % 64)), Ordering::AcqRel);
+                // SeqCst: the clear is ordered before the state read in freed_block
+                // (see slab_state).
+                let old = a.fetch_and(!(1 << (index % 64)), Ordering::SeqCst);
                 if old & (1 << (index % 64)) == 0 {
                     return Err(Error::DoubleFree(off));
                 }
-                region.flush(self.bitmap_off(loc.chunk, loc.head) + 8 * (index / 64), 8);
+                // Not flushed: the page is covered by an active page table entry
+                // (see take_block).
                 if let Some(life) = self.slab_vol(loc.chunk, loc.head).freed_block() {
                     let slab = self.geo.chunk_off(loc.chunk) + loc.head * PAGE;
                     self.pools[class].lock().unwrap().push((slab, life));
@@ -868,7 +1120,9 @@ impl Allocator {
                 region.fence();
                 let o = self.geo.chunk_off(loc.chunk);
                 region.write(o, &chunk_word(CHUNK_NORMAL, 0));
-                region.flush(o, 8);
+                // Durable before the chunks are published as free: another thread's
+                // fence would not cover our flush.
+                region.persist(o, 8);
                 let full_free = (self.geo.chunk_pages - 1) as u16;
                 for j in loc.chunk..loc.chunk + chunks {
                     let cv = self.cv(j);

@@ -24,6 +24,9 @@ pub struct CheckReport {
     /// Continuation pages left by a page allocation or free that a crash interrupted;
     /// legitimate after a crash, freed when the allocator first scans the chunk.
     pub orphan_pages: u64,
+    /// Blocks claimed by live thread handles and not yet handed out (excluded from
+    /// `blocks`).
+    pub cached_blocks: u64,
     pub problems: Vec<String>,
 }
 
@@ -130,7 +133,7 @@ pub fn check_heap(heap: &Heap) -> CheckReport {
             } else {
                 (v, PAGE)
             };
-            if base < hs || (base - hs) % unit != 0 || !region.contains(base, PAGE) {
+            if base < hs || !(base - hs).is_multiple_of(unit) || !region.contains(base, PAGE) {
                 r.problems.push(format!(
                     "slot {s}: active page table entry {i} = {v:#x} is not a heap page"
                 ));
@@ -140,6 +143,8 @@ pub fn check_heap(heap: &Heap) -> CheckReport {
             r.pending_logs += 1;
         }
     }
+    r.cached_blocks = heap.cached_blocks();
+    r.blocks = r.blocks.saturating_sub(r.cached_blocks);
     let root = region.superblock().root;
     if root != 0 && !heap.is_allocated(crate::PPtr::from_raw(root)) && !huge_heads.contains(&root) {
         r.problems

@@ -1,6 +1,6 @@
 //! The public heap: a region plus its allocator, thread slots and recovery.
 
-use crate::alloc::{AllocStats, Allocator};
+use crate::alloc::{AllocStats, Allocator, BlockKind, Covered};
 use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::persist::{Persister, Strategy};
@@ -10,7 +10,7 @@ use crate::sim::CrashSim;
 use crate::tx;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Options for creating or opening a heap.
@@ -50,8 +50,35 @@ impl HeapOptions {
         if self.reserve != 0 {
             self.reserve.max(size)
         } else {
-            (64 * GIB).max(self.max_size).max(2 * size)
+            (64 * GIB).max(self.max_size).max(size.saturating_mul(2))
         }
+    }
+
+    /// Refuses options that cannot work: a strategy this CPU lacks (it would execute
+    /// an unsupported instruction), no persistence on a writable heap, sizes beyond
+    /// the address space.
+    pub fn validate(&self) -> Result<()> {
+        if !self.strategy.supported() {
+            return Err(Error::StrategyUnsupported(self.strategy.name()));
+        }
+        if self.strategy == Strategy::None {
+            return Err(Error::InvalidOptions(
+                "persistence strategy 'none' is only for check-only views".into(),
+            ));
+        }
+        const LIMIT: u64 = 1 << 46; // 64 TiB: well inside a 47-bit user address space
+        for (what, v) in [
+            ("size", self.size),
+            ("max_size", self.max_size),
+            ("reserve", self.reserve),
+        ] {
+            if v > LIMIT {
+                return Err(Error::InvalidOptions(format!(
+                    "{what} {v} exceeds {LIMIT} bytes"
+                )));
+            }
+        }
+        self.geometry.validate().map_err(Error::InvalidOptions)
     }
 }
 
@@ -60,6 +87,8 @@ pub(crate) struct HeapInner {
     pub alloc: Allocator,
     slots: Mutex<Vec<bool>>,
     recovering: std::sync::atomic::AtomicBool,
+    /// Per live thread handle: blocks claimed from its slabs and not yet handed out.
+    caches: Mutex<Vec<Arc<AtomicU64>>>,
 }
 
 impl HeapInner {
@@ -71,8 +100,61 @@ impl HeapInner {
 impl Drop for HeapInner {
     fn drop(&mut self) {
         if self.region.access() == Access::ReadWrite && !*self.recovering.get_mut() {
+            self.close_tables();
             let _ = self.region.update_superblock(|sb| sb.clean = true);
         }
+    }
+}
+
+impl HeapInner {
+    /// Clean shutdown: make the bitmaps covered by every active page table durable,
+    /// then clear the tables, so that the next open has nothing to recompute. Entries
+    /// whose pages still have free tickets outstanding (dropped tickets) stay, and
+    /// the next recovery frees those blocks if they are unreachable.
+    fn close_tables(&self) {
+        let region = &self.region;
+        let geo = region.geometry();
+        let mut clear = Vec::new();
+        for s in 0..geo.nslots as usize {
+            for i in 0..geo.apt_entries {
+                let off = geo.apt_off(s) + 8 * i;
+                let e = region.atomic_u64(off).load(Ordering::Acquire);
+                if e == 0 {
+                    continue;
+                }
+                let mut pending = 0;
+                for c in self.alloc.covered(region, e) {
+                    match c {
+                        Covered::Slab { chunk, head, class } => {
+                            pending += self
+                                .alloc
+                                .slab_vol(chunk, head)
+                                .pending
+                                .load(Ordering::Acquire);
+                            self.alloc.flush_bitmap(region, chunk, head, class);
+                        }
+                        Covered::Block(b) => {
+                            if let Ok(l) = self.alloc.locate(region, b) {
+                                pending += self
+                                    .alloc
+                                    .slab_vol(l.chunk, l.head)
+                                    .pending
+                                    .load(Ordering::Acquire);
+                            }
+                        }
+                    }
+                }
+                if pending == 0 {
+                    clear.push(off);
+                }
+            }
+        }
+        region.fence();
+        for off in clear {
+            region.atomic_u64(off).store(0, Ordering::Release);
+            region.flush(off, 8);
+        }
+        region.fence();
     }
 }
 
@@ -95,6 +177,8 @@ pub struct RecoveryReport {
     pub active_blocks: u64,
     /// Unreachable blocks freed by the leak sweep.
     pub leaked_freed: u64,
+    /// Reachable blocks whose allocation bit was not durable and was set again.
+    pub revived: u64,
     /// Time spent in recovery.
     pub micros: u64,
 }
@@ -121,7 +205,8 @@ impl Recovery {
         self.heap.active_pages()
     }
 
-    /// Every allocated block in an active page: the candidates for the leak sweep.
+    /// Every allocated block covered by an active page table (before recovery
+    /// recomputes the bits: informational).
     pub fn active_blocks(&self) -> Vec<PPtr<u8>> {
         let inner = &self.heap.inner;
         let set: BTreeSet<u64> = self
@@ -132,34 +217,56 @@ impl Recovery {
         set.into_iter().map(PPtr::from_raw).collect()
     }
 
-    /// Frees every block in an active page for which `reachable` is false, clears the
-    /// active page tables and opens the heap for allocation.
+    /// The leak sweep (NV-epochs, log-free paper §5.5), then opens the heap for
+    /// allocation. `reachable(p)` must say exactly whether a block starting at `p`
+    /// is reachable from the layer above's persistent structures; it is asked for
+    /// every block slot of every slab covered by an active page table (allocated or
+    /// not: small-block allocation bits in covered pages are not made durable per
+    /// operation, so recovery sets each to "reachable") and for every page-run or
+    /// huge block covered (freed if unreachable). Then the tables are cleared.
     pub fn finish(
         mut self,
         mut reachable: impl FnMut(PPtr<u8>) -> bool,
     ) -> Result<(Heap, RecoveryReport)> {
         let inner = self.heap.inner.clone();
         let region = &inner.region;
-        let pages = self.active_pages();
-        self.report.active_pages = pages.len() as u64;
-        // Two entries may resolve to one block (a stale entry for a page that is now
-        // inside a run or huge block), so collect the distinct blocks first.
-        let blocks: BTreeSet<u64> = pages
+        let entries = self.active_pages();
+        self.report.active_pages = entries.len() as u64;
+        // Two entries may cover the same slab or block (a stale page entry next to a
+        // chunk entry, or a page now inside a run or huge block): visit each once.
+        let covered: BTreeSet<(u64, u64, usize, u64)> = entries
             .iter()
-            .flat_map(|p| inner.alloc.blocks_of_page(region, *p))
+            .flat_map(|e| inner.alloc.covered(region, *e))
+            .map(|c| match c {
+                Covered::Slab { chunk, head, class } => (0, chunk, class, head),
+                Covered::Block(b) => (1, b, 0, 0),
+            })
             .collect();
-        self.report.active_blocks = blocks.len() as u64;
-        let mut freed = 0;
-        for b in blocks {
-            if !reachable(PPtr::from_raw(b)) {
-                let loc = inner.alloc.locate(region, b)?;
-                inner.alloc.free_loc(region, &loc, b)?;
-                freed += 1;
+        let (mut blocks, mut freed, mut revived) = (0, 0, 0);
+        let mut reach = |b: u64| reachable(PPtr::from_raw(b));
+        for (kind, a, class, head) in covered {
+            if kind == 0 {
+                let (k, f, r) = inner
+                    .alloc
+                    .recompute_slab(region, a, head, class, &mut reach);
+                blocks += k + r;
+                freed += f;
+                revived += r;
+            } else {
+                blocks += 1;
+                if !reach(a) {
+                    let loc = inner.alloc.locate(region, a)?;
+                    inner.alloc.free_loc(region, &loc, a)?;
+                    freed += 1;
+                    blocks -= 1;
+                }
             }
         }
         region.fence();
+        self.report.active_blocks = blocks;
         self.report.leaked_freed = freed;
-        // The sweep is durable; now forget the active pages.
+        self.report.revived = revived;
+        // The recomputed state is durable; now forget the active pages.
         let geo = region.geometry();
         for s in 0..geo.nslots as usize {
             let base = geo.apt_off(s);
@@ -177,16 +284,23 @@ impl Recovery {
         Ok((self.heap, self.report))
     }
 
-    /// Finishes recovery treating every allocated block as reachable (no sweep).
-    /// Only for users whose every allocation is made reachable inside a transaction.
-    pub fn finish_keep_all(self) -> Result<(Heap, RecoveryReport)> {
-        self.finish(|_| true)
+    /// Finishes recovery of a heap that was shut down cleanly (no active pages to
+    /// recompute). After a crash this refuses: use [`Recovery::finish`] with the
+    /// layer above's reachability.
+    pub fn finish_clean(self) -> Result<(Heap, RecoveryReport)> {
+        if !self.active_pages().is_empty() {
+            return Err(Error::InvalidOptions(
+                "the heap has active pages (it was not shut down cleanly): recovery needs the reachability of its blocks".into(),
+            ));
+        }
+        self.finish(|_| false)
     }
 }
 
 impl Heap {
     /// Creates a new heap file.
     pub fn create(path: &Path, opts: &HeapOptions) -> Result<Heap> {
+        opts.validate()?;
         let region = Region::create(
             path,
             &CreateParams {
@@ -202,6 +316,7 @@ impl Heap {
     /// Opens an existing heap for reading and writing: replays committed
     /// transactions and returns the [`Recovery`] step for the leak sweep.
     pub fn open(path: &Path, opts: &HeapOptions) -> Result<Recovery> {
+        opts.validate()?;
         Self::open_with(path, opts, Access::ReadWrite, None)
     }
 
@@ -282,6 +397,7 @@ impl Heap {
                 alloc,
                 slots: Mutex::new(vec![false; nslots]),
                 recovering: std::sync::atomic::AtomicBool::new(recovering),
+                caches: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -341,46 +457,58 @@ impl Heap {
     }
 
     /// Frees a block whose unlink was announced with [`ThreadHeap::prepare_free`]
-    /// (from any thread, e.g. an epoch-reclamation callback). Flush + fence.
+    /// (from any thread, e.g. an epoch-reclamation callback).
     pub fn free_ticket(&self, t: FreeTicket) -> Result<()> {
         self.free_tickets(std::iter::once(t))
     }
 
-    /// Frees a batch of announced blocks with one fence.
+    /// Frees a batch of announced blocks. Small blocks cost no flush and no fence
+    /// (their pages stay covered by an active page table until their tickets are
+    /// redeemed); page runs and huge blocks are freed durably with one fence for
+    /// the batch.
     pub fn free_tickets(&self, ts: impl IntoIterator<Item = FreeTicket>) -> Result<()> {
-        let inner = &self.inner;
-        let mut done = Vec::new();
+        let inner = &*self.inner;
+        let region = &inner.region;
         let mut first_err = None;
+        let mut large: Vec<(u64, u64)> = Vec::new();
         for t in ts {
-            let off = t.off;
-            std::mem::forget(t);
-            match inner.alloc.locate(&inner.region, off) {
+            let off = take_ticket(t);
+            match inner.alloc.locate(region, off) {
                 Ok(loc) => {
-                    if let Err(e) = inner.alloc.free_loc(&inner.region, &loc, off) {
+                    if let Err(e) = inner.alloc.free_loc(region, &loc, off) {
                         first_err.get_or_insert(e);
                     }
-                    done.push(loc);
+                    if matches!(loc.kind, BlockKind::Slab { .. }) {
+                        inner
+                            .alloc
+                            .slab_vol(loc.chunk, loc.head)
+                            .pending
+                            .fetch_sub(1, Ordering::AcqRel);
+                    } else {
+                        large.push((loc.chunk, loc.head));
+                    }
                 }
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
             }
         }
-        inner.region.fence();
-        for loc in done {
-            inner
-                .alloc
-                .slab_vol(loc.chunk, loc.head)
-                .pending
-                .fetch_sub(1, Ordering::AcqRel);
+        if !large.is_empty() {
+            region.fence();
+            for (chunk, head) in large {
+                inner
+                    .alloc
+                    .slab_vol(chunk, head)
+                    .pending
+                    .fetch_sub(1, Ordering::AcqRel);
+            }
         }
         first_err.map_or(Ok(()), Err)
     }
 
     /// Withdraws a ticket without freeing (an aborted transaction's free).
     pub fn cancel_ticket(&self, t: FreeTicket) {
-        let off = t.off;
-        std::mem::forget(t);
+        let off = take_ticket(t);
         if let Ok(loc) = self.inner.alloc.locate(&self.inner.region, off) {
             self.inner
                 .alloc
@@ -388,6 +516,18 @@ impl Heap {
                 .pending
                 .fetch_sub(1, Ordering::AcqRel);
         }
+    }
+
+    /// Blocks that live thread handles have claimed from their slabs but not yet
+    /// handed out (their bits are set; they are nobody's yet).
+    pub fn cached_blocks(&self) -> u64 {
+        self.inner
+            .caches
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Grows the heap to at least `size` bytes, online.
@@ -418,12 +558,19 @@ impl Heap {
 }
 
 /// A promise to free one block, made before the block is unlinked (so that its page
-/// is durably active). Redeem it with [`Heap::free_ticket`] from any thread once no
-/// reader can reach the block. Dropping a ticket unredeemed leaves the block
-/// allocated (and its page active) until the next recovery's sweep.
+/// is covered by an active page table until the block is freed). Redeem it with
+/// [`Heap::free_tickets`] from any thread once no reader can reach the block.
+/// Dropping a ticket unredeemed leaves the block allocated (and its page active)
+/// until the next recovery, which frees it if it is unreachable.
 #[derive(Debug)]
 pub struct FreeTicket {
     off: u64,
+}
+
+/// Consumes a ticket (it carries no resource of its own: redeeming or cancelling
+/// it is what adjusts the page's pending count).
+fn take_ticket(t: FreeTicket) -> u64 {
+    t.off
 }
 
 impl FreeTicket {
@@ -441,9 +588,238 @@ fn apt_chunk_entry(geo: &Geometry, page: u64) -> u64 {
     geo.chunk_off(c) | APT_CHUNK_FLAG
 }
 
+/// Entries kept before the table trims itself eagerly (bounds recovery work).
+const APT_SOFT_LIMIT: usize = 16;
+
+#[derive(Clone, Copy)]
 struct AptVol {
-    page: u64,
+    entry: u64,
     last_alloc_op: u64,
+}
+
+/// One slot's active page table: the persistent entries and their volatile mirror.
+struct Apt {
+    slot: usize,
+    base: u64,
+    geo: Geometry,
+    entries: Vec<AptVol>,
+    index: HashMap<u64, usize>,
+    free: Vec<usize>,
+    /// NV-epoch: bumped by `end_op`.
+    op: u64,
+    /// Bumped whenever an entry is removed or replaced: cached indices of an older
+    /// epoch must be looked up again.
+    epoch: u64,
+    /// Direct-mapped cache in front of `index`: (page, entry index, epoch).
+    hot: [(u64, usize, u64); HOT],
+}
+
+const HOT: usize = 16;
+
+impl Apt {
+    fn load(region: &Region, slot: usize) -> Apt {
+        let geo = region.geometry();
+        let base = geo.apt_off(slot);
+        let mut entries = Vec::with_capacity(geo.apt_entries as usize);
+        let mut index = HashMap::new();
+        let mut free = Vec::new();
+        for i in 0..geo.apt_entries as usize {
+            let v = region
+                .atomic_u64(base + 8 * i as u64)
+                .load(Ordering::Acquire);
+            // Inherited from a previous handle of this slot: treated as allocated
+            // from in the current operation (kept until this handle ends one).
+            entries.push(AptVol {
+                entry: v,
+                last_alloc_op: 1,
+            });
+            if v == 0 {
+                free.push(i);
+            } else {
+                index.insert(v, i);
+            }
+        }
+        free.reverse();
+        Apt {
+            slot,
+            base,
+            geo,
+            entries,
+            index,
+            free,
+            op: 1,
+            epoch: 1,
+            hot: [(0, 0, 0); HOT],
+        }
+    }
+
+    #[inline]
+    fn lookup(&mut self, page: u64) -> Option<usize> {
+        let h = ((page >> 16) as usize) % HOT;
+        let (p, i, ep) = self.hot[h];
+        if p == page && ep == self.epoch {
+            return Some(i);
+        }
+        let i = self
+            .index
+            .get(&page)
+            .or_else(|| self.index.get(&apt_chunk_entry(&self.geo, page)))
+            .copied()?;
+        self.hot[h] = (page, i, self.epoch);
+        Some(i)
+    }
+
+    /// Makes `page` covered by this table, durably: by an entry for the page itself
+    /// or for its whole chunk.
+    fn ensure(
+        &mut self,
+        inner: &HeapInner,
+        current: &[Option<u64>],
+        page: u64,
+        alloc: bool,
+    ) -> Result<usize> {
+        if let Some(i) = self.lookup(page) {
+            if alloc {
+                self.entries[i].last_alloc_op = self.op;
+            }
+            return Ok(i);
+        }
+        if self.index.len() >= APT_SOFT_LIMIT || self.free.is_empty() {
+            self.trim(inner, current);
+        }
+        if self.free.is_empty() {
+            self.coalesce(inner);
+            if let Some(i) = self.lookup(page) {
+                if alloc {
+                    self.entries[i].last_alloc_op = self.op;
+                }
+                return Ok(i);
+            }
+        }
+        let Some(i) = self.free.pop() else {
+            return Err(Error::ActivePagesFull(self.slot, self.entries.len()));
+        };
+        self.set(&inner.region, i, page, if alloc { self.op } else { 0 });
+        Ok(i)
+    }
+
+    fn set(&mut self, region: &Region, i: usize, entry: u64, last_alloc_op: u64) {
+        let off = self.base + 8 * i as u64;
+        region.atomic_u64(off).store(entry, Ordering::Release);
+        region.persist(off, 8);
+        self.entries[i] = AptVol {
+            entry,
+            last_alloc_op,
+        };
+        self.index.insert(entry, i);
+    }
+
+    /// Removes entries (no fence needed: a stale entry only costs recovery a page).
+    fn clear(&mut self, region: &Region, idxs: &[usize]) {
+        for &i in idxs {
+            let off = self.base + 8 * i as u64;
+            region.atomic_u64(off).store(0, Ordering::Release);
+            region.flush(off, 8);
+            let e = std::mem::replace(&mut self.entries[i].entry, 0);
+            self.index.remove(&e);
+            self.free.push(i);
+        }
+        if !idxs.is_empty() {
+            self.epoch += 1;
+        }
+    }
+
+    /// Removes the entries whose allocations have ended (no allocation from them in
+    /// the current operation) and which have no free tickets outstanding. The
+    /// bitmaps they cover are made durable first (flush + one fence): from then on
+    /// nothing recomputes them.
+    fn trim(&mut self, inner: &HeapInner, current: &[Option<u64>]) {
+        let region = &inner.region;
+        let mut victims = Vec::new();
+        for i in 0..self.entries.len() {
+            let a = self.entries[i];
+            if a.entry == 0 || a.last_alloc_op >= self.op {
+                continue;
+            }
+            let covered = inner.alloc.covered(region, a.entry);
+            // This thread's current slabs may hold claimed bits not yet handed
+            // out: they must stay covered (recomputed if we crash).
+            let holds_current = covered.iter().any(|c| match *c {
+                Covered::Slab { chunk, head, .. } => {
+                    current.contains(&Some(inner.alloc.geometry().chunk_off(chunk) + head * PAGE))
+                }
+                Covered::Block(_) => false,
+            });
+            if holds_current {
+                continue;
+            }
+            let pending: u32 = covered
+                .iter()
+                .map(|c| match *c {
+                    Covered::Slab { chunk, head, .. } => inner
+                        .alloc
+                        .slab_vol(chunk, head)
+                        .pending
+                        .load(Ordering::Acquire),
+                    Covered::Block(b) => match inner.alloc.locate(region, b) {
+                        Ok(l) => inner
+                            .alloc
+                            .slab_vol(l.chunk, l.head)
+                            .pending
+                            .load(Ordering::Acquire),
+                        Err(_) => 0,
+                    },
+                })
+                .sum();
+            if pending != 0 {
+                continue;
+            }
+            for c in covered {
+                if let Covered::Slab { chunk, head, class } = c {
+                    inner.alloc.flush_bitmap(region, chunk, head, class);
+                }
+            }
+            victims.push(i);
+        }
+        if !victims.is_empty() {
+            region.fence();
+            self.clear(region, &victims);
+        }
+    }
+
+    /// When the table is full of pages with operations in flight (typically free
+    /// tickets for blocks scattered over many pages), replaces the page entries of
+    /// the chunk with the most of them by one entry for the whole chunk (log-free
+    /// paper §5.3: the tracking granularity is a choice). Recovery then covers that
+    /// chunk whole. The chunk entry is durable before the page entries go.
+    fn coalesce(&mut self, inner: &HeapInner) {
+        let mut by_chunk: HashMap<u64, Vec<usize>> = HashMap::new();
+        for (i, a) in self.entries.iter().enumerate() {
+            if a.entry != 0 && a.entry & APT_CHUNK_FLAG == 0 {
+                by_chunk
+                    .entry(apt_chunk_entry(&self.geo, a.entry))
+                    .or_default()
+                    .push(i);
+            }
+        }
+        let Some((entry, idxs)) = by_chunk.into_iter().max_by_key(|(_, v)| v.len()) else {
+            return;
+        };
+        if idxs.len() < 2 {
+            return;
+        }
+        let last = idxs
+            .iter()
+            .map(|&i| self.entries[i].last_alloc_op)
+            .max()
+            .unwrap_or(0);
+        let keep = idxs[0];
+        let old = self.entries[keep].entry;
+        self.index.remove(&old);
+        self.set(&inner.region, keep, entry, last);
+        self.clear(&inner.region, &idxs[1..]);
+        self.epoch += 1;
+    }
 }
 
 /// One thread's allocation and transaction context, bound to a heap thread slot.
@@ -451,50 +827,36 @@ struct AptVol {
 pub struct ThreadHeap {
     pub(crate) heap: Heap,
     pub(crate) slot: usize,
-    /// NV-epoch: bumped by [`ThreadHeap::end_op`].
-    op: u64,
+    apt: Apt,
     cur: Vec<Option<u64>>,
     cursor: Vec<u64>,
-    cur_apt: Vec<Option<usize>>,
-    apt: Vec<AptVol>,
-    apt_index: HashMap<u64, usize>,
-    apt_free: Vec<usize>,
+    /// Bits of word `cursor` claimed from the current slab and not yet handed out.
+    claimed: Vec<u64>,
+    /// (apt epoch, entry index) covering the current slab of each class.
+    cur_apt: Vec<Option<(u64, usize)>>,
+    /// Total of `claimed` bits, published (owner-only store) for accounting.
+    ncached: u64,
+    cached: Arc<AtomicU64>,
     pub(crate) tx_state: tx::TxState,
 }
 
 impl ThreadHeap {
     fn new(heap: Heap, slot: usize) -> Self {
         let region = &heap.inner.region;
-        let geo = region.geometry();
-        let mut apt = Vec::with_capacity(geo.apt_entries as usize);
-        let mut apt_index = HashMap::new();
-        let mut apt_free = Vec::new();
-        for i in 0..geo.apt_entries as usize {
-            let v = region
-                .atomic_u64(geo.apt_off(slot) + 8 * i as u64)
-                .load(Ordering::Acquire);
-            apt.push(AptVol {
-                page: v,
-                last_alloc_op: 0,
-            });
-            if v == 0 {
-                apt_free.push(i);
-            } else {
-                apt_index.insert(v, i);
-            }
-        }
-        apt_free.reverse();
-        let tx_state = tx::TxState::new(&geo, slot);
+        let apt = Apt::load(region, slot);
+        let tx_state = tx::TxState::new(&region.geometry(), slot);
+        let cached = Arc::new(AtomicU64::new(0));
+        heap.inner.caches.lock().unwrap().push(cached.clone());
         ThreadHeap {
             heap,
             slot,
-            op: 1,
+            apt,
             cur: vec![None; CLASSES.len()],
             cursor: vec![0; CLASSES.len()],
+            claimed: vec![0; CLASSES.len()],
             cur_apt: vec![None; CLASSES.len()],
-            apt,
-            apt_index,
-            apt_free,
+            ncached: 0,
+            cached,
             tx_state,
         }
     }
@@ -513,49 +875,44 @@ impl ThreadHeap {
     /// call must by now be durably reachable or freed. Pages whose allocations have
     /// all ended may then leave the active page table.
     pub fn end_op(&mut self) {
-        self.op += 1;
+        self.apt.op += 1;
     }
 
-    /// Allocates `size` bytes (16-byte aligned). The contents are unspecified; the
-    /// allocation is durable once the caller fences, which it must do before linking
-    /// the block anywhere.
+    /// Allocates `size` bytes (16-byte aligned). The contents are unspecified. The
+    /// caller initialises the block and makes it durable (flush + fence) before
+    /// linking it anywhere, and ends the operation (`end_op`) once it is linked.
     pub fn alloc(&mut self, size: u64) -> Result<PPtr<u8>> {
-        let inner = self.heap.inner.clone();
+        let inner = &*self.heap.inner;
         let region = &inner.region;
-        let geo = *inner.alloc.geometry();
         if let Some(class) = class_of(size) {
             loop {
                 if let Some(slab) = self.cur[class] {
-                    let mut cursor = self.cursor[class];
-                    let need_apt = self.cur_apt[class].is_none();
-                    let got = if need_apt {
-                        let mut idx = None;
-                        let r = {
-                            let this = &mut *self;
-                            let mut before = || -> Result<()> {
-                                idx = Some(this.ensure_apt(slab, true)?);
-                                Ok(())
-                            };
-                            inner
-                                .alloc
-                                .take_block(region, slab, class, &mut cursor, &mut before)
-                        };
-                        if let Some(i) = idx {
-                            self.cur_apt[class] = Some(i);
+                    match self.cur_apt[class] {
+                        Some((ep, i)) if ep == self.apt.epoch => {
+                            self.apt.entries[i].last_alloc_op = self.apt.op;
                         }
-                        r?
-                    } else {
-                        let i = self.cur_apt[class].unwrap();
-                        self.apt[i].last_alloc_op = self.op;
-                        inner
-                            .alloc
-                            .take_block(region, slab, class, &mut cursor, &mut || Ok(()))?
-                    };
-                    self.cursor[class] = cursor;
+                        _ => {
+                            let i = self.apt.ensure(inner, &self.cur, slab, true)?;
+                            self.cur_apt[class] = Some((self.apt.epoch, i));
+                        }
+                    }
+                    let before = self.claimed[class].count_ones() as u64;
+                    let got = inner.alloc.take_block(
+                        region,
+                        slab,
+                        class,
+                        &mut self.cursor[class],
+                        &mut self.claimed[class],
+                    );
+                    let after = self.claimed[class].count_ones() as u64;
+                    if after != before {
+                        self.ncached = self.ncached + after - before;
+                        self.cached.store(self.ncached, Ordering::Relaxed);
+                    }
                     if let Some(off) = got {
                         return Ok(PPtr::from_raw(off));
                     }
-                    inner.alloc.detach(slab, class);
+                    inner.alloc.detach(region, slab, class);
                     self.cur[class] = None;
                     self.cur_apt[class] = None;
                 }
@@ -565,23 +922,18 @@ impl ThreadHeap {
                 };
                 self.cur[class] = Some(slab);
                 self.cursor[class] = 0;
+                self.claimed[class] = 0;
                 self.cur_apt[class] = None;
             }
-        } else if size <= (geo.chunk_pages - 1) * PAGE {
-            let mut before = |page: u64| self.ensure_apt(page, true).map(|_| ());
-            Ok(PPtr::from_raw(inner.alloc.alloc_run(
-                region,
-                size,
-                &mut before,
-            )?))
-        } else {
-            let mut before = |page: u64| self.ensure_apt(page, true).map(|_| ());
-            Ok(PPtr::from_raw(inner.alloc.alloc_huge(
-                region,
-                size,
-                &mut before,
-            )?))
         }
+        let (apt, cur) = (&mut self.apt, &self.cur);
+        let mut before = |page: u64| apt.ensure(inner, cur, page, true).map(|_| ());
+        let off = if size <= (inner.alloc.geometry().chunk_pages - 1) * PAGE {
+            inner.alloc.alloc_run(region, size, &mut before)?
+        } else {
+            inner.alloc.alloc_huge(region, size, &mut before)?
+        };
+        Ok(PPtr::from_raw(off))
     }
 
     /// Allocates and zeroes `size` bytes (zeroes flushed, not fenced).
@@ -594,14 +946,20 @@ impl ThreadHeap {
     }
 
     /// Announces that the block at `p` is about to be unlinked: its page becomes
-    /// durably active (and stays so until the ticket is redeemed).
+    /// durably covered by this slot's active page table, and stays so until the
+    /// ticket is redeemed.
     pub fn prepare_free(&mut self, p: PPtr<u8>) -> Result<FreeTicket> {
-        let inner = self.heap.inner.clone();
+        let inner = &*self.heap.inner;
         let loc = inner.alloc.locate(&inner.region, p.offset())?;
         if !inner.alloc.is_allocated(&inner.region, &loc) {
             return Err(Error::DoubleFree(p.offset()));
         }
-        self.ensure_apt(loc.apt_page(inner.alloc.geometry()), false)?;
+        self.apt.ensure(
+            inner,
+            &self.cur,
+            loc.apt_page(inner.alloc.geometry()),
+            false,
+        )?;
         inner
             .alloc
             .slab_vol(loc.chunk, loc.head)
@@ -610,162 +968,33 @@ impl ThreadHeap {
         Ok(FreeTicket { off: p.offset() })
     }
 
-    /// Frees a block now (flush + fence). The block must not be reachable from any
-    /// persistent structure (or its unlink must not yet be durable).
+    /// Frees a block now. The block must not be durably reachable from any
+    /// persistent structure (or its unlink must not yet be durable). A small block
+    /// costs no flush and no fence (its page is covered by the active page table);
+    /// a page run or huge block is freed durably (flush + fence).
     pub fn free(&mut self, p: PPtr<u8>) -> Result<()> {
-        let t = self.prepare_free(p)?;
-        self.heap.free_ticket(t)
-    }
-
-    /// Makes `page` covered by this slot's APT, durably: by an entry for the page
-    /// itself or for its whole chunk.
-    fn ensure_apt(&mut self, page: u64, alloc: bool) -> Result<usize> {
-        let geo = *self.heap.inner.alloc.geometry();
-        let chunk_entry = apt_chunk_entry(&geo, page);
-        let hit = self
-            .apt_index
-            .get(&page)
-            .or_else(|| self.apt_index.get(&chunk_entry))
-            .copied();
-        if let Some(i) = hit {
-            if alloc {
-                self.apt[i].last_alloc_op = self.op;
-            }
-            return Ok(i);
-        }
-        if self.apt_free.is_empty() {
-            self.trim_apt();
-        }
-        if self.apt_free.is_empty() {
-            self.coalesce_apt();
-            if let Some(&i) = self.apt_index.get(&chunk_entry) {
-                if alloc {
-                    self.apt[i].last_alloc_op = self.op;
-                }
-                return Ok(i);
-            }
-        }
-        let Some(i) = self.apt_free.pop() else {
-            return Err(Error::ActivePagesFull(self.slot, self.apt.len()));
-        };
-        self.set_apt(i, page, if alloc { self.op } else { 0 });
-        Ok(i)
-    }
-
-    fn set_apt(&mut self, i: usize, entry: u64, last_alloc_op: u64) {
-        let region = &self.heap.inner.region;
-        let off = region.geometry().apt_off(self.slot) + 8 * i as u64;
-        region.atomic_u64(off).store(entry, Ordering::Release);
-        region.persist(off, 8);
-        self.apt[i] = AptVol {
-            page: entry,
-            last_alloc_op,
-        };
-        self.apt_index.insert(entry, i);
-    }
-
-    fn clear_apt(&mut self, i: usize) {
-        let region = &self.heap.inner.region;
-        let off = region.geometry().apt_off(self.slot) + 8 * i as u64;
-        region.atomic_u64(off).store(0, Ordering::Release);
-        region.flush(off, 8);
-        let entry = std::mem::replace(&mut self.apt[i].page, 0);
-        self.apt_index.remove(&entry);
-        self.apt_free.push(i);
-        // Cached entry indices of the current slabs may name this entry.
-        for c in 0..self.cur_apt.len() {
-            if self.cur_apt[c] == Some(i) {
-                self.cur_apt[c] = None;
-            }
-        }
-    }
-
-    /// Drops APT entries whose allocations have ended and which have no free
-    /// tickets outstanding. Removal needs no fence: a stale entry only makes the
-    /// next recovery scan one more page.
-    fn trim_apt(&mut self) {
-        let inner = self.heap.inner.clone();
+        let inner = &*self.heap.inner;
         let region = &inner.region;
-        let geo = *inner.alloc.geometry();
-        for i in 0..self.apt.len() {
-            let entry = self.apt[i].page;
-            if entry == 0 || self.apt[i].last_alloc_op >= self.op {
-                continue;
-            }
-            let pending: u32 = if entry & APT_CHUNK_FLAG != 0 {
-                let chunk = (entry - APT_CHUNK_FLAG - geo.header_size()) / geo.chunk_size();
-                (0..geo.chunk_pages)
-                    .map(|p| {
-                        inner
-                            .alloc
-                            .slab_vol(chunk, p)
-                            .pending
-                            .load(Ordering::Acquire)
-                    })
-                    .sum()
-            } else {
-                match inner.alloc.locate_page(region, entry) {
-                    Ok(loc) => inner
-                        .alloc
-                        .slab_vol(loc.chunk, loc.head)
-                        .pending
-                        .load(Ordering::Acquire),
-                    Err(_) => 0,
-                }
-            };
-            if pending == 0 {
-                self.clear_apt(i);
-            }
+        let loc = inner.alloc.locate(region, p.offset())?;
+        self.apt.ensure(
+            inner,
+            &self.cur,
+            loc.apt_page(inner.alloc.geometry()),
+            false,
+        )?;
+        inner.alloc.free_loc(region, &loc, p.offset())?;
+        if !matches!(loc.kind, BlockKind::Slab { .. }) {
+            region.fence();
         }
+        Ok(())
     }
 
-    /// When the table is full of pages with operations in flight (typically free
-    /// tickets for blocks scattered over many pages), replaces the page entries of
-    /// the chunk with the most of them by one entry for the whole chunk (log-free
-    /// paper §5.3: the tracking granularity is a choice). Recovery then scans that
-    /// chunk whole. The chunk entry is durable before the page entries go.
-    fn coalesce_apt(&mut self) {
-        let geo = *self.heap.inner.alloc.geometry();
-        let mut by_chunk: HashMap<u64, Vec<usize>> = HashMap::new();
-        for (i, a) in self.apt.iter().enumerate() {
-            if a.page != 0 && a.page & APT_CHUNK_FLAG == 0 {
-                by_chunk
-                    .entry(apt_chunk_entry(&geo, a.page))
-                    .or_default()
-                    .push(i);
-            }
-        }
-        let Some((entry, idxs)) = by_chunk.into_iter().max_by_key(|(_, v)| v.len()) else {
-            return;
-        };
-        if idxs.len() < 2 {
-            return;
-        }
-        let last = idxs
-            .iter()
-            .map(|&i| self.apt[i].last_alloc_op)
-            .max()
-            .unwrap_or(0);
-        let keep = idxs[0];
-        let old = self.apt[keep].page;
-        self.apt_index.remove(&old);
-        self.set_apt(keep, entry, last);
-        for &i in &idxs[1..] {
-            self.clear_apt(i);
-        }
-        for c in 0..self.cur_apt.len() {
-            if self.cur_apt[c] == Some(keep) {
-                self.cur_apt[c] = None;
-            }
-        }
-    }
-
-    /// Number of pages in this slot's active page table.
+    /// Number of entries in this slot's active page table.
     pub fn active_page_count(&self) -> usize {
-        self.apt_index.len()
+        self.apt.index.len()
     }
 
-    /// Kind and size of the block (tests, tools).
+    /// Usable size of the block (tests, tools).
     pub fn block_size(&self, p: PPtr<u8>) -> Result<u64> {
         self.heap.usable_size(p)
     }
@@ -773,12 +1002,21 @@ impl ThreadHeap {
 
 impl Drop for ThreadHeap {
     fn drop(&mut self) {
-        let inner = self.heap.inner.clone();
+        let inner = &*self.heap.inner;
         for class in 0..self.cur.len() {
             if let Some(slab) = self.cur[class].take() {
+                let claimed = std::mem::take(&mut self.claimed[class]);
+                inner
+                    .alloc
+                    .unclaim(&inner.region, slab, self.cursor[class], claimed);
                 inner.alloc.release_owned(slab, class);
             }
         }
+        inner
+            .caches
+            .lock()
+            .unwrap()
+            .retain(|c| !Arc::ptr_eq(c, &self.cached));
         inner.slots.lock().unwrap()[self.slot] = false;
     }
 }

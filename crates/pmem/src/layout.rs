@@ -86,18 +86,35 @@ pub const CLASSES: [u32; 44] = [
 ];
 pub const MAX_SMALL: u64 = 65536;
 
+/// Class of each size in 16-byte steps up to 1 KiB (index: (size + 15) / 16).
+const SMALL_CLASS: [u8; 65] = {
+    let mut t = [0u8; 65];
+    let mut i = 0;
+    while i < 65 {
+        let size = if i == 0 { 1 } else { i as u32 * 16 };
+        let mut c = 0;
+        while CLASSES[c] < size {
+            c += 1;
+        }
+        t[i] = c as u8;
+        i += 1;
+    }
+    t
+};
+
 /// The class serving `size` bytes, if it is small.
+#[inline]
 pub fn class_of(size: u64) -> Option<usize> {
+    if size <= 1024 {
+        return Some(SMALL_CLASS[size.div_ceil(16) as usize] as usize);
+    }
     if size > MAX_SMALL {
         return None;
     }
-    let size = size.max(1);
     Some(CLASSES.partition_point(|&c| (c as u64) < size))
 }
 
-/// Pages in one slab of `class`: one page up to 8 KiB blocks, else enough for 8 blocks.
-pub fn slab_pages(class: usize) -> u64 {
-    let b = CLASSES[class] as u64;
+const fn slab_pages_of(b: u64) -> u64 {
     if b <= 8192 {
         1
     } else {
@@ -105,9 +122,46 @@ pub fn slab_pages(class: usize) -> u64 {
     }
 }
 
+const SLAB_BLOCKS: [u64; CLASSES.len()] = {
+    let mut t = [0u64; CLASSES.len()];
+    let mut c = 0;
+    while c < CLASSES.len() {
+        t[c] = slab_pages_of(CLASSES[c] as u64) * PAGE / CLASSES[c] as u64;
+        c += 1;
+    }
+    t
+};
+
+/// Reciprocals for dividing an offset inside a slab (< 2^20) by the block size
+/// exactly: q = (n * R) >> 48 with R = ceil(2^48 / b); exact since n * (R*b - 2^48)
+/// < 2^20 * 2^16 < 2^48.
+const RECIP: [u64; CLASSES.len()] = {
+    let mut t = [0u64; CLASSES.len()];
+    let mut c = 0;
+    while c < CLASSES.len() {
+        t[c] = (1u64 << 48).div_ceil(CLASSES[c] as u64);
+        c += 1;
+    }
+    t
+};
+
+/// `n / CLASSES[class]` for `n` below 2^20 (an offset inside a slab).
+#[inline]
+pub fn div_by_class(n: u64, class: usize) -> u64 {
+    debug_assert!(n < 1 << 20);
+    (n * RECIP[class]) >> 48
+}
+
+/// Pages in one slab of `class`: one page up to 8 KiB blocks, else enough for 8 blocks.
+#[inline]
+pub fn slab_pages(class: usize) -> u64 {
+    slab_pages_of(CLASSES[class] as u64)
+}
+
 /// Blocks in one slab of `class`.
+#[inline]
 pub fn slab_blocks(class: usize) -> u64 {
-    slab_pages(class) * PAGE / CLASSES[class] as u64
+    SLAB_BLOCKS[class]
 }
 
 /// Format parameters fixed at creation and recorded in the superblock.
@@ -153,7 +207,8 @@ impl Geometry {
         if self.nslots == 0 || self.nslots > 1024 {
             return Err(format!("nslots {} must be in 1..=1024", self.nslots));
         }
-        if self.log_size < 4 * KIB || self.log_size > 64 * MIB || self.log_size % 64 != 0 {
+        if self.log_size < 4 * KIB || self.log_size > 64 * MIB || !self.log_size.is_multiple_of(64)
+        {
             return Err(format!(
                 "log_size {} must be a multiple of 64 in 4 KiB..=64 MiB",
                 self.log_size
@@ -167,14 +222,23 @@ impl Geometry {
         }
         Ok(())
     }
+    #[inline]
     pub fn chunk_size(&self) -> u64 {
         self.chunk_pages * PAGE
+    }
+    /// log2 of the chunk size (chunk_pages is a power of two).
+    #[inline]
+    pub fn chunk_shift(&self) -> u32 {
+        (self.chunk_pages * PAGE).trailing_zeros()
     }
     pub fn slot_size(&self) -> u64 {
         (self.log_size + self.apt_entries * 8).next_multiple_of(64)
     }
+    #[inline]
     pub fn header_size(&self) -> u64 {
-        (SLOTS_BASE + self.nslots * self.slot_size()).next_multiple_of(PAGE)
+        // Power-of-two roundings by mask: this is on the allocator's hot path.
+        let slot = (self.log_size + self.apt_entries * 8 + 63) & !63;
+        (SLOTS_BASE + self.nslots * slot + PAGE - 1) & !(PAGE - 1)
     }
     pub fn log_off(&self, slot: usize) -> u64 {
         SLOTS_BASE + slot as u64 * self.slot_size()
@@ -182,8 +246,9 @@ impl Geometry {
     pub fn apt_off(&self, slot: usize) -> u64 {
         self.log_off(slot) + self.log_size
     }
+    #[inline]
     pub fn chunk_off(&self, chunk: u64) -> u64 {
-        self.header_size() + chunk * self.chunk_size()
+        self.header_size() + (chunk << self.chunk_shift())
     }
     /// Number of whole chunks in a heap of `size` bytes.
     pub fn chunks_in(&self, size: u64) -> u64 {
@@ -337,18 +402,30 @@ mod tests {
             assert!(CLASSES[c] as u64 >= s);
             assert!(c == 0 || (CLASSES[c - 1] as u64) < s);
         }
-        for c in 0..CLASSES.len() {
+        for (c, &size) in CLASSES.iter().enumerate() {
             assert!(slab_blocks(c) >= 1 && slab_blocks(c) <= 4096);
             assert!(slab_pages(c) < MIN_CHUNK_PAGES);
-            assert_eq!(CLASSES[c] % 16, 0);
+            assert_eq!(size % 16, 0);
         }
     }
 
     #[test]
-    fn chunk_header_fits_one_page() {
-        assert!(DESC_BASE + 8 * MAX_CHUNK_PAGES <= BITMAP_BASE);
-        assert!(BITMAP_BASE + BITMAP_BYTES * MAX_CHUNK_PAGES <= PAGE);
+    fn division_by_class_is_exact() {
+        for (c, &size) in CLASSES.iter().enumerate() {
+            let b = size as u64;
+            let span = slab_pages(c) * PAGE;
+            for n in (0..span)
+                .step_by(1)
+                .filter(|n| n % 8 == 0 || n % b < 3 || n % b > b - 3)
+            {
+                assert_eq!(div_by_class(n, c), n / b, "n {n} class {b}");
+            }
+        }
     }
+
+    // The chunk header's descriptors and bitmaps fit its page (checked at compile time).
+    const _: () = assert!(DESC_BASE + 8 * MAX_CHUNK_PAGES <= BITMAP_BASE);
+    const _: () = assert!(BITMAP_BASE + BITMAP_BYTES * MAX_CHUNK_PAGES <= PAGE);
 
     #[test]
     fn superblock_round_trip_and_checksum() {

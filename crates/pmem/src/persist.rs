@@ -140,7 +140,8 @@ struct Shard {
 /// A snapshot of the persistence counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PersistStats {
-    /// Cache lines flushed (or pages queued for msync).
+    /// Cache lines the code asked to flush (counted for every strategy, including
+    /// fence-only, which issues no flush instruction, and msync, which queues pages).
     pub flushes: u64,
     /// Fences (persist barriers).
     pub fences: u64,
@@ -197,6 +198,10 @@ pub struct Persister {
     pub(crate) strategy: Strategy,
     pub(crate) fence_ns: u64,
     pub(crate) counters: Counters,
+    /// First errno of a failed `msync` (0 = none): from then on durability is not
+    /// guaranteed and `Region::health` reports it, so the layers above stop
+    /// acknowledging writes.
+    pub(crate) failed: std::sync::atomic::AtomicI32,
 }
 
 impl Persister {
@@ -205,6 +210,7 @@ impl Persister {
             strategy,
             fence_ns,
             counters: Counters::new(),
+            failed: std::sync::atomic::AtomicI32::new(0),
         }
     }
 
@@ -285,12 +291,19 @@ impl Persister {
                     }
                     // SAFETY: the range is page aligned and was flushed while mapped;
                     // msync on a range that is no longer mapped fails with ENOMEM and
-                    // touches nothing.
+                    // touches nothing; any failure is recorded (see `failed`).
                     let rc = unsafe { libc::msync(s as *mut libc::c_void, e - s, libc::MS_SYNC) };
-                    debug_assert!(
-                        rc == 0
-                            || std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM)
-                    );
+                    if rc != 0 {
+                        let errno = std::io::Error::last_os_error()
+                            .raw_os_error()
+                            .unwrap_or(libc::EIO);
+                        let _ = self.failed.compare_exchange(
+                            0,
+                            errno,
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
+                        );
+                    }
                     self.counters.shard().msyncs.fetch_add(1, Ordering::Relaxed);
                     i = j;
                 }

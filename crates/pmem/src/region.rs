@@ -39,6 +39,8 @@ pub struct Region {
     persister: Persister,
     pub(crate) sim: Option<Arc<CrashSim>>,
     sb: Mutex<Superblock>,
+    /// The format parameters (fixed for the life of the heap).
+    geo: Geometry,
     generation: u64,
     opened_clean: bool,
 }
@@ -199,7 +201,13 @@ impl Region {
         let mut region = Self::map(file, path, sb, reserve_len, access, persister)?;
         if access == Access::ReadWrite {
             let mut nsb = sb;
-            nsb.generation += 1;
+            nsb.generation = nsb
+                .generation
+                .checked_add(1)
+                .ok_or_else(|| Error::Corrupt {
+                    path: path.to_path_buf(),
+                    detail: "superblock generation at its maximum".into(),
+                })?;
             nsb.clean = false;
             region.generation = nsb.generation;
             region.write_superblock(nsb)?;
@@ -227,6 +235,7 @@ impl Region {
             persister,
             sim: None,
             sb: Mutex::new(sb),
+            geo: sb.geometry,
             generation: sb.generation,
             opened_clean: sb.clean,
         };
@@ -262,7 +271,7 @@ impl Region {
         *self.sb.lock().unwrap()
     }
     pub fn geometry(&self) -> Geometry {
-        self.superblock().geometry
+        self.geo
     }
     pub fn strategy(&self) -> Strategy {
         self.persister.strategy
@@ -270,6 +279,19 @@ impl Region {
     pub fn fence_ns(&self) -> u64 {
         self.persister.fence_ns
     }
+    /// Whether every persist so far succeeded. After an `msync` failure (an I/O
+    /// error of the medium) durability is no longer guaranteed: callers must stop
+    /// acknowledging writes.
+    pub fn health(&self) -> Result<()> {
+        match self.persister.failed.load(Ordering::SeqCst) {
+            0 => Ok(()),
+            errno => Err(Error::io(
+                &self.path,
+                std::io::Error::from_raw_os_error(errno),
+            )),
+        }
+    }
+
     pub fn persist_stats(&self) -> PersistStats {
         self.persister.counters.snapshot()
     }
@@ -345,7 +367,7 @@ impl Region {
     #[inline]
     #[track_caller]
     pub fn atomic_u64(&self, off: u64) -> &AtomicU64 {
-        assert!(off % 8 == 0, "unaligned atomic at {off:#x}");
+        assert!(off.is_multiple_of(8), "unaligned atomic at {off:#x}");
         let p = self.check(off, 8);
         // SAFETY: in bounds, 8-aligned (the base is page aligned); the mapping lives
         // as long as `self` and never moves, so the reference cannot dangle. Atomics
@@ -357,7 +379,7 @@ impl Region {
     #[inline]
     #[track_caller]
     pub fn atomic_u32(&self, off: u64) -> &AtomicU32 {
-        assert!(off % 4 == 0, "unaligned atomic at {off:#x}");
+        assert!(off.is_multiple_of(4), "unaligned atomic at {off:#x}");
         let p = self.check(off, 4);
         // SAFETY: as for atomic_u64.
         unsafe { &*(p as *const AtomicU32) }
@@ -423,8 +445,11 @@ impl Region {
             *cur = sb;
             return Ok(());
         }
-        sb.seq = cur.seq + 1;
-        let off = if sb.seq % 2 == 0 { SB_A } else { SB_B };
+        sb.seq = cur.seq.checked_add(1).ok_or_else(|| Error::Corrupt {
+            path: self.path.clone(),
+            detail: "superblock sequence at its maximum".into(),
+        })?;
+        let off = if sb.seq.is_multiple_of(2) { SB_A } else { SB_B };
         self.write_bytes(off, &sb.encode());
         self.persist(off, SB_LEN);
         *cur = sb;

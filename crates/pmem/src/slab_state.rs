@@ -27,10 +27,13 @@ fn word(life: u32, state: u32) -> u32 {
     (life << 8) | state
 }
 
-/// Volatile state of the slab headed by one page.
+/// Volatile state of the slab headed by one page. Whether the slab has room is
+/// read from its allocation bitmap by the caller (closures below), with `SeqCst`
+/// bit operations: a free clears its bit and then reads the state; the owner
+/// letting go stores the state and then reads the bits, so at least one of them
+/// sees the other (and the CAS makes exactly one of them pool the slab).
 pub struct SlabState {
     word: AtomicU32,
-    used: AtomicU32,
     /// Free tickets outstanding for blocks of this page (keeps its APT entry).
     pub pending: AtomicU32,
 }
@@ -45,7 +48,6 @@ impl SlabState {
     pub fn new() -> Self {
         Self {
             word: AtomicU32::new(0),
-            used: AtomicU32::new(0),
             pending: AtomicU32::new(0),
         }
     }
@@ -56,24 +58,19 @@ impl SlabState {
     pub fn life(&self) -> u32 {
         self.word.load(SC) >> 8
     }
-    pub fn used(&self) -> u32 {
-        self.used.load(SC)
-    }
 
     /// The page became a fresh, empty slab owned by the caller. Returns its life.
     pub fn fresh_owned(&self) -> u32 {
         let life = (self.life() + 1) & 0xff_ffff;
-        self.used.store(0, SC);
         self.word.store(word(life, OWNED), SC);
         life
     }
 
-    /// A slab found by the chunk scan with `used` blocks. Returns `Some(life)` if it
-    /// has room and must be pushed to its pool.
-    pub fn scanned(&self, used: u32, blocks: u32) -> Option<u32> {
+    /// A slab found by the chunk scan (or re-registered by recovery). Returns
+    /// `Some(life)` if it has room and must be pushed to its pool.
+    pub fn scanned(&self, has_room: bool) -> Option<u32> {
         let life = (self.life() + 1) & 0xff_ffff;
-        self.used.store(used, SC);
-        if used < blocks {
+        if has_room {
             self.word.store(word(life, POOLED), SC);
             Some(life)
         } else {
@@ -82,27 +79,21 @@ impl SlabState {
         }
     }
 
-    /// The owner set a bit.
-    pub fn took_block(&self) {
-        self.used.fetch_add(1, SC);
-    }
-
     /// The owner found the slab full and lets go of it. `Some(life)`: push it.
-    pub fn owner_detach(&self, blocks: u32) -> Option<u32> {
+    pub fn owner_detach(&self, has_room: impl FnOnce() -> bool) -> Option<u32> {
         let life = self.life();
         self.word.store(word(life, DETACHED), SC);
         // A free may have happened after our scan but before the store above, seen
         // OWNED and not pooled the slab; whoever sees room second pools it.
-        if self.used.load(SC) < blocks {
+        if has_room() {
             self.repool(life)
         } else {
             None
         }
     }
 
-    /// Some thread cleared a bit of this slab. `Some(life)`: push it.
+    /// Some thread cleared a bit of this slab (`SeqCst`). `Some(life)`: push it.
     pub fn freed_block(&self) -> Option<u32> {
-        self.used.fetch_sub(1, SC);
         let w = self.word.load(SC);
         if w & 0xff == DETACHED {
             self.repool(w >> 8)
@@ -134,11 +125,10 @@ impl SlabState {
             .is_ok()
     }
 
-    /// Retires an empty pooled slab (its pages go back to the page allocator).
-    pub fn try_retire_empty(&self, life: u32) -> bool {
-        if self.used.load(SC) != 0 {
-            return false;
-        }
+    /// Retires an empty pooled slab (its pages go back to the page allocator). The
+    /// state leaves POOLED first, so no owner exists while `is_empty` reads the
+    /// bits (frees only clear bits: empty stays empty).
+    pub fn try_retire_empty(&self, life: u32, is_empty: impl FnOnce() -> bool) -> bool {
         if self
             .word
             .compare_exchange(word(life, POOLED), word(life, NONE), SC, SC)
@@ -146,8 +136,10 @@ impl SlabState {
         {
             return false;
         }
-        // Only an owner sets bits and there is none; a free cannot make it non-empty.
-        debug_assert_eq!(self.used.load(SC), 0);
-        true
+        if is_empty() {
+            return true;
+        }
+        self.word.store(word(life, POOLED), SC);
+        false
     }
 }

@@ -388,7 +388,12 @@ pub(crate) fn recover_all(heap: &Heap) -> Result<u64> {
             }
             let dst = u64::from_le_bytes(recs[at..at + 8].try_into().unwrap());
             let l = u64::from_le_bytes(recs[at + 8..at + 16].try_into().unwrap());
-            let end = at as u64 + 16 + l.next_multiple_of(8);
+            let end = l
+                .checked_next_multiple_of(8)
+                .and_then(|l8| (at as u64 + 16).checked_add(l8));
+            let Some(end) = end else {
+                return Err(corrupt(heap, slot, "a record length that overflows"));
+            };
             if end > recs.len() as u64 || dst < hs || !region.contains(dst, l) {
                 return Err(corrupt(heap, slot, "record outside the log or the heap"));
             }

@@ -343,7 +343,7 @@ fn verify(
         }
     }
     // The recovered heap must allocate without handing out anything reachable.
-    if img.fence % 7 == 0 {
+    if img.fence.is_multiple_of(7) {
         let mut th = heap.thread().map_err(|e| e.to_string())?;
         let mut ranges: Vec<(u64, u64)> = reach
             .iter()
@@ -403,7 +403,7 @@ fn crash_sim_allocator_and_transactions() {
         let sim = Arc::new(CrashSim::new(run, 0));
         let (heap, _) = Heap::open_sim(&path, &opts(), sim.clone())
             .unwrap()
-            .finish(|_| true)
+            .finish_clean()
             .unwrap();
         let th = heap.thread().unwrap();
         let table = heap.root().offset();

@@ -219,7 +219,7 @@ fn image_value(dir: &Path, name: &str, sim: &CrashSim, heap: &Heap, off: u64) ->
     pmem::sim::write_image(&p, &img.bytes).unwrap();
     let (h, _) = Heap::open(&p, &small_opts(4 << 20, 0))
         .unwrap()
-        .finish(|_| true)
+        .finish_clean()
         .unwrap();
     h.region().read(off)
 }
@@ -239,7 +239,7 @@ fn flat_nesting_commits_only_at_the_outermost_level() {
     let sim = Arc::new(CrashSim::new(5, 0));
     let (heap, _) = Heap::open_sim(&path, &small_opts(4 << 20, 0), sim.clone())
         .unwrap()
-        .finish(|_| true)
+        .finish_clean()
         .unwrap();
     let mut th = heap.thread().unwrap();
     let r = heap.region();
@@ -293,7 +293,7 @@ fn flat_nesting_commits_only_at_the_outermost_level() {
     drop(heap);
     let (heap, _) = Heap::open(&path, &small_opts(4 << 20, 0))
         .unwrap()
-        .finish(|_| true)
+        .finish_clean()
         .unwrap();
     assert_eq!(heap.region().read::<u64>(x), 2);
 }
@@ -560,7 +560,7 @@ fn many_pages_in_flight_are_swept_after_a_crash() {
     };
     let sim = Arc::new(CrashSim::new(3, 0));
     let rec = Heap::open_sim(&path, &o, sim.clone()).unwrap();
-    let (heap, _) = rec.finish(|_| true).unwrap();
+    let (heap, _) = rec.finish_clean().unwrap();
     let mut th = heap.thread().unwrap();
     let r = heap.region();
     // One operation: unlink 200 blocks (announced first), allocate 100 more.
@@ -626,7 +626,6 @@ fn online_growth_up_to_max_size() {
     let mut th = heap.thread().unwrap();
     let t = Table::create(&heap, &mut th, 64);
     let mut total = 0;
-    let mut s = 0;
     for (i, len) in [1_500_000u64, 300_000, 2_000_000, 50_000, 1_000]
         .iter()
         .cycle()
@@ -640,12 +639,11 @@ fn online_growth_up_to_max_size() {
             &heap,
             &mut th,
             &t,
-            s,
-            BlockInfo::new(*len, i as u64 + 1, s, 0),
+            i,
+            BlockInfo::new(*len, i as u64 + 1, i, 0),
         )
         .unwrap_or_else(|e| panic!("alloc {i} of {len} after {total} bytes: {e}"));
         total += len;
-        s += 1;
     }
     let grown = heap.region().size();
     assert!(
@@ -715,7 +713,7 @@ fn generation_locks() {
     drop(heap);
     let (heap, _) = Heap::open(&path, &small_opts(4 << 20, 0))
         .unwrap()
-        .finish(|_| true)
+        .finish_clean()
         .unwrap();
     let r = heap.region();
     assert!(r.generation() > gen);
@@ -796,7 +794,7 @@ fn thread_slots_run_out_and_check_views_are_read_only() {
     );
     drop(rec);
     // A check-only view recovers in memory and refuses writes.
-    let (view, _) = Heap::open_check(&path).unwrap().finish(|_| true).unwrap();
+    let (view, _) = Heap::open_check(&path).unwrap().finish_clean().unwrap();
     assert!(matches!(view.thread(), Err(Error::ReadOnly)));
     assert!(matches!(view.set_root(PPtr::NULL), Err(Error::ReadOnly)));
     let t2 = Table::open(&view).unwrap();

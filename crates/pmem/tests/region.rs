@@ -51,14 +51,14 @@ fn create_reopen_and_generation() {
     let p = d.path().join("a.heap");
     make(&p);
     let g1 = {
-        let (h, rep) = Heap::open(&p, &opts()).unwrap().finish(|_| true).unwrap();
+        let (h, rep) = Heap::open(&p, &opts()).unwrap().finish_clean().unwrap();
         assert!(rep.was_clean);
         let mut b = [0u8; 9];
         h.region().read_bytes(h.root().offset(), &mut b);
         assert_eq!(&b, b"persisted");
         h.region().generation()
     };
-    let (h, _) = Heap::open(&p, &opts()).unwrap().finish(|_| true).unwrap();
+    let (h, _) = Heap::open(&p, &opts()).unwrap().finish_clean().unwrap();
     assert_eq!(h.region().generation(), g1 + 1);
     // Creating over an existing file is refused.
     assert!(matches!(
@@ -135,7 +135,7 @@ fn torn_superblock_falls_back_to_the_other_copy() {
         .unwrap();
     f.write_all_at(&[0xAB; 40], off + 40).unwrap(); // tear the newest copy
     drop(f);
-    let (h, _) = Heap::open(&p, &opts()).unwrap().finish(|_| true).unwrap();
+    let (h, _) = Heap::open(&p, &opts()).unwrap().finish_clean().unwrap();
     assert!(!h.root().is_null(), "root from the older copy");
     drop(h);
     // Both copies torn: refused as corrupt.
@@ -155,7 +155,7 @@ fn second_opener_gets_in_use() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("l.heap");
     make(&p);
-    let (_h, _) = Heap::open(&p, &opts()).unwrap().finish(|_| true).unwrap();
+    let (_h, _) = Heap::open(&p, &opts()).unwrap().finish_clean().unwrap();
     assert!(matches!(open_err(&p), Error::InUse { .. }));
     assert!(matches!(
         Heap::open_check(&p).err().unwrap(),
@@ -192,7 +192,7 @@ fn grows_online_and_keeps_pointers() {
     }
     drop(th);
     drop(heap);
-    let (h, _) = Heap::open(&p, &o).unwrap().finish(|_| true).unwrap();
+    let (h, _) = Heap::open(&p, &o).unwrap().finish_clean().unwrap();
     assert_eq!(h.region().size(), size);
     assert!(pmem::check_heap(&h).ok());
 }
@@ -254,7 +254,7 @@ fn every_supported_strategy_round_trips() {
         heap.set_root(b).unwrap();
         drop(th);
         drop(heap);
-        let (h, _) = Heap::open(&p, &o).unwrap().finish(|_| true).unwrap();
+        let (h, _) = Heap::open(&p, &o).unwrap().finish_clean().unwrap();
         let mut buf = [0u8; 64];
         h.region().read_bytes(h.root().offset(), &mut buf);
         assert_eq!(buf, [7u8; 64], "{st:?}");

@@ -155,7 +155,7 @@ fn grow_on_check_only_heap_is_an_error_not_a_crash() {
     if let Ok(p) = std::env::var(ENV) {
         let (heap, _) = Heap::open_check(std::path::Path::new(&p))
             .unwrap()
-            .finish(|_| true)
+            .finish_clean()
             .unwrap();
         let r = heap.grow(heap.region().size() + (4 << 20));
         println!("grow on a check-only heap: {r:?}");

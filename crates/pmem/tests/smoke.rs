@@ -39,10 +39,7 @@ fn create_alloc_tx_reopen() {
     assert!(!heap.is_allocated(blocks[0]));
     drop(th);
     drop(heap);
-    let (heap, rep) = Heap::open(&path, &opts())
-        .unwrap()
-        .finish(|_| true)
-        .unwrap();
+    let (heap, rep) = Heap::open(&path, &opts()).unwrap().finish_clean().unwrap();
     assert!(rep.was_clean);
     let root = heap.root();
     let nb: u64 = heap.region().read(root.offset());

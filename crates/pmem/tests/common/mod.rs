@@ -61,7 +61,7 @@ pub struct BlockInfo {
 
 impl BlockInfo {
     pub fn new(len: u64, seq: u64, slot: usize, group: u64) -> Self {
-        assert!(len >= B_HDR && len % 8 == 0, "bad block len {len}");
+        assert!(len >= B_HDR && len.is_multiple_of(8), "bad block len {len}");
         BlockInfo {
             len,
             seq,
@@ -123,7 +123,7 @@ pub fn read_block(region: &Region, off: u64, full: bool) -> Result<BlockInfo, St
         slot: w(2),
         group: w(3),
     };
-    if info.len < B_HDR || info.len % 8 != 0 || !region.contains(off, info.len) {
+    if info.len < B_HDR || !info.len.is_multiple_of(8) || !region.contains(off, info.len) {
         return Err(format!("block {off:#x}: bad len in header {info:?}"));
     }
     if w(4) != info.check() {

@@ -1,0 +1,179 @@
+//! `ember bench ...`: micro-benchmarks of the persistent domain, and the helpers
+//! they share (machine description, medians, temporary heaps).
+
+mod alloc;
+mod persist;
+
+use clap::{Args, Subcommand};
+use pmem::{Heap, HeapOptions, PersistStats};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub which: Which,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Which {
+    /// Allocation + free throughput of the persistent allocator vs the system allocator.
+    Alloc(alloc::AllocArgs),
+    /// Cost of persisting a 64-byte record under each persistence strategy.
+    Persist(persist::PersistArgs),
+}
+
+pub fn run(args: &BenchArgs) -> ExitCode {
+    let r = match &args.which {
+        Which::Alloc(a) => alloc::run(a),
+        Which::Persist(a) => persist::run(a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ember bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Errors of the benchmarks: pmem errors and invalid arguments, as text.
+pub type BenchResult<T> = Result<T, String>;
+
+/// What machine the numbers come from.
+#[derive(Clone, Debug)]
+pub struct Machine {
+    pub cpu: String,
+    /// CPUs this process may run on.
+    pub cores: usize,
+    /// CPUs the kernel lists in /proc/cpuinfo.
+    pub cpus_online: usize,
+}
+
+impl Machine {
+    pub fn detect() -> Machine {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = info
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_else(|| "unknown".into());
+        let cpus_online = info.lines().filter(|l| l.starts_with("processor")).count();
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(cpus_online.max(1));
+        Machine {
+            cpu,
+            cores,
+            cpus_online,
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({ "cpu": self.cpu, "cores": self.cores, "cpus_online": self.cpus_online })
+    }
+
+    pub fn line(&self) -> String {
+        format!(
+            "{} ({} cores available, {} online)",
+            self.cpu, self.cores, self.cpus_online
+        )
+    }
+}
+
+/// The median of `v` (mean of the middle two for an even count; 0 when empty).
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// The persistence work done between two snapshots.
+pub fn delta(a: PersistStats, b: PersistStats) -> PersistStats {
+    PersistStats {
+        flushes: b.flushes.saturating_sub(a.flushes),
+        fences: b.fences.saturating_sub(a.fences),
+        msyncs: b.msyncs.saturating_sub(a.msyncs),
+    }
+}
+
+/// `12345678.0` -> `12.35 M`.
+pub fn si(v: f64) -> String {
+    if v >= 1e9 {
+        format!("{:.2} G", v / 1e9)
+    } else if v >= 1e6 {
+        format!("{:.2} M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.2} k", v / 1e3)
+    } else {
+        format!("{v:.2} ")
+    }
+}
+
+/// A heap in a file of its own that is removed when this value drops (also when
+/// the benchmark fails half way). The heap itself drops first.
+pub struct TempHeap {
+    pub heap: Heap,
+    _file: RemoveOnDrop,
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl TempHeap {
+    /// Creates a heap at `path` (default: `<tmp>/ember-bench-<pid><tag>.heap`). The
+    /// file must not exist yet; it is removed again when the value drops.
+    pub fn create(path: Option<&Path>, tag: &str, opts: &HeapOptions) -> BenchResult<TempHeap> {
+        let path = match path {
+            Some(p) => p.to_path_buf(),
+            None => {
+                std::env::temp_dir().join(format!("ember-bench-{}{tag}.heap", std::process::id()))
+            }
+        };
+        // Create first: only a file this process created is ever removed.
+        let heap = Heap::create(&path, opts).map_err(|e| e.to_string())?;
+        Ok(TempHeap {
+            heap,
+            _file: RemoveOnDrop(path),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self._file.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(median(&[3.0]), 3.0);
+        assert_eq!(median(&[5.0, 1.0, 3.0]), 3.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
+
+    #[test]
+    fn machine_is_described() {
+        let m = Machine::detect();
+        assert!(m.cores >= 1);
+        assert!(!m.cpu.is_empty());
+    }
+}
