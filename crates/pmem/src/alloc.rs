@@ -133,14 +133,6 @@ pub(crate) struct Loc {
     pub kind: BlockKind,
 }
 
-impl Loc {
-    /// The APT entry covering this block: its head page (the chunk header page for
-    /// huge runs).
-    pub fn apt_page(&self, geo: &Geometry) -> u64 {
-        geo.chunk_off(self.chunk) + self.head * PAGE
-    }
-}
-
 struct PageState {
     /// Chunks scanned so far (chunks below are known).
     frontier: u64,
@@ -152,6 +144,9 @@ struct PageState {
 
 pub(crate) struct Allocator {
     geo: Geometry,
+    /// Start of the chunk area and log2 of the chunk size (hot-path constants).
+    hs: u64,
+    shift: u32,
     chunks: Box<[OnceLock<Box<ChunkVol>>]>,
     frontier: AtomicU64,
     nchunks: AtomicU64,
@@ -175,6 +170,8 @@ impl Allocator {
         let cap = (region.reserved().max(region.size()) / geo.chunk_size()) + 1;
         Self {
             geo,
+            hs: geo.header_size(),
+            shift: geo.chunk_shift(),
             chunks: (0..cap).map(|_| OnceLock::new()).collect(),
             frontier: AtomicU64::new(0),
             nchunks: AtomicU64::new(geo.chunks_in(region.size())),
@@ -190,6 +187,19 @@ impl Allocator {
 
     pub fn geometry(&self) -> &Geometry {
         &self.geo
+    }
+
+    /// Offset of chunk `c`.
+    #[inline]
+    pub fn coff(&self, c: u64) -> u64 {
+        self.hs + (c << self.shift)
+    }
+
+    /// The APT entry covering a located block: its head page (the chunk header
+    /// page for huge runs).
+    #[inline]
+    pub fn apt_page(&self, loc: &Loc) -> u64 {
+        self.coff(loc.chunk) + loc.head * PAGE
     }
 
     pub fn stats(&self) -> AllocStats {
@@ -210,11 +220,11 @@ impl Allocator {
     }
 
     fn bitmap_off(&self, chunk: u64, head: u64) -> u64 {
-        self.geo.chunk_off(chunk) + BITMAP_BASE + BITMAP_BYTES * head
+        self.coff(chunk) + BITMAP_BASE + BITMAP_BYTES * head
     }
 
     fn desc_off(&self, chunk: u64, page: u64) -> u64 {
-        self.geo.chunk_off(chunk) + DESC_BASE + 8 * page
+        self.coff(chunk) + DESC_BASE + 8 * page
     }
 
     /// Scans chunks up to and including `c` (lazily, in order, skipping huge runs).
@@ -231,7 +241,7 @@ impl Allocator {
         while ps.frontier <= c && ps.frontier < n {
             let i = ps.frontier;
             let cv = self.cv(i);
-            let off = self.geo.chunk_off(i);
+            let off = self.coff(i);
             let w: u64 = region.read(off);
             ps.free_pages.resize(i as usize + 1, 0);
             if w & CHUNK_MAGIC_MASK != CHUNK_MAGIC {
@@ -290,7 +300,7 @@ impl Allocator {
                                         self.pools[class]
                                             .lock()
                                             .unwrap()
-                                            .push((self.geo.chunk_off(i) + p * PAGE, life));
+                                            .push((self.coff(i) + p * PAGE, life));
                                     }
                                 }
                             }
@@ -359,17 +369,17 @@ impl Allocator {
 
     /// Finds the block a pointer designates, validating it.
     pub fn locate(&self, region: &Region, off: u64) -> Result<Loc> {
-        let hs = self.geo.header_size();
+        let hs = self.hs;
         if off < hs || !off.is_multiple_of(16) || !region.contains(off, 16) {
             return Err(Error::InvalidPointer(off, "outside the chunk area"));
         }
-        let chunk = (off - hs) >> self.geo.chunk_shift();
+        let chunk = (off - hs) >> self.shift;
         if chunk >= self.nchunks.load(Ordering::Acquire) {
             return Err(Error::InvalidPointer(off, "beyond the last chunk"));
         }
         self.ensure_scanned(region, chunk);
         let cv = self.cv(chunk);
-        let coff = self.geo.chunk_off(chunk);
+        let coff = self.coff(chunk);
         match cv.state.load(Ordering::Acquire) {
             C_HUGE => {
                 if off != coff + PAGE {
@@ -460,7 +470,7 @@ impl Allocator {
         let mut out = Vec::new();
         if page & 1 != 0 {
             let off = page - 1;
-            let hs = self.geo.header_size();
+            let hs = self.hs;
             if off < hs || !(off - hs).is_multiple_of(self.geo.chunk_size()) {
                 return out;
             }
@@ -490,7 +500,7 @@ impl Allocator {
             BlockKind::Slab { class, .. } => {
                 let bm = self.bitmap_off(loc.chunk, loc.head);
                 let nb = slab_blocks(class);
-                let base = self.geo.chunk_off(loc.chunk) + loc.head * PAGE;
+                let base = self.coff(loc.chunk) + loc.head * PAGE;
                 for i in 0..nb {
                     let w: u64 = region.read(bm + 8 * (i / 64));
                     if w & (1 << (i % 64)) != 0 {
@@ -500,15 +510,15 @@ impl Allocator {
             }
             // From the located block, not the entry: a stale entry for a page that
             // is now inside a huge block or run resolves to that block.
-            BlockKind::Run { .. } => out.push(self.geo.chunk_off(loc.chunk) + loc.head * PAGE),
-            BlockKind::Huge { .. } => out.push(self.geo.chunk_off(loc.chunk) + PAGE),
+            BlockKind::Run { .. } => out.push(self.coff(loc.chunk) + loc.head * PAGE),
+            BlockKind::Huge { .. } => out.push(self.coff(loc.chunk) + PAGE),
         }
         out
     }
 
     /// Resolves an APT entry (a head page or a huge chunk's header page).
     pub fn locate_page(&self, region: &Region, page: u64) -> Result<Loc> {
-        let hs = self.geo.header_size();
+        let hs = self.hs;
         if page < hs || !(page - hs).is_multiple_of(PAGE) {
             return Err(Error::InvalidPointer(page, "APT entry is not a page"));
         }
@@ -629,7 +639,7 @@ impl Allocator {
     /// whatever now holds its page.
     pub fn covered(&self, region: &Region, entry: u64) -> Vec<Covered> {
         let mut out = Vec::new();
-        let hs = self.geo.header_size();
+        let hs = self.hs;
         let n = self.nchunks.load(Ordering::Acquire);
         let whole = entry & 1 != 0;
         let base = entry & !1;
@@ -649,7 +659,7 @@ impl Allocator {
         };
         self.ensure_scanned(region, chunk);
         let cv = self.cv(chunk);
-        let coff = self.geo.chunk_off(chunk);
+        let coff = self.coff(chunk);
         match cv.state.load(Ordering::Acquire) {
             C_HUGE => out.push(Covered::Block(coff + PAGE)),
             C_NORMAL => {
@@ -704,7 +714,7 @@ impl Allocator {
     ) -> (u64, u64, u64) {
         let bm = self.bitmap_off(chunk, head);
         let nb = slab_blocks(class);
-        let base = self.geo.chunk_off(chunk) + head * PAGE;
+        let base = self.coff(chunk) + head * PAGE;
         let size = CLASSES[class] as u64;
         let (mut kept, mut freed, mut revived) = (0, 0, 0);
         for w in 0..nb.div_ceil(64) {
@@ -732,9 +742,8 @@ impl Allocator {
     }
 
     fn split(&self, page_off: u64) -> (u64, u64) {
-        let rel = page_off - self.geo.header_size();
-        let shift = self.geo.chunk_shift();
-        (rel >> shift, (rel & ((1 << shift) - 1)) / PAGE)
+        let rel = page_off - self.hs;
+        (rel >> self.shift, (rel & ((1 << self.shift) - 1)) / PAGE)
     }
 
     /// The owner found `slab` full and drops it.
@@ -795,7 +804,7 @@ impl Allocator {
                         run += 1;
                         if run == n {
                             let head = p + 1 - n;
-                            before_publish(self.geo.chunk_off(c) + head * PAGE)?;
+                            before_publish(self.coff(c) + head * PAGE)?;
                             let ds = descs(head);
                             // Continuations first, then the head: a durable head
                             // implies durable continuations; orphan continuations
@@ -922,7 +931,7 @@ impl Allocator {
         let new_size = self.geo.size_for_chunks(nch + add);
         region.extend_mapping(new_size)?;
         for c in nch..nch + add {
-            let off = self.geo.chunk_off(c);
+            let off = self.coff(c);
             region.write(off, &chunk_word(CHUNK_NORMAL, 0));
             region.flush(off, 8);
         }
@@ -960,7 +969,7 @@ impl Allocator {
         }
         region.extend_mapping(new_size)?;
         for c in nch..want {
-            let off = self.geo.chunk_off(c);
+            let off = self.coff(c);
             region.write(off, &chunk_word(CHUNK_NORMAL, 0));
             region.flush(off, 8);
         }
@@ -982,7 +991,7 @@ impl Allocator {
             v
         })?;
         self.slab_vol(c, head).fresh_owned();
-        Ok(self.geo.chunk_off(c) + head * PAGE)
+        Ok(self.coff(c) + head * PAGE)
     }
 
     /// A run of pages for a large block; `before_publish(head_page_off)` runs before
@@ -999,7 +1008,7 @@ impl Allocator {
             v.extend((1..n).map(|_| pd_cont(head)));
             v
         })?;
-        Ok(self.geo.chunk_off(c) + head * PAGE)
+        Ok(self.coff(c) + head * PAGE)
     }
 
     /// Whole chunks for a block larger than a chunk's pages.
@@ -1049,7 +1058,7 @@ impl Allocator {
                 }
             }
             if run == n {
-                let off = self.geo.chunk_off(start);
+                let off = self.coff(start);
                 before_publish(off)?;
                 region.write(off, &chunk_word(CHUNK_HUGE, n));
                 // Durable before the caller writes over the next chunks' headers.
@@ -1087,7 +1096,7 @@ impl Allocator {
                 // Not flushed: the page is covered by an active page table entry
                 // (see take_block).
                 if let Some(life) = self.slab_vol(loc.chunk, loc.head).freed_block() {
-                    let slab = self.geo.chunk_off(loc.chunk) + loc.head * PAGE;
+                    let slab = self.coff(loc.chunk) + loc.head * PAGE;
                     self.pools[class].lock().unwrap().push((slab, life));
                 }
                 Ok(())
@@ -1112,13 +1121,13 @@ impl Allocator {
                 // Re-format the chunk headers the block overwrote, then un-huge the head.
                 let hdr_len = (BITMAP_BASE + BITMAP_BYTES * self.geo.chunk_pages) as usize;
                 for j in loc.chunk + 1..loc.chunk + chunks {
-                    let o = self.geo.chunk_off(j);
+                    let o = self.coff(j);
                     region.fill(o, hdr_len, 0);
                     region.write(o, &chunk_word(CHUNK_NORMAL, 0));
                     region.flush(o, hdr_len);
                 }
                 region.fence();
-                let o = self.geo.chunk_off(loc.chunk);
+                let o = self.coff(loc.chunk);
                 region.write(o, &chunk_word(CHUNK_NORMAL, 0));
                 // Durable before the chunks are published as free: another thread's
                 // fence would not cover our flush.

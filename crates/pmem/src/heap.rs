@@ -746,7 +746,7 @@ impl Apt {
             // out: they must stay covered (recomputed if we crash).
             let holds_current = covered.iter().any(|c| match *c {
                 Covered::Slab { chunk, head, .. } => {
-                    current.contains(&Some(inner.alloc.geometry().chunk_off(chunk) + head * PAGE))
+                    current.contains(&Some(inner.alloc.coff(chunk) + head * PAGE))
                 }
                 Covered::Block(_) => false,
             });
@@ -954,12 +954,8 @@ impl ThreadHeap {
         if !inner.alloc.is_allocated(&inner.region, &loc) {
             return Err(Error::DoubleFree(p.offset()));
         }
-        self.apt.ensure(
-            inner,
-            &self.cur,
-            loc.apt_page(inner.alloc.geometry()),
-            false,
-        )?;
+        self.apt
+            .ensure(inner, &self.cur, inner.alloc.apt_page(&loc), false)?;
         inner
             .alloc
             .slab_vol(loc.chunk, loc.head)
@@ -976,12 +972,8 @@ impl ThreadHeap {
         let inner = &*self.heap.inner;
         let region = &inner.region;
         let loc = inner.alloc.locate(region, p.offset())?;
-        self.apt.ensure(
-            inner,
-            &self.cur,
-            loc.apt_page(inner.alloc.geometry()),
-            false,
-        )?;
+        self.apt
+            .ensure(inner, &self.cur, inner.alloc.apt_page(&loc), false)?;
         inner.alloc.free_loc(region, &loc, p.offset())?;
         if !matches!(loc.kind, BlockKind::Slab { .. }) {
             region.fence();
