@@ -90,6 +90,17 @@ pub(crate) fn validate_descs(d: &[u64]) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// The bits of bitmap word `w` that lie beyond a slab's `nb` blocks.
+#[inline]
+pub(crate) fn beyond_blocks(nb: u64, w: u64) -> u64 {
+    let valid = nb.saturating_sub(64 * w).min(64);
+    if valid < 64 {
+        !((1u64 << valid) - 1)
+    } else {
+        0
+    }
+}
+
 /// Whether page `p`'s descriptor (in `d`, a chunk's descriptors) is a continuation
 /// whose head page does not cover it.
 pub(crate) fn is_orphan(d: &[u64], p: u64) -> bool {
@@ -357,12 +368,8 @@ impl Allocator {
         let nb = slab_blocks(class);
         let mut n = 0;
         for w in 0..nb.div_ceil(64) {
-            let mut v: u64 = region.read(bm + 8 * w);
-            let valid = (nb - 64 * w).min(64);
-            if valid < 64 {
-                v &= (1u64 << valid) - 1;
-            }
-            n += v.count_ones() as u64;
+            let v: u64 = region.read(bm + 8 * w);
+            n += (v & !beyond_blocks(nb, w)).count_ones() as u64;
         }
         n
     }
@@ -582,13 +589,7 @@ impl Allocator {
             let w = (*cursor + k) % words;
             let a = region.atomic_u64(bm + 8 * w);
             let v = a.load(Ordering::SeqCst);
-            let valid = (nb - 64 * w).min(64);
-            let mask = if valid < 64 {
-                !((1u64 << valid) - 1)
-            } else {
-                0
-            };
-            let free = !(v | mask);
+            let free = !(v | beyond_blocks(nb, w));
             if free == 0 {
                 continue;
             }
@@ -618,13 +619,7 @@ impl Allocator {
         let nb = slab_blocks(class);
         (0..nb.div_ceil(64)).any(|w| {
             let v = region.atomic_u64(bm + 8 * w).load(Ordering::SeqCst);
-            let valid = (nb - 64 * w).min(64);
-            let mask = if valid < 64 {
-                !((1u64 << valid) - 1)
-            } else {
-                0
-            };
-            v | mask != u64::MAX
+            v | beyond_blocks(nb, w) != u64::MAX
         })
     }
 

@@ -233,13 +233,7 @@ fn check_chunk(heap: &Heap, c: u64, r: &mut CheckReport) {
                     let bm = off + BITMAP_BASE + BITMAP_BYTES * p;
                     for w in 0..BITMAP_BYTES / 8 {
                         let v: u64 = region.read(bm + 8 * w);
-                        let lo = 64 * w;
-                        let valid = nb.saturating_sub(lo).min(64);
-                        let stray = if valid >= 64 {
-                            0
-                        } else {
-                            v & !((1u64 << valid) - 1)
-                        };
+                        let stray = v & crate::alloc::beyond_blocks(nb, w);
                         if stray != 0 {
                             r.problems.push(format!(
                                 "chunk {c} slab {p}: bitmap bits set beyond its {nb} blocks"

@@ -231,14 +231,14 @@ impl Geometry {
     pub fn chunk_shift(&self) -> u32 {
         (self.chunk_pages * PAGE).trailing_zeros()
     }
+    #[inline]
     pub fn slot_size(&self) -> u64 {
-        (self.log_size + self.apt_entries * 8).next_multiple_of(64)
+        (self.log_size + self.apt_entries * 8 + 63) & !63
     }
     #[inline]
     pub fn header_size(&self) -> u64 {
-        // Power-of-two roundings by mask: this is on the allocator's hot path.
-        let slot = (self.log_size + self.apt_entries * 8 + 63) & !63;
-        (SLOTS_BASE + self.nslots * slot + PAGE - 1) & !(PAGE - 1)
+        // Power-of-two rounding by mask (no division).
+        (SLOTS_BASE + self.nslots * self.slot_size() + PAGE - 1) & !(PAGE - 1)
     }
     pub fn log_off(&self, slot: usize) -> u64 {
         SLOTS_BASE + slot as u64 * self.slot_size()
