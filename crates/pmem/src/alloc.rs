@@ -471,79 +471,37 @@ impl Allocator {
         }
     }
 
-    /// Every allocated block covered by the APT entry `page` (used by recovery): a
-    /// head page, a huge head's header page, or a whole chunk (flag bit 0 set).
-    pub fn blocks_of_page(&self, region: &Region, page: u64) -> Vec<u64> {
-        let mut out = Vec::new();
-        if page & 1 != 0 {
-            let off = page - 1;
-            let hs = self.hs;
-            if off < hs || !(off - hs).is_multiple_of(self.geo.chunk_size()) {
-                return out;
+    /// Pending free tickets for the blocks a covered item holds.
+    pub fn pending_of(&self, region: &Region, c: &Covered) -> u32 {
+        match *c {
+            Covered::Slab { chunk, head, .. } => {
+                self.slab_vol(chunk, head).pending.load(Ordering::Acquire)
             }
-            let chunk = (off - hs) / self.geo.chunk_size();
-            if chunk >= self.nchunks.load(Ordering::Acquire) {
-                return out;
-            }
-            self.ensure_scanned(region, chunk);
-            match self.cv(chunk).state.load(Ordering::Acquire) {
-                C_HUGE => out.push(off + PAGE),
-                C_NORMAL => {
-                    for p in 1..self.geo.chunk_pages {
-                        let d = self.cv(chunk).desc[p as usize].load(Ordering::Acquire);
-                        if matches!(pd_kind(d), PD_SLAB | PD_RUN) {
-                            out.extend(self.blocks_of_page(region, off + p * PAGE));
-                        }
-                    }
-                }
-                _ => {}
-            }
-            return out;
+            Covered::Block(b) => match self.locate(region, b) {
+                Ok(l) => self
+                    .slab_vol(l.chunk, l.head)
+                    .pending
+                    .load(Ordering::Acquire),
+                Err(_) => 0,
+            },
         }
-        let Ok(loc) = self.locate_page(region, page) else {
-            return out;
-        };
-        match loc.kind {
-            BlockKind::Slab { class, .. } => {
-                let bm = self.bitmap_off(loc.chunk, loc.head);
-                let nb = slab_blocks(class);
-                let base = self.coff(loc.chunk) + loc.head * PAGE;
-                for i in 0..nb {
-                    let w: u64 = region.read(bm + 8 * (i / 64));
-                    if w & (1 << (i % 64)) != 0 {
-                        out.push(base + i * CLASSES[class] as u64);
-                    }
-                }
-            }
-            // From the located block, not the entry: a stale entry for a page that
-            // is now inside a huge block or run resolves to that block.
-            BlockKind::Run { .. } => out.push(self.coff(loc.chunk) + loc.head * PAGE),
-            BlockKind::Huge { .. } => out.push(self.coff(loc.chunk) + PAGE),
-        }
-        out
     }
 
-    /// Resolves an APT entry (a head page or a huge chunk's header page).
-    pub fn locate_page(&self, region: &Region, page: u64) -> Result<Loc> {
-        let hs = self.hs;
-        if page < hs || !(page - hs).is_multiple_of(PAGE) {
-            return Err(Error::InvalidPointer(page, "APT entry is not a page"));
-        }
-        let rel = page - hs;
-        let chunk = rel / self.geo.chunk_size();
-        if (rel % self.geo.chunk_size()) / PAGE == 0 {
-            // chunk header page: only meaningful for a huge head
-            if chunk >= self.nchunks.load(Ordering::Acquire) {
-                return Err(Error::InvalidPointer(page, "beyond the last chunk"));
+    /// The allocated blocks of a covered item (informational: before recovery
+    /// recomputes a slab's bits, these are its in-memory bits).
+    pub fn allocated_in(&self, region: &Region, c: &Covered) -> Vec<u64> {
+        match *c {
+            Covered::Block(b) => vec![b],
+            Covered::Slab { chunk, head, class } => {
+                let bm = self.bitmap_off(chunk, head);
+                let nb = slab_blocks(class);
+                let base = self.coff(chunk) + head * PAGE;
+                (0..nb)
+                    .filter(|i| region.read::<u64>(bm + 8 * (i / 64)) & (1 << (i % 64)) != 0)
+                    .map(|i| base + i * CLASSES[class] as u64)
+                    .collect()
             }
-            self.ensure_scanned(region, chunk);
-            if self.cv(chunk).state.load(Ordering::Acquire) == C_HUGE {
-                return self.locate(region, page + PAGE);
-            }
-            return Err(Error::InvalidPointer(page, "header page of a normal chunk"));
         }
-        let l = self.locate(region, page)?;
-        Ok(l)
     }
 
     // ---- allocation of blocks from a slab (owner thread only) ----

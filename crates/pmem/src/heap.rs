@@ -124,24 +124,9 @@ impl HeapInner {
                 }
                 let mut pending = 0;
                 for c in self.alloc.covered(region, e) {
-                    match c {
-                        Covered::Slab { chunk, head, class } => {
-                            pending += self
-                                .alloc
-                                .slab_vol(chunk, head)
-                                .pending
-                                .load(Ordering::Acquire);
-                            self.alloc.flush_bitmap(region, chunk, head, class);
-                        }
-                        Covered::Block(b) => {
-                            if let Ok(l) = self.alloc.locate(region, b) {
-                                pending += self
-                                    .alloc
-                                    .slab_vol(l.chunk, l.head)
-                                    .pending
-                                    .load(Ordering::Acquire);
-                            }
-                        }
+                    pending += self.alloc.pending_of(region, &c);
+                    if let Covered::Slab { chunk, head, class } = c {
+                        self.alloc.flush_bitmap(region, chunk, head, class);
                     }
                 }
                 if pending == 0 {
@@ -209,10 +194,12 @@ impl Recovery {
     /// recomputes the bits: informational).
     pub fn active_blocks(&self) -> Vec<PPtr<u8>> {
         let inner = &self.heap.inner;
+        let region = &inner.region;
         let set: BTreeSet<u64> = self
             .active_pages()
             .into_iter()
-            .flat_map(|p| inner.alloc.blocks_of_page(&inner.region, p))
+            .flat_map(|e| inner.alloc.covered(region, e))
+            .flat_map(|c| inner.alloc.allocated_in(region, &c))
             .collect();
         set.into_iter().map(PPtr::from_raw).collect()
     }
@@ -612,6 +599,10 @@ struct Apt {
     epoch: u64,
     /// Direct-mapped cache in front of `index`: (page, entry index, epoch).
     hot: [(u64, usize, u64); HOT],
+    /// Entries left by the last trim: the next eager trim waits until the table
+    /// has grown past twice this (entries that cannot go are not rescanned on
+    /// every miss).
+    trim_floor: usize,
 }
 
 const HOT: usize = 16;
@@ -650,6 +641,7 @@ impl Apt {
             op: 1,
             epoch: 1,
             hot: [(0, 0, 0); HOT],
+            trim_floor: 0,
         }
     }
 
@@ -684,8 +676,10 @@ impl Apt {
             }
             return Ok(i);
         }
-        if self.index.len() >= APT_SOFT_LIMIT || self.free.is_empty() {
+        let eager = self.index.len() >= APT_SOFT_LIMIT.max(2 * self.trim_floor);
+        if eager || self.free.is_empty() {
             self.trim(inner, current);
+            self.trim_floor = self.index.len();
         }
         if self.free.is_empty() {
             self.coalesce(inner);
@@ -755,21 +749,7 @@ impl Apt {
             }
             let pending: u32 = covered
                 .iter()
-                .map(|c| match *c {
-                    Covered::Slab { chunk, head, .. } => inner
-                        .alloc
-                        .slab_vol(chunk, head)
-                        .pending
-                        .load(Ordering::Acquire),
-                    Covered::Block(b) => match inner.alloc.locate(region, b) {
-                        Ok(l) => inner
-                            .alloc
-                            .slab_vol(l.chunk, l.head)
-                            .pending
-                            .load(Ordering::Acquire),
-                        Err(_) => 0,
-                    },
-                })
+                .map(|c| inner.alloc.pending_of(region, c))
                 .sum();
             if pending != 0 {
                 continue;
