@@ -489,13 +489,18 @@ impl Allocator {
 
     /// The allocated blocks of a covered item (informational: before recovery
     /// recomputes a slab's bits, these are its in-memory bits).
+    /// Offset of the first block of the slab whose head page is `head`.
+    pub fn slab_base(&self, chunk: u64, head: u64) -> u64 {
+        self.coff(chunk) + head * PAGE
+    }
+
     pub fn allocated_in(&self, region: &Region, c: &Covered) -> Vec<u64> {
         match *c {
             Covered::Block(b) => vec![b],
             Covered::Slab { chunk, head, class } => {
                 let bm = self.bitmap_off(chunk, head);
                 let nb = slab_blocks(class);
-                let base = self.coff(chunk) + head * PAGE;
+                let base = self.slab_base(chunk, head);
                 (0..nb)
                     .filter(|i| region.read::<u64>(bm + 8 * (i / 64)) & (1 << (i % 64)) != 0)
                     .map(|i| base + i * CLASSES[class] as u64)
@@ -667,7 +672,7 @@ impl Allocator {
     ) -> (u64, u64, u64) {
         let bm = self.bitmap_off(chunk, head);
         let nb = slab_blocks(class);
-        let base = self.coff(chunk) + head * PAGE;
+        let base = self.slab_base(chunk, head);
         let size = CLASSES[class] as u64;
         let (mut kept, mut freed, mut revived) = (0, 0, 0);
         for w in 0..nb.div_ceil(64) {

@@ -204,6 +204,36 @@ impl Recovery {
         set.into_iter().map(PPtr::from_raw).collect()
     }
 
+    /// Every block slot the leak sweep will ask about, with its size: each block of
+    /// every slab covered by an active page table (allocated or not) and every
+    /// covered page-run or huge block. The layer above uses it to repair its
+    /// structures (e.g. physically unlink logically deleted nodes) before
+    /// [`Recovery::finish`]. Sorted by offset, each slot once.
+    pub fn covered_slots(&self) -> Vec<(PPtr<u8>, u64)> {
+        let inner = &self.heap.inner;
+        let region = &inner.region;
+        let mut set = BTreeSet::new();
+        for e in self.active_pages() {
+            for c in inner.alloc.covered(region, e) {
+                match c {
+                    Covered::Block(b) => {
+                        if let Ok(loc) = inner.alloc.locate(region, b) {
+                            set.insert((b, inner.alloc.usable(&loc)));
+                        }
+                    }
+                    Covered::Slab { chunk, head, class } => {
+                        let base = inner.alloc.slab_base(chunk, head);
+                        let size = CLASSES[class] as u64;
+                        for i in 0..slab_blocks(class) {
+                            set.insert((base + i * size, size));
+                        }
+                    }
+                }
+            }
+        }
+        set.into_iter().map(|(b, n)| (PPtr::from_raw(b), n)).collect()
+    }
+
     /// The leak sweep (NV-epochs, log-free paper §5.5), then opens the heap for
     /// allocation. `reachable(p)` must say exactly whether a block starting at `p`
     /// is reachable from the layer above's persistent structures; it is asked for

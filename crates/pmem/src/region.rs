@@ -328,6 +328,18 @@ impl Region {
         unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) }
     }
 
+    /// Compares the `len` bytes at `off` with `other` in memcmp order, in place.
+    /// Meant for bytes that no thread writes any more (published keys).
+    #[inline]
+    #[track_caller]
+    pub fn cmp_bytes(&self, off: u64, len: usize, other: &[u8]) -> std::cmp::Ordering {
+        let p = self.check(off, len);
+        // SAFETY: `p..p+len` is mapped (checked) and the mapping never moves while
+        // `self` lives; the caller only compares bytes that are no longer written.
+        let mine = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
+        mine.cmp(other)
+    }
+
     /// Copies bytes into the heap (not yet durable: flush and fence).
     #[inline]
     #[track_caller]

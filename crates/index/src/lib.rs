@@ -1,0 +1,103 @@
+//! Ember's durable concurrent index structures on the persistent heap.
+//!
+//! - [`LfHash`]: the log-free hash table (log-free paper §3–§5): lock-free lists
+//!   with link-and-persist, the link cache, NV-epochs, and online growth (the
+//!   per-bucket lists are segments of one split-ordered list, so a bucket splits
+//!   without moving a node).
+//! - [`SkipList`]: the durable lock-free skip list, ordered by key bytes.
+//! - [`PHash`]: the lock-based baseline of both papers (Bullet's backend table):
+//!   chained buckets under persistent spinlocks, updates in redo-log transactions.
+//!
+//! Every structure answers for its own blocks at recovery ([`Recoverable`]): the
+//! heap's leak sweep asks, for every block slot in an active page, whether it is
+//! reachable, and frees what is not (log-free paper §5.5, first approach: search
+//! the structure for the block's key and compare addresses).
+
+pub mod any;
+pub mod blob;
+pub mod error;
+pub mod hash;
+pub mod lcache;
+pub mod link;
+pub mod phash;
+pub mod reclaim;
+pub mod recover;
+pub mod skiplist;
+
+pub use error::{Error, Result};
+pub use hash::{HashOptions, LfHash};
+pub use phash::{PHash, PHashOptions};
+pub use recover::{recover, RecoverStats, Recoverable};
+pub use skiplist::{SkipList, SkipOptions};
+
+/// Largest key the structures accept (bytes).
+pub const MAX_KEY: usize = 64 * 1024;
+/// Largest value the structures accept (bytes): Redis's `proto-max-bulk-len`.
+pub const MAX_VALUE: usize = 512 * 1024 * 1024;
+
+/// What a structure reports about itself (`ember check`, tests).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Verified {
+    /// Live key-value pairs.
+    pub keys: u64,
+    /// Heap blocks the structure owns (nodes, values, arrays, descriptor).
+    pub blocks: u64,
+    /// Bytes of keys and values.
+    pub payload_bytes: u64,
+}
+
+/// A durable key-value index. Clone is cheap (a shared handle).
+pub trait Index: Recoverable + Clone + Send + Sync + 'static {
+    type Handle: Ops;
+    /// A per-thread handle (holds a heap thread slot and an epoch participant; it
+    /// stays on the thread that made it).
+    fn handle(&self) -> Result<Self::Handle>;
+    /// The persistent descriptor of the structure (store it to find it again).
+    fn root(&self) -> pmem::PPtr<u8>;
+    /// Walks the whole structure and checks every invariant: order, placement,
+    /// block tags, back-pointers, no logically deleted node left after recovery
+    /// when `quiescent`. Returns what it counted, or the first problem found.
+    fn verify(&self, quiescent: bool) -> std::result::Result<Verified, String>;
+    /// Approximate number of keys (exact after a clean close).
+    fn len_estimate(&self) -> u64;
+    /// Makes every completed operation of every handle durable and writes the
+    /// exact counters (clean shutdown). Call with no operation in flight.
+    fn close(&self) -> Result<()>;
+}
+
+/// Operations of one thread. Every update is durable when it returns, except that
+/// with the link cache on, its last link may still sit in the cache: call
+/// [`Ops::sync`] before acknowledging (it flushes what this handle cached; any
+/// operation that depends on a cached link flushes it first, so the structure is
+/// durably linearizable either way).
+pub trait Ops {
+    /// Copies the value of `key` into `out` (cleared first); false when absent.
+    fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool>;
+    /// Inserts or replaces; true when the key was new.
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<bool>;
+    /// Inserts only when absent; true when inserted.
+    fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<bool>;
+    /// Removes; true when the key was present.
+    fn remove(&mut self, key: &[u8]) -> Result<bool>;
+    /// Makes every operation this handle completed durable.
+    fn sync(&mut self) -> Result<()>;
+}
+
+pub(crate) fn check_kv(key: &[u8], value: Option<&[u8]>) -> Result<()> {
+    if key.len() > MAX_KEY {
+        return Err(Error::KeyTooLarge(key.len()));
+    }
+    if let Some(v) = value {
+        if v.len() > MAX_VALUE {
+            return Err(Error::ValueTooLarge(v.len()));
+        }
+    }
+    Ok(())
+}
+
+/// The stable 64-bit hash of a key (xxh3; fixed across versions and restarts, since
+/// bucket placement is persistent).
+#[inline]
+pub fn key_hash(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key)
+}
