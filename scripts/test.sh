@@ -33,9 +33,12 @@ cargo test --workspace 2>&1 | tee -a "$log"
 echo "== loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
   cargo test -p pmem --test loom_slab --release 2>&1 | tee -a "$log"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+  cargo test -p index --test loom_link --release 2>&1 | tee -a "$log"
 
 passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
-grep -E '^crash-sim: ' "$log" || { echo "test.sh: the crash simulator printed no summary" >&2; exit 1; }
+grep -E '^crash-sim: ' "$log" || { echo "test.sh: the heap crash simulator printed no summary" >&2; exit 1; }
+grep -E '^index crash-sim: ' "$log" || { echo "test.sh: the index crash simulator printed no summary" >&2; exit 1; }
 echo "all: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -2,10 +2,25 @@
 //!
 //! The heap is opened with [`pmem::Heap::open_check`]: a private copy-on-write
 //! mapping under a shared file lock, so committed redo logs are replayed in memory
-//! only and the file is never written. Recovery is deliberately *not* finished:
-//! the leak sweep needs reachability knowledge that only the layers above have.
+//! only and the file is never written.
+//!
+//! When the heap root is an index structure ([`index::any::attach_any`]: the
+//! log-free hash table, the skip list or phash), the check goes on in that
+//! private mapping: the structure is walked once as found (nothing is repaired
+//! before it proves sane), then recovered as the server would ([`index::recover`]:
+//! interrupted removals finished, the leak sweep over the active pages), walked
+//! again with every invariant (`verify(true)`: every node reachable and tagged,
+//! keys in their bucket and in order, values owned by their node), and the blocks
+//! the structure owns are compared with the blocks the heap has allocated: any
+//! difference is a leak outside the active pages or a lost block. A root whose
+//! block carries no known descriptor tag is left alone (a heap used without an
+//! index; a note says so), and recovery is then not finished, since the leak
+//! sweep needs reachability only the layer above knows. `--require-index` makes
+//! such a root a problem.
 
 use clap::Args;
+use index::any::{attach_any, claimed_by, AnyIndex};
+use index::Index;
 use pmem::layout::{Superblock, PAGE};
 use pmem::{check_heap, CheckReport, Geometry, Heap, Recovery};
 use serde_json::{json, Value};
@@ -21,6 +36,79 @@ pub struct CheckArgs {
     /// Print one JSON object instead of the human summary.
     #[arg(long)]
     pub json: bool,
+    /// Report a heap whose root is not a known index structure as a problem.
+    #[arg(long)]
+    pub require_index: bool,
+}
+
+/// What the check found about the index structure at the root.
+#[derive(Debug, Default)]
+struct StructFacts {
+    /// `hash`, `skiplist`, `phash`; None when no structure attached.
+    name: Option<&'static str>,
+    /// Why nothing attached, or a remark.
+    note: Option<String>,
+    /// From `verify(true)` after recovery.
+    keys: Option<u64>,
+    blocks: Option<u64>,
+    payload_bytes: Option<u64>,
+    /// Allocated blocks in the heap after recovery (`check_heap`).
+    heap_blocks: Option<u64>,
+    recovered: bool,
+    slots: u64,
+    repaired: u64,
+    leaked_freed: u64,
+    revived: u64,
+    problems: Vec<String>,
+}
+
+impl StructFacts {
+    fn to_json(&self) -> Value {
+        json!({
+            "name": self.name,
+            "note": self.note,
+            "keys": self.keys,
+            "blocks": self.blocks,
+            "payload_bytes": self.payload_bytes,
+            "heap_blocks_after_recovery": self.heap_blocks,
+            "recovered_in_memory": self.recovered,
+            "slots_examined": self.slots,
+            "repaired": self.repaired,
+            "leaked_freed": self.leaked_freed,
+            "revived": self.revived,
+            "problems": self.problems,
+        })
+    }
+
+    fn print_human(&self) {
+        match self.name {
+            Some(n) => {
+                print!("structure:        {n}");
+                if let (Some(k), Some(b)) = (self.keys, self.blocks) {
+                    print!(", {k} keys, {b} blocks");
+                    if let Some(p) = self.payload_bytes {
+                        print!(", {} of keys and values", human_bytes(p));
+                    }
+                }
+                println!();
+                if self.recovered {
+                    println!(
+                        "recovery in memory: {} block slots examined, {} interrupted removals \
+                         finished, {} leaked blocks freed, {} blocks revived; heap blocks after: {}",
+                        self.slots,
+                        self.repaired,
+                        self.leaked_freed,
+                        self.revived,
+                        self.heap_blocks.map_or("?".into(), |b| b.to_string())
+                    );
+                }
+            }
+            None => println!("structure:        none"),
+        }
+        if let Some(n) = &self.note {
+            println!("note:             {n}");
+        }
+    }
 }
 
 /// Everything `check` reports about a heap it could open.
@@ -35,6 +123,8 @@ struct Facts {
     txs_replayed: u64,
     active_pages: usize,
     report: CheckReport,
+    /// The index structure at the root, when there is a root to look at.
+    structure: Option<StructFacts>,
 }
 
 impl Facts {
@@ -53,7 +143,25 @@ impl Facts {
             txs_replayed: rec.report().txs_replayed,
             active_pages: rec.active_pages().len(),
             report,
+            structure: None,
         }
+    }
+
+    /// Every problem: the heap's, then the structure's.
+    fn problems(&self) -> Vec<String> {
+        let mut v = self.report.problems.clone();
+        if let Some(s) = &self.structure {
+            v.extend(s.problems.iter().cloned());
+        }
+        v
+    }
+
+    fn ok(&self) -> bool {
+        self.report.ok()
+            && self
+                .structure
+                .as_ref()
+                .is_none_or(|s| s.problems.is_empty())
     }
 
     fn print_human(&self) {
@@ -102,17 +210,19 @@ impl Facts {
             self.active_pages
         );
         print!("{}", self.report);
-        if self.report.ok() {
+        if let Some(st) = &self.structure {
+            st.print_human();
+            for p in &st.problems {
+                println!("problem: {p}");
+            }
+        }
+        let n = self.problems().len();
+        if n == 0 {
             println!("result:           consistent");
         } else {
             println!(
-                "result:           INCONSISTENT ({} problem{})",
-                self.report.problems.len(),
-                if self.report.problems.len() == 1 {
-                    ""
-                } else {
-                    "s"
-                }
+                "result:           INCONSISTENT ({n} problem{})",
+                if n == 1 { "" } else { "s" }
             );
         }
     }
@@ -122,8 +232,8 @@ impl Facts {
         let r = &self.report;
         json!({
             "file": self.file.display().to_string(),
-            "ok": r.ok(),
-            "problems": r.problems,
+            "ok": self.ok(),
+            "problems": self.problems(),
             "format_version": self.sb.version,
             "uuid": uuid_hex(&self.sb.uuid),
             "size": self.size,
@@ -155,6 +265,7 @@ impl Facts {
                 "active_pages": r.active_pages,
                 "pending_logs": r.pending_logs,
             },
+            "structure": self.structure.as_ref().map(StructFacts::to_json),
         })
     }
 }
@@ -180,20 +291,151 @@ pub fn run(args: &CheckArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let facts = Facts::gather(path, &rec);
+    let mut facts = Facts::gather(path, &rec);
+    facts.structure = check_structure(rec, facts.report.ok(), args.require_index);
     if args.json {
         println!("{}", facts.to_json());
     } else {
         facts.print_human();
     }
-    for p in &facts.report.problems {
+    for p in facts.problems() {
         eprintln!("ember check: {}: {p}", path.display());
     }
-    if facts.report.ok() {
+    if facts.ok() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// Runs `f`, turning a panic into an error message (printed nowhere): a check
+/// must report corrupt input, not crash on it. The structures' walks bound every
+/// read, so this is only a second line of defence (with `panic = "abort"`, as in
+/// release builds, there is no unwinding to catch).
+fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    let prev = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(prev);
+    r.map_err(|p| {
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "unknown panic".into())
+    })
+}
+
+/// Checks the index structure at the heap root (see the module documentation).
+/// None when the root is null and no index is required.
+fn check_structure(rec: Recovery, heap_ok: bool, require: bool) -> Option<StructFacts> {
+    let heap = rec.heap().clone();
+    let root = heap.root();
+    let mut f = StructFacts::default();
+    if root.is_null() {
+        if !require {
+            return None;
+        }
+        f.problems
+            .push("the heap root is null: there is no index structure".into());
+        return Some(f);
+    }
+    let claimed = claimed_by(&heap, root);
+    let t = match quietly(|| attach_any(&heap, root)) {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => {
+            let msg = format!("root {:#x}: {e}", root.raw());
+            if claimed.is_some() || require {
+                f.name = claimed;
+                f.problems.push(msg);
+            } else {
+                f.note = Some(format!(
+                    "root {:#x} is not a known index structure (only the heap was checked)",
+                    root.raw()
+                ));
+            }
+            return Some(f);
+        }
+        Err(p) => {
+            f.name = claimed;
+            f.problems
+                .push(format!("root {:#x}: attaching panicked: {p}", root.raw()));
+            return Some(f);
+        }
+    };
+    let name = t.name();
+    f.name = Some(name);
+    // Walk it as found before anything writes to it (even in this private
+    // mapping): repair and the sweep follow links, and only a sane structure
+    // gets them. phash is walked without taking its bucket locks: a lock held by
+    // a crashed process still looks held here (the generation is bumped only by a
+    // writable open).
+    let as_found = matches!(t, AnyIndex::PHash(_));
+    match quietly(|| t.verify(as_found)) {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            f.problems.push(format!("{name}: {e}"));
+            return Some(f);
+        }
+        Err(p) => {
+            f.problems.push(format!("{name}: the walk panicked: {p}"));
+            return Some(f);
+        }
+    }
+    if !heap_ok {
+        f.note = Some("the heap has problems: the structure was not recovered".into());
+        return Some(f);
+    }
+    match quietly(|| index::recover(rec, &[&t])) {
+        Ok(Ok((_, st))) => {
+            f.recovered = true;
+            f.slots = st.slots;
+            f.repaired = st.repaired;
+            f.leaked_freed = st.heap.leaked_freed;
+            f.revived = st.heap.revived;
+        }
+        Ok(Err(e)) => {
+            f.problems.push(format!("{name}: recovery failed: {e}"));
+            return Some(f);
+        }
+        Err(p) => {
+            f.problems.push(format!("{name}: recovery panicked: {p}"));
+            return Some(f);
+        }
+    }
+    match quietly(|| t.verify(true)) {
+        Ok(Ok(v)) => {
+            f.keys = Some(v.keys);
+            f.blocks = Some(v.blocks);
+            f.payload_bytes = Some(v.payload_bytes);
+        }
+        Ok(Err(e)) => f.problems.push(format!("{name} after recovery: {e}")),
+        Err(p) => f
+            .problems
+            .push(format!("{name} after recovery: the walk panicked: {p}")),
+    }
+    let c = check_heap(&heap);
+    f.heap_blocks = Some(c.blocks);
+    for p in c.problems {
+        f.problems.push(format!("heap after recovery: {p}"));
+    }
+    if let Some(b) = f.blocks {
+        if c.blocks > b {
+            f.problems.push(format!(
+                "{} allocated blocks are not reachable from the {name} (leaked outside the \
+                 active pages): the heap has {} allocated, the {name} owns {b}",
+                c.blocks - b,
+                c.blocks
+            ));
+        } else if c.blocks < b {
+            f.problems.push(format!(
+                "the {name} links {} blocks more than the heap has allocated (lost blocks): \
+                 the heap has {} allocated, the {name} owns {b}",
+                b - c.blocks,
+                c.blocks
+            ));
+        }
+    }
+    Some(f)
 }
 
 /// Opens the heap for checking. A FIFO is refused before `open(2)`, which would

@@ -518,3 +518,422 @@ fn bench_persist_json() {
     assert_eq!(msync["supported"], true);
     assert_eq!(msync["msyncs_per_record"], 1.0);
 }
+
+/// Runs the hidden `bench recovery-fill` child: builds a structure of `size` keys
+/// in a new heap at `path`, and once it says `ready`, kills it with SIGKILL.
+/// Returns the `ready` line (`ready N keys ...`; `~N` while updating).
+fn fill_and_kill(path: &Path, structure: &str, imp: &str, size: u64, after: &str) -> String {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["bench", "recovery-fill", "--path"])
+        .arg(path)
+        .args([
+            "--structure",
+            structure,
+            "--impl",
+            imp,
+            "--size",
+            &size.to_string(),
+            "--threads",
+            "2",
+            "--updates",
+            "500",
+            "--after-ready",
+            after,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the fill child");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    if after == "exit" {
+        // A clean shutdown: no kill.
+        let st = child.wait().unwrap();
+        assert!(
+            line.starts_with("ready") && st.success(),
+            "child said {line:?} ({st})"
+        );
+        return line;
+    }
+    if after == "update" {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+    }
+    child.kill().unwrap();
+    let st = child.wait().unwrap();
+    assert!(line.starts_with("ready"), "child said {line:?} ({st})");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "{st}");
+    line
+}
+
+/// Retries `f` while the heap is "in use". The heap's lock is an flock on the
+/// open file: a process that another test thread is starting at the moment holds
+/// a copy of every open descriptor of this process until its exec closes them,
+/// and on a loaded machine that window can last milliseconds.
+fn retry_in_use<T>(mut f: impl FnMut() -> (T, bool)) -> T {
+    for _ in 0..40 {
+        let (v, in_use) = f();
+        if !in_use {
+            return v;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    f().0
+}
+
+fn check_json(path: &Path) -> (Option<i32>, serde_json::Value, String) {
+    let out = retry_in_use(|| {
+        let out = check(path, true);
+        let busy = text(&out.stderr).contains("in use");
+        (out, busy)
+    });
+    let err = text(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("invalid JSON ({e}): {}", text(&out.stdout)));
+    (out.status.code(), v, err)
+}
+
+#[test]
+fn check_verifies_index_structures_after_sigkill() {
+    for (structure, imp, name) in [
+        ("hash", "logfree", "hash"),
+        ("hash", "logfree-nocache", "hash"),
+        ("hash", "redo", "phash"),
+        ("skiplist", "logfree", "skiplist"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idx.heap");
+        // Killed while idle: the exact key count is known.
+        let line = fill_and_kill(&path, structure, imp, 3000, "idle");
+        let keys: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let before = std::fs::read(&path).unwrap();
+        let (code, v, err) = check_json(&path);
+        assert_eq!(code, Some(0), "{imp}: {v}\n{err}");
+        assert_eq!(v["ok"], true);
+        assert_eq!(v["clean_shutdown"], false);
+        let s = &v["structure"];
+        assert_eq!(s["name"], name, "{s}");
+        assert_eq!(s["keys"], keys, "{imp}: {s}");
+        assert_eq!(s["recovered_in_memory"], true);
+        assert_eq!(s["blocks"], s["heap_blocks_after_recovery"], "{s}");
+        assert!(s["slots_examined"].as_u64().unwrap() > 0, "{s}");
+        assert!(
+            std::fs::read(&path).unwrap() == before,
+            "check wrote the heap"
+        );
+        // The human summary names the structure and says consistent.
+        let out = assert_accepted(&path);
+        assert!(
+            out.contains(&format!("structure:        {name}, {keys} keys")),
+            "{out}"
+        );
+
+        // Killed in the middle of updates: still consistent.
+        let path2 = dir.path().join("busy.heap");
+        fill_and_kill(&path2, structure, imp, 3000, "update");
+        let (code, v, err) = check_json(&path2);
+        assert_eq!(code, Some(0), "{imp} (busy): {v}\n{err}");
+        let k = v["structure"]["keys"].as_u64().unwrap();
+        assert!((2000..4000).contains(&k), "{imp}: {k} keys");
+    }
+}
+
+/// Offsets (16-aligned) of blocks in the heap file starting with `tag`.
+fn find_tags(path: &Path, tag: &[u8; 4]) -> Vec<u64> {
+    let bytes = std::fs::read(path).unwrap();
+    (0..bytes.len() / 16)
+        .map(|i| i * 16)
+        .filter(|&o| &bytes[o..o + 4] == tag)
+        .map(|o| o as u64)
+        .collect()
+}
+
+#[test]
+fn check_reports_a_corrupt_index_node_without_panicking() {
+    // (what is damaged, bytes written at node + offset, words expected in the problem)
+    let cases: [(&str, u64, &[u8], &str); 3] = [
+        (
+            "next link out of the heap",
+            16,
+            &0x7fff_0000_0000_0000u64.to_le_bytes(),
+            "outside the heap",
+        ),
+        (
+            "next link into the heap header",
+            16,
+            &0x10_0000u64.to_le_bytes(),
+            "node",
+        ),
+        ("key byte", 32, &[0xa5], "split key"),
+    ];
+    for (what, off, bytes, expect) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.heap");
+        fill_and_kill(&path, "hash", "logfree", 2000, "idle");
+        let nodes = find_tags(&path, b"EHND");
+        assert!(nodes.len() >= 2000, "{} nodes found", nodes.len());
+        // Damage every node: at least the linked ones are found.
+        for n in &nodes {
+            write_at(&path, n + off, bytes);
+        }
+        let (code, v, err) = check_json(&path);
+        assert_eq!(code, Some(1), "{what}: {v}");
+        assert_eq!(v["ok"], false);
+        let problems = v["problems"].as_array().unwrap();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.as_str().unwrap().contains(expect)),
+            "{what}: {problems:?}"
+        );
+        assert_eq!(v["structure"]["name"], "hash");
+        assert!(err.contains("ember check: "), "{err}");
+        let out = check(&path, false);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(text(&out.stdout).contains("INCONSISTENT"));
+        assert!(!text(&out.stderr).contains("panicked"));
+    }
+}
+
+#[test]
+fn check_reports_a_damaged_descriptor_and_a_leak() {
+    let dir = tempfile::tempdir().unwrap();
+    // A descriptor with the hash table's tag but a bad version: a problem.
+    let path = dir.path().join("desc.heap");
+    fill_and_kill(&path, "hash", "logfree", 500, "idle");
+    let root = read_sb(&path, current_sb_off(&path)).unwrap().root;
+    write_at(&path, root + 4, &77u32.to_le_bytes());
+    let (code, v, _) = check_json(&path);
+    assert_eq!(code, Some(1), "{v}");
+    assert!(
+        v["problems"][0].as_str().unwrap().contains("hash table"),
+        "{v}"
+    );
+
+    // A block allocated outside every active page and linked from nowhere: a
+    // leak the sweep cannot see, found by comparing block counts.
+    let path = dir.path().join("leak.heap");
+    fill_and_kill(&path, "hash", "logfree", 500, "exit");
+    let (heap, _) = {
+        let rec = retry_in_use(|| match Heap::open(&path, &HeapOptions::default()) {
+            Err(pmem::Error::InUse { .. }) => (None, true),
+            r => (Some(r.unwrap()), false),
+        })
+        .expect("heap not in use");
+        let t = index::any::attach_any(rec.heap(), rec.heap().root()).unwrap();
+        index::recover(rec, &[&t]).unwrap()
+    };
+    let mut th = heap.thread().unwrap();
+    th.alloc(100).unwrap();
+    th.end_op();
+    drop(th);
+    drop(heap); // clean close: the block's page leaves the active page table
+    let (code, v, _) = check_json(&path);
+    assert_eq!(code, Some(1), "{v}");
+    assert!(
+        v["problems"][0]
+            .as_str()
+            .unwrap()
+            .contains("1 allocated blocks are not reachable"),
+        "{v}"
+    );
+}
+
+#[test]
+fn check_notes_a_root_that_is_no_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = make_heap(dir.path());
+    let (code, v, _) = check_json(&path);
+    assert_eq!(code, Some(0));
+    assert!(v["structure"]["note"]
+        .as_str()
+        .unwrap()
+        .contains("not a known index structure"));
+    let out = retry_in_use(|| {
+        let out = ember(&["check", path.to_str().unwrap(), "--require-index"]);
+        let busy = text(&out.stderr).contains("in use");
+        (out, busy)
+    });
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("not a known index structure"));
+}
+
+fn bench_json(args: &[&str]) -> serde_json::Value {
+    let out = ember(args);
+    assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", text(&out.stdout)))
+}
+
+#[test]
+fn bench_index_tiny_json() {
+    for (structure, imp, name) in [
+        ("hash", "logfree", "hash"),
+        ("hash", "logfree-nocache", "hash"),
+        ("hash", "redo", "phash"),
+        ("skiplist", "logfree", "skiplist"),
+        ("skiplist", "logfree-nocache", "skiplist"),
+    ] {
+        let v = bench_json(&[
+            "bench",
+            "index",
+            "--structure",
+            structure,
+            "--impl",
+            imp,
+            "--size",
+            "256",
+            "--seconds",
+            "0.2",
+            "--threads",
+            "2",
+            "--update-ratio",
+            "0.5",
+            "--verify",
+            "--json",
+        ]);
+        assert_eq!(v["bench"], "index");
+        assert_eq!(v["structure"], structure);
+        assert_eq!(v["impl"], imp);
+        assert_eq!(v["implementation"], name);
+        assert_eq!(v["threads"], 2);
+        assert_eq!(v["size"], 256);
+        assert_eq!(v["update_ratio"], 0.5);
+        assert_eq!(v["fence_ns"], 0);
+        assert!(v["strategy"].is_string());
+        assert!(v["machine"]["cpu"].is_string());
+        for k in [
+            "ops_per_sec",
+            "p50_ns",
+            "p99_ns",
+            "fences_per_op",
+            "flushes_per_op",
+        ] {
+            assert!(v[k].is_number(), "{imp}: {k} missing: {v}");
+        }
+        assert!(v["ops_per_sec"].as_f64().unwrap() > 0.0);
+        assert!(v["p99_ns"].as_u64().unwrap() >= v["p50_ns"].as_u64().unwrap());
+        let durable = if imp == "logfree" {
+            "cache-flush"
+        } else {
+            "op"
+        };
+        assert_eq!(v["durable_at"], durable);
+        let f = v["fences_per_op"].as_f64().unwrap();
+        assert!(f > 0.0, "{imp}: {f}");
+        assert_eq!(v["keys_after"], v["verified_keys"], "{v}");
+    }
+    // Updates only, one thread, a fence latency, sync on every op.
+    let v = bench_json(&[
+        "bench",
+        "index",
+        "--size",
+        "100",
+        "--seconds",
+        "0.1",
+        "--fence-ns",
+        "100",
+        "--sync-every",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(v["fence_ns"], 100);
+    assert_eq!(v["durable_at"], "op");
+    assert_eq!(v["gets"], 0);
+}
+
+#[test]
+fn bench_index_human_and_errors() {
+    let out = ember(&["bench", "index", "--size", "64", "--seconds", "0.1"]);
+    let s = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for f in [
+        "ember bench index",
+        "machine:",
+        "fence_ns:",
+        "ops/s",
+        "p50",
+        "p99",
+        "fences/op",
+    ] {
+        assert!(s.contains(f), "missing {f:?} in {s}");
+    }
+    let out = ember(&[
+        "bench",
+        "index",
+        "--structure",
+        "skiplist",
+        "--impl",
+        "redo",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("hash table only"),
+        "{}",
+        text(&out.stderr)
+    );
+    for bad in [
+        ["--update-ratio", "1.5"],
+        ["--threads", "0"],
+        ["--size", "0"],
+        ["--seconds", "0"],
+    ] {
+        let out = ember(&["bench", "index", bad[0], bad[1]]);
+        assert_eq!(out.status.code(), Some(1), "{bad:?}");
+        assert!(
+            text(&out.stderr).contains(bad[0]),
+            "{bad:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn bench_recovery_tiny_json() {
+    for structure in ["hash", "skiplist"] {
+        let dir = tempfile::tempdir().unwrap();
+        let v = bench_json(&[
+            "bench",
+            "recovery",
+            "--structure",
+            structure,
+            "--size",
+            "3000",
+            "--updates",
+            "500",
+            "--dir",
+            dir.path().to_str().unwrap(),
+            "--verify",
+            "--json",
+        ]);
+        assert_eq!(v["bench"], "recovery");
+        assert_eq!(v["structure"], structure);
+        assert_eq!(v["size"], 3000);
+        assert_eq!(v["page_cache"], "warm");
+        assert_eq!(v["was_clean"], false);
+        for k in [
+            "recovery_ms",
+            "open_ms",
+            "sweep_ms",
+            "active_pages",
+            "slots_examined",
+            "leaked_freed",
+            "keys_after",
+        ] {
+            assert!(v[k].is_number(), "{k} missing: {v}");
+        }
+        assert!(v["recovery_ms"].as_f64().unwrap() > 0.0);
+        assert_eq!(v["blocks_match"], true, "{v}");
+        assert_eq!(v["keys_after"], v["verified_keys"]);
+        let k = v["keys_after"].as_u64().unwrap();
+        assert!((2000..4000).contains(&k), "{k}");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "heap file left behind"
+        );
+    }
+}

@@ -2,7 +2,9 @@
 //! they share (machine description, medians, temporary heaps).
 
 mod alloc;
+mod index;
 mod persist;
+mod recovery;
 
 use clap::{Args, Subcommand};
 use pmem::{Heap, HeapOptions, PersistStats};
@@ -22,12 +24,22 @@ pub enum Which {
     Alloc(alloc::AllocArgs),
     /// Cost of persisting a 64-byte record under each persistence strategy.
     Persist(persist::PersistArgs),
+    /// Throughput and latency of an index structure (log-free paper workload).
+    Index(index::IndexArgs),
+    /// Recovery time of an index structure after a SIGKILL crash.
+    Recovery(recovery::RecoveryArgs),
+    /// (internal) The process `bench recovery` builds a structure in and kills.
+    #[command(hide = true, name = "recovery-fill")]
+    RecoveryFill(recovery::FillArgs),
 }
 
 pub fn run(args: &BenchArgs) -> ExitCode {
     let r = match &args.which {
         Which::Alloc(a) => alloc::run(a),
         Which::Persist(a) => persist::run(a),
+        Which::Index(a) => index::run(a),
+        Which::Recovery(a) => recovery::run(a),
+        Which::RecoveryFill(a) => recovery::fill(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
