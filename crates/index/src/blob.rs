@@ -56,14 +56,18 @@ pub fn value_owner(r: &Region, p: u64, slot_size: u64) -> Option<u64> {
 /// Checks a value block reached from `owner` (for `verify`).
 pub fn verify_value(r: &Region, p: u64, owner: u64) -> std::result::Result<u64, String> {
     if p == 0 || !r.contains(p, HDR) {
-        return Err(format!("node {owner:#x}: value pointer {p:#x} outside the heap"));
+        return Err(format!(
+            "node {owner:#x}: value pointer {p:#x} outside the heap"
+        ));
     }
     if r.read::<u32>(p) != VAL_TAG {
         return Err(format!("node {owner:#x}: value block {p:#x} has a bad tag"));
     }
     let len = r.read::<u32>(p + 4) as u64;
     if !r.contains(p, HDR + len) {
-        return Err(format!("node {owner:#x}: value block {p:#x} overruns the heap"));
+        return Err(format!(
+            "node {owner:#x}: value block {p:#x} overruns the heap"
+        ));
     }
     let o = r.read::<u64>(p + 8);
     if o != owner {

@@ -609,9 +609,10 @@ impl Inner {
         if tag != NODE_TAG && tag != DUMMY_TAG {
             return None;
         }
-        let klen: u32 = r.read(p + 4);
-        let cap = self.heap.usable_size(PPtr::from_raw(p)).ok()?;
-        (N_KEY + klen as u64 <= cap).then_some(tag)
+        // Bounds only (memory safety); exactness comes from the pointer-equality
+        // walk, so the allocator is not consulted.
+        let klen = r.read::<u32>(p + 4) as u64;
+        (klen <= crate::MAX_KEY as u64 && r.contains(p, N_KEY + klen)).then_some(tag)
     }
 }
 
@@ -683,7 +684,11 @@ impl LfHash {
             if s == 0 {
                 continue;
             }
-            let n = if i == 0 { 1 << s0 } else { 1u64 << (s0 + i - 1) };
+            let n = if i == 0 {
+                1 << s0
+            } else {
+                1u64 << (s0 + i - 1)
+            };
             if !r.contains(s, S_HDR + 8 * n)
                 || r.read::<u32>(s) != SEG_TAG
                 || r.read::<u32>(s + 4) as u64 != i
@@ -897,7 +902,11 @@ impl Index for LfHash {
             for j in 0..inner.seg_buckets(i) {
                 let d = ptr(r.read::<u64>(s + S_HDR + 8 * j));
                 if d != 0 {
-                    let b = if i == 0 { j } else { (1 << (inner.seg0 as u64 + i - 1)) + j };
+                    let b = if i == 0 {
+                        j
+                    } else {
+                        (1 << (inner.seg0 as u64 + i - 1)) + j
+                    };
                     dummies.insert(d, b);
                 }
             }
@@ -926,7 +935,9 @@ impl Index for LfHash {
             let nv = link::load(r, curr + N_NEXT);
             let val = link::load(r, curr + N_VAL);
             if quiescent && (nv & DEL != 0 || val & DEL != 0) {
-                return Err(format!("node {curr:#x}: logically deleted but still linked"));
+                return Err(format!(
+                    "node {curr:#x}: logically deleted but still linked"
+                ));
             }
             match tag {
                 DUMMY_TAG => {
@@ -935,14 +946,18 @@ impl Index for LfHash {
                     }
                     if let Some(&b) = dummies.get(&curr) {
                         if so_dummy(b) != so {
-                            return Err(format!("bucket {b} points at the dummy of another bucket"));
+                            return Err(format!(
+                                "bucket {b} points at the dummy of another bucket"
+                            ));
                         }
                     }
                     dummies.remove(&curr);
                 }
                 NODE_TAG => {
                     if so != so_regular(key_hash(&key)) {
-                        return Err(format!("node {curr:#x}: split key does not match its key's hash"));
+                        return Err(format!(
+                            "node {curr:#x}: split key does not match its key's hash"
+                        ));
                     }
                     if nv & DEL == 0 && val & DEL == 0 {
                         v.keys += 1;
@@ -965,7 +980,9 @@ impl Index for LfHash {
             curr = ptr(nv);
         }
         if let Some((d, b)) = dummies.into_iter().next() {
-            return Err(format!("bucket {b} points at {d:#x}, which is not in the list"));
+            return Err(format!(
+                "bucket {b} points at {d:#x}, which is not in the list"
+            ));
         }
         Ok(v)
     }
@@ -980,12 +997,12 @@ impl Recoverable for LfHash {
         let mut key = Vec::new();
         for &(p, _) in slots {
             let p = p.offset();
-            if inner.node_slot(p) != Some(NODE_TAG) || !inner.linked(p) {
+            if inner.node_slot(p) != Some(NODE_TAG) {
                 continue;
             }
             let nv = link::load(r, p + N_NEXT);
             let val = link::load(r, p + N_VAL);
-            if nv & DEL == 0 && val & DEL == 0 {
+            if (nv & DEL == 0 && val & DEL == 0) || !inner.linked(p) {
                 continue;
             }
             let klen: u32 = r.read(p + 4);

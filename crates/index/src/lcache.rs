@@ -166,8 +166,8 @@ impl LinkCache {
         if c & 0xfff == 0 {
             return;
         }
-        let hit = (0..ENTRIES)
-            .any(|i| state(c, i) == BUSY && b.tags[i].load(Ordering::Relaxed) == tag);
+        let hit =
+            (0..ENTRIES).any(|i| state(c, i) == BUSY && b.tags[i].load(Ordering::Relaxed) == tag);
         if hit {
             self.flush_buckets(m, 1u64 << bi);
         }

@@ -63,7 +63,9 @@
 //!    at level 0, and if the node has upper levels, the level-0 link is made durable
 //!    now (`cache.scan(node)` flushes its bucket; `cas_persist` already did): no
 //!    upper level may point to a node whose membership is not durable. Then levels
-//!    1..height are linked with `cas_flush`, finding again on failure (the node's
+//!    1..height are linked bottom-up with `cas_flush`, a fence between levels (a
+//!    crash never keeps a live node on a level without the one below), finding
+//!    again on failure (the node's
 //!    `next[l]` is then rewritten with a CAS, flushed and fenced before the
 //!    predecessor may point to it) and stopping when the node is deleted meanwhile.
 //!
@@ -698,6 +700,13 @@ impl Op<'_> {
                     r.fence();
                 }
                 if self.cx.cas_flush(next_at(preds[l], l), succ, node) {
+                    // Level l must be durable before level l+1 can link the node: a
+                    // crash must never keep a live node on a level without the one
+                    // below (find descends through it and would follow its stale
+                    // lower links).
+                    if l + 1 < h {
+                        r.fence();
+                    }
                     break;
                 }
                 if self.cx.find(key, preds, succs) != Some(node) {

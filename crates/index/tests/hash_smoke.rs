@@ -1,4 +1,4 @@
-use index::{Index, LfHash, HashOptions, Ops};
+use index::{HashOptions, Index, LfHash, Ops};
 use pmem::{Heap, HeapOptions};
 use rand::{RngExt, SeedableRng};
 use std::collections::BTreeMap;
@@ -6,9 +6,16 @@ use std::collections::BTreeMap;
 fn run(cache: bool) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("h");
-    let hopts = HeapOptions { size: 64 << 20, ..Default::default() };
+    let hopts = HeapOptions {
+        size: 64 << 20,
+        ..Default::default()
+    };
     let heap = Heap::create(&path, &hopts).unwrap();
-    let opts = HashOptions { initial_buckets: 4, link_cache: cache, ..Default::default() };
+    let opts = HashOptions {
+        initial_buckets: 4,
+        link_cache: cache,
+        ..Default::default()
+    };
     let t = LfHash::create(&heap, &opts).unwrap();
     heap.set_root(t.root()).unwrap();
     let mut h = t.handle().unwrap();
@@ -49,10 +56,17 @@ fn run(cache: bool) {
     assert_eq!(v.keys, model.len() as u64);
     let rep = pmem::check_heap(&heap);
     assert!(rep.ok(), "{rep:?}");
-    assert_eq!(rep.blocks, v.blocks, "allocated blocks = reachable blocks (no leak)");
+    assert_eq!(
+        rep.blocks, v.blocks,
+        "allocated blocks = reachable blocks (no leak)"
+    );
 }
 
 #[test]
-fn smoke_cache() { run(true) }
+fn smoke_cache() {
+    run(true)
+}
 #[test]
-fn smoke_nocache() { run(false) }
+fn smoke_nocache() {
+    run(false)
+}

@@ -231,7 +231,9 @@ impl Recovery {
                 }
             }
         }
-        set.into_iter().map(|(b, n)| (PPtr::from_raw(b), n)).collect()
+        set.into_iter()
+            .map(|(b, n)| (PPtr::from_raw(b), n))
+            .collect()
     }
 
     /// The leak sweep (NV-epochs, log-free paper §5.5), then opens the heap for

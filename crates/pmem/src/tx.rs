@@ -368,8 +368,18 @@ pub(crate) fn recover_all(heap: &Heap) -> Result<u64> {
         }
         let len: u64 = region.read(lo + 8);
         let crc: u32 = region.read(lo + 16);
+        // A torn header (the crash came before the commit fence) is not a commit.
+        // Clear it, durably, so that it can never validate against the records of
+        // a later transaction of this slot that repeat the torn one's first records.
+        let torn = |region: &crate::region::Region| {
+            region.write::<u32>(lo + 4, &0);
+            region.write::<u64>(lo + 8, &0);
+            region.write::<u32>(lo + 16, &0);
+            region.persist(lo, HDR as usize);
+        };
         if len > geo.log_size - HDR {
-            continue; // torn header: not committed
+            torn(region);
+            continue;
         }
         let mut recs = vec![0u8; len as usize];
         region.read_bytes(lo + HDR, &mut recs);
@@ -377,7 +387,8 @@ pub(crate) fn recover_all(heap: &Heap) -> Result<u64> {
         h.update(&recs);
         h.update(&len.to_le_bytes());
         if h.finalize() != crc {
-            continue; // torn or uncommitted
+            torn(region);
+            continue;
         }
         // Validate every record before applying any.
         let mut at = 0usize;
