@@ -432,10 +432,11 @@ impl<'a> Cx<'a> {
                             self.cas_flush(ca, cn, cn | DEL);
                             continue;
                         }
-                        if l == 0 {
-                            self.scan(curr);
-                            link::load_settled(self.r, val_at(curr));
-                        }
+                        // The removal's freeze is durable before any level is
+                        // snipped: otherwise a crash could keep an upper-level snip
+                        // and lose the freeze, leaving a live node with a level gap.
+                        self.scan(curr);
+                        link::load_settled(self.r, val_at(curr));
                         if pv & DEL != 0 || !self.cas_flush(pa, pv, ptr(cn)) {
                             continue 'retry;
                         }
