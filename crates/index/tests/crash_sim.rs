@@ -561,7 +561,7 @@ fn has_commit_header(bytes: &[u8]) -> bool {
 /// index structure involved.
 #[test]
 fn pmem_recovery_clears_torn_commit_headers() {
-    let (dir, path, img_path, root) = tx_heap();
+    let (_dir, path, img_path, root) = tx_heap();
     let sim = Arc::new(CrashSim::new(42, 1_000_000)); // an image at every fence
     let rec = Heap::open_sim(&path, &sim_opts(), sim.clone()).unwrap();
     sim.set_capture_ppm(0);
