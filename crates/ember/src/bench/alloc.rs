@@ -371,13 +371,7 @@ fn round(w: &Work<'_>, mode: Mode) -> BenchResult<Round> {
         ph.done.wait();
         let s1 = region.persist_stats();
         ph.snapped.wait();
-        let results: Vec<BenchResult<Duration>> = handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("benchmark thread panicked".into()))
-            })
-            .collect();
+        let results: Vec<BenchResult<Duration>> = super::join_all(handles);
         (s0, s1, results)
     });
     let mut rate_sum = 0.0;

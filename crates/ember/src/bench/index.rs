@@ -349,13 +349,7 @@ pub fn run(args: &IndexArgs) -> BenchResult<()> {
         go.wait();
         done.wait();
         let s1 = region.persist_stats();
-        let results: Vec<BenchResult<Worker>> = hs
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("benchmark thread panicked".into()))
-            })
-            .collect();
+        let results: Vec<BenchResult<Worker>> = super::join_all(hs);
         (s0, s1, results)
     });
     let mut ws = Vec::with_capacity(n);

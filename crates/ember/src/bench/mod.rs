@@ -53,6 +53,18 @@ pub fn run(args: &BenchArgs) -> ExitCode {
 /// Errors of the benchmarks: pmem errors and invalid arguments, as text.
 pub type BenchResult<T> = Result<T, String>;
 
+/// Joins benchmark threads; a thread that panicked becomes an error result.
+pub fn join_all<T>(
+    hs: Vec<std::thread::ScopedJoinHandle<'_, BenchResult<T>>>,
+) -> Vec<BenchResult<T>> {
+    hs.into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err("benchmark thread panicked".into()))
+        })
+        .collect()
+}
+
 /// What machine the numbers come from.
 #[derive(Clone, Debug)]
 pub struct Machine {
