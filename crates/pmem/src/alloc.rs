@@ -17,8 +17,8 @@ use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::region::Region;
 use crate::slab_state::SlabState;
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 // Volatile chunk states.
@@ -27,9 +27,13 @@ const C_NORMAL: u8 = 1;
 const C_HUGE: u8 = 2;
 const C_IN_HUGE: u8 = 3;
 const C_BAD: u8 = 4;
+/// A normal chunk whose descriptors are not loaded yet.
+const C_PENDING: u8 = 5;
 
 /// Slabs of one class with room: (head page offset, life it was pooled in).
 type Pool = Mutex<Vec<(u64, u32)>>;
+/// Pooled slabs set aside (FIFO), entries as in [`Pool`].
+type Sparse = Mutex<VecDeque<(u64, u32)>>;
 
 pub(crate) struct ChunkVol {
     state: AtomicU8,
@@ -38,6 +42,10 @@ pub(crate) struct ChunkVol {
     /// Volatile copy of the page descriptors (written under the page lock).
     desc: [AtomicU64; MAX_CHUNK_PAGES as usize],
     pub slabs: [SlabState; MAX_CHUNK_PAGES as usize],
+    /// Outstanding page- or word-covered free tickets per bitmap word of each slab
+    /// (head page * 64 + word); `SlabState::pending` holds the slab's total. A
+    /// word entry may leave its table only when its word has none.
+    word_pending: Box<[AtomicU16]>,
 }
 
 impl ChunkVol {
@@ -47,6 +55,9 @@ impl ChunkVol {
             huge: AtomicU64::new(0),
             desc: std::array::from_fn(|_| AtomicU64::new(0)),
             slabs: std::array::from_fn(|_| SlabState::new()),
+            word_pending: (0..MAX_CHUNK_PAGES * 64)
+                .map(|_| AtomicU16::new(0))
+                .collect(),
         }
     }
 }
@@ -126,6 +137,22 @@ pub enum Covered {
     },
     /// A page-run or huge block (allocation state in durable descriptors).
     Block(u64),
+    /// One bitmap word of a slab (64 blocks), covered by a word entry (an
+    /// allocating thread's): only its bits are in doubt.
+    Word {
+        chunk: u64,
+        head: u64,
+        class: usize,
+        word: u64,
+    },
+    /// One block of a slab, covered by a block entry (a free ticket's): only its
+    /// bit is in doubt.
+    Slot {
+        chunk: u64,
+        head: u64,
+        class: usize,
+        off: u64,
+    },
 }
 
 /// Where a block lives and what it is.
@@ -145,8 +172,10 @@ pub(crate) struct Loc {
 }
 
 struct PageState {
-    /// Chunks scanned so far (chunks below are known).
+    /// Chunks scanned so far (chunks below are known; some above may be too).
     frontier: u64,
+    /// Chunks whose kind (normal, huge, inside a huge run, bad) is known.
+    kinds: u64,
     /// Chunks with free pages, by index.
     with_free: BTreeSet<u64>,
     /// Free page count per scanned chunk.
@@ -164,6 +193,10 @@ pub(crate) struct Allocator {
     pages: Mutex<PageState>,
     /// Per class: slabs with room, with the life they were pooled in.
     pools: Box<[Pool]>,
+    /// Per class: pooled slabs set aside with too little room to be worth an
+    /// owner (and an active page table entry); revisited when the pool runs dry,
+    /// taken whatever their room when the heap has no page for a new slab.
+    sparse: Box<[Sparse]>,
     pub max_size: u64,
 }
 
@@ -188,10 +221,14 @@ impl Allocator {
             nchunks: AtomicU64::new(geo.chunks_in(region.size())),
             pages: Mutex::new(PageState {
                 frontier: 0,
+                kinds: 0,
                 with_free: BTreeSet::new(),
                 free_pages: Vec::new(),
             }),
             pools: (0..CLASSES.len()).map(|_| Mutex::new(Vec::new())).collect(),
+            sparse: (0..CLASSES.len())
+                .map(|_| Mutex::new(VecDeque::new()))
+                .collect(),
             max_size,
         }
     }
@@ -238,26 +275,66 @@ impl Allocator {
         self.coff(chunk) + DESC_BASE + 8 * page
     }
 
-    /// Scans chunks up to and including `c` (lazily, in order, skipping huge runs).
+    /// Makes chunk `c` known: the kinds of chunks up to `c` (in order: a huge run
+    /// hides the headers of the chunks it spans), then `c`'s own descriptors and
+    /// slabs. Chunks in between are not scanned: recovery touches only the chunks
+    /// its active pages lie in (one chunk-word read per chunk below them).
     pub fn ensure_scanned(&self, region: &Region, c: u64) {
         if c < self.frontier.load(Ordering::Acquire) {
             return;
         }
+        if let Some(cv) = self.chunks.get(c as usize).and_then(|x| x.get()) {
+            if !matches!(cv.state.load(Ordering::Acquire), C_UNSCANNED | C_PENDING) {
+                return;
+            }
+        }
         let mut ps = self.pages.lock().unwrap();
-        self.scan_locked(region, &mut ps, c);
+        self.scan_kinds_locked(region, &mut ps, c);
+        if c < self.nchunks.load(Ordering::Acquire)
+            && self.cv(c).state.load(Ordering::Acquire) == C_PENDING
+        {
+            self.scan_chunk_locked(region, &mut ps, c);
+        }
     }
 
+    /// Scans every chunk up to and including `c` (in order; chunks scanned out of
+    /// order before are skipped), advancing the frontier.
     fn scan_locked(&self, region: &Region, ps: &mut PageState, c: u64) {
         let n = self.nchunks.load(Ordering::Acquire);
+        self.scan_kinds_locked(region, ps, c);
         while ps.frontier <= c && ps.frontier < n {
             let i = ps.frontier;
             let cv = self.cv(i);
-            let off = self.coff(i);
-            let w: u64 = region.read(off);
-            ps.free_pages.resize(i as usize + 1, 0);
+            match cv.state.load(Ordering::Acquire) {
+                C_PENDING => {
+                    self.scan_chunk_locked(region, ps, i);
+                    ps.frontier += 1;
+                }
+                C_HUGE => ps.frontier += cv.huge.load(Ordering::Relaxed).max(1),
+                _ => ps.frontier += 1,
+            }
+        }
+        self.frontier.store(ps.frontier, Ordering::Release);
+    }
+
+    /// Learns the kinds of chunks up to and including `c` from their chunk words:
+    /// huge runs (and the chunks inside them), bad chunks, and normal chunks, left
+    /// pending until [`Self::scan_chunk_locked`].
+    fn scan_kinds_locked(&self, region: &Region, ps: &mut PageState, c: u64) {
+        let n = self.nchunks.load(Ordering::Acquire);
+        while ps.kinds <= c && ps.kinds < n {
+            let i = ps.kinds;
+            let cv = self.cv(i);
+            let w: u64 = region.read(self.coff(i));
+            if ps.free_pages.len() <= i as usize {
+                ps.free_pages.resize(i as usize + 1, 0);
+            }
+            ps.kinds += 1;
+            if cv.state.load(Ordering::Acquire) != C_UNSCANNED {
+                continue; // grown and scanned already
+            }
             if w & CHUNK_MAGIC_MASK != CHUNK_MAGIC {
                 cv.state.store(C_BAD, Ordering::Release);
-                ps.frontier += 1;
                 continue;
             }
             match w & 0xff {
@@ -265,7 +342,6 @@ impl Allocator {
                     let cnt = (w >> 8) & 0xff_ffff;
                     if cnt == 0 || i + cnt > n {
                         cv.state.store(C_BAD, Ordering::Release);
-                        ps.frontier += 1;
                         continue;
                     }
                     cv.huge.store(cnt, Ordering::Relaxed);
@@ -273,66 +349,65 @@ impl Allocator {
                     for j in 1..cnt {
                         self.cv(i + j).state.store(C_IN_HUGE, Ordering::Release);
                     }
-                    ps.free_pages.resize((i + cnt) as usize, 0);
-                    ps.frontier += cnt;
-                }
-                CHUNK_NORMAL => {
-                    let mut free = 0u16;
-                    self.repair_orphans(region, i);
-                    let descs: Vec<u64> = (0..self.geo.chunk_pages)
-                        .map(|p| {
-                            if p == 0 {
-                                0
-                            } else {
-                                region.read(self.desc_off(i, p))
-                            }
-                        })
-                        .collect();
-                    if let Err(_why) = validate_descs(&descs) {
-                        // Corrupt metadata: never allocate from or free into this
-                        // chunk (`ember check` names the problem).
-                        cv.state.store(C_BAD, Ordering::Release);
-                        ps.frontier += 1;
-                        continue;
+                    if ps.free_pages.len() < (i + cnt) as usize {
+                        ps.free_pages.resize((i + cnt) as usize, 0);
                     }
-                    let mut p = 1;
-                    while p < self.geo.chunk_pages {
-                        let d: u64 = region.read(self.desc_off(i, p));
-                        cv.desc[p as usize].store(d, Ordering::Relaxed);
-                        match pd_kind(d) {
-                            PD_FREE => free += 1,
-                            PD_SLAB => {
-                                let class = pd_class(d);
-                                if class < CLASSES.len() {
-                                    let used = self.count_bits(region, i, p, class);
-                                    let room = used < slab_blocks(class);
-                                    let sv = &cv.slabs[p as usize];
-                                    if let Some(life) = sv.scanned(room) {
-                                        self.pools[class]
-                                            .lock()
-                                            .unwrap()
-                                            .push((self.coff(i) + p * PAGE, life));
-                                    }
-                                }
-                            }
-                            _ => {}
-                        }
-                        p += 1;
-                    }
-                    ps.free_pages[i as usize] = free;
-                    if free > 0 {
-                        ps.with_free.insert(i);
-                    }
-                    cv.state.store(C_NORMAL, Ordering::Release);
-                    ps.frontier += 1;
+                    ps.kinds = i + cnt;
                 }
-                _ => {
-                    cv.state.store(C_BAD, Ordering::Release);
-                    ps.frontier += 1;
-                }
+                CHUNK_NORMAL => cv.state.store(C_PENDING, Ordering::Release),
+                _ => cv.state.store(C_BAD, Ordering::Release),
             }
         }
-        self.frontier.store(ps.frontier, Ordering::Release);
+    }
+
+    /// Scans a pending normal chunk: repairs orphan descriptors, validates them,
+    /// loads them, counts its free pages and pools its slabs with room.
+    fn scan_chunk_locked(&self, region: &Region, ps: &mut PageState, i: u64) {
+        let cv = self.cv(i);
+        let mut free = 0u16;
+        self.repair_orphans(region, i);
+        let descs: Vec<u64> = (0..self.geo.chunk_pages)
+            .map(|p| {
+                if p == 0 {
+                    0
+                } else {
+                    region.read(self.desc_off(i, p))
+                }
+            })
+            .collect();
+        if let Err(_why) = validate_descs(&descs) {
+            // Corrupt metadata: never allocate from or free into this chunk
+            // (`ember check` names the problem).
+            cv.state.store(C_BAD, Ordering::Release);
+            return;
+        }
+        for p in 1..self.geo.chunk_pages {
+            let d = descs[p as usize];
+            cv.desc[p as usize].store(d, Ordering::Relaxed);
+            match pd_kind(d) {
+                PD_FREE => free += 1,
+                PD_SLAB => {
+                    let class = pd_class(d);
+                    if class < CLASSES.len() {
+                        let used = self.count_bits(region, i, p, class);
+                        let room = used < slab_blocks(class);
+                        let sv = &cv.slabs[p as usize];
+                        if let Some(life) = sv.scanned(room) {
+                            self.pools[class]
+                                .lock()
+                                .unwrap()
+                                .push((self.coff(i) + p * PAGE, life));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        ps.free_pages[i as usize] = free;
+        if free > 0 {
+            ps.with_free.insert(i);
+        }
+        cv.state.store(C_NORMAL, Ordering::Release);
     }
 
     /// Frees continuation descriptors whose head does not cover them: the trace of a
@@ -471,6 +546,29 @@ impl Allocator {
         }
     }
 
+    /// A page- or word-covered free ticket for the block at `loc` is taken (`add`)
+    /// or redeemed / withdrawn.
+    pub fn pend(&self, loc: &Loc, add: bool) {
+        let sv = self.slab_vol(loc.chunk, loc.head);
+        let word = match loc.kind {
+            BlockKind::Slab { index, .. } => {
+                Some(&self.cv(loc.chunk).word_pending[(loc.head * 64 + index / 64) as usize])
+            }
+            _ => None,
+        };
+        if add {
+            sv.pending.fetch_add(1, Ordering::AcqRel);
+            if let Some(w) = word {
+                w.fetch_add(1, Ordering::AcqRel);
+            }
+        } else {
+            if let Some(w) = word {
+                w.fetch_sub(1, Ordering::AcqRel);
+            }
+            sv.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
     /// Pending free tickets for the blocks a covered item holds.
     pub fn pending_of(&self, region: &Region, c: &Covered) -> u32 {
         match *c {
@@ -484,6 +582,12 @@ impl Allocator {
                     .load(Ordering::Acquire),
                 Err(_) => 0,
             },
+            Covered::Word {
+                chunk, head, word, ..
+            } => self.cv(chunk).word_pending[(head * 64 + word) as usize].load(Ordering::Acquire)
+                as u32,
+            // A block entry is its ticket: it is outstanding while the entry exists.
+            Covered::Slot { .. } => 1,
         }
     }
 
@@ -497,6 +601,23 @@ impl Allocator {
     pub fn allocated_in(&self, region: &Region, c: &Covered) -> Vec<u64> {
         match *c {
             Covered::Block(b) => vec![b],
+            Covered::Slot { off, .. } => match self.locate(region, off) {
+                Ok(loc) if self.is_allocated(region, &loc) => vec![off],
+                _ => vec![],
+            },
+            Covered::Word {
+                chunk,
+                head,
+                class,
+                word,
+            } => {
+                let v: u64 = region.read(self.bitmap_off(chunk, head) + 8 * word);
+                let base = self.slab_base(chunk, head);
+                (0..64)
+                    .filter(|b| v & (1 << b) != 0 && 64 * word + b < slab_blocks(class))
+                    .map(|b| base + (64 * word + b) * CLASSES[class] as u64)
+                    .collect()
+            }
             Covered::Slab { chunk, head, class } => {
                 let bm = self.bitmap_off(chunk, head);
                 let nb = slab_blocks(class);
@@ -511,59 +632,48 @@ impl Allocator {
 
     // ---- allocation of blocks from a slab (owner thread only) ----
 
-    /// Takes a free block from `slab` (head page offset), or None when full.
-    ///
-    /// The owner claims all free bits of one bitmap word with a single `fetch_or`
-    /// and hands them out from `claimed` (bits of word `cursor`) without further
-    /// atomics. The caller has made the slab's page covered by its active page
-    /// table, so nothing is flushed: recovery recomputes the bits of covered pages
-    /// from reachability (claimed bits not yet handed out are unreachable and come
-    /// back), and the bitmap is made durable when the page leaves the table.
-    #[inline]
-    pub fn take_block(
+    /// The first bitmap word of `slab` at or after `from` (cyclically) with a free
+    /// block, or None when the slab is full.
+    pub fn next_free_word(
         &self,
         region: &Region,
         slab: u64,
         class: usize,
-        cursor: &mut u64,
-        claimed: &mut u64,
+        from: u64,
     ) -> Option<u64> {
-        if *claimed == 0 && !self.claim_word(region, slab, class, cursor, claimed) {
-            return None;
-        }
-        let bit = claimed.trailing_zeros() as u64;
-        *claimed &= *claimed - 1;
-        Some(slab + (64 * *cursor + bit) * CLASSES[class] as u64)
-    }
-
-    fn claim_word(
-        &self,
-        region: &Region,
-        slab: u64,
-        class: usize,
-        cursor: &mut u64,
-        claimed: &mut u64,
-    ) -> bool {
         let (chunk, head) = self.split(slab);
         let bm = self.bitmap_off(chunk, head);
         let nb = slab_blocks(class);
         let words = nb.div_ceil(64);
-        for k in 0..words {
-            let w = (*cursor + k) % words;
-            let a = region.atomic_u64(bm + 8 * w);
-            let v = a.load(Ordering::SeqCst);
-            let free = !(v | beyond_blocks(nb, w));
-            if free == 0 {
-                continue;
-            }
-            // Only the owner sets bits: everything free now is ours after this.
-            let old = a.fetch_or(free, Ordering::SeqCst);
-            debug_assert_eq!(old & free, 0, "only the owner sets bits");
-            *cursor = w;
-            *claimed = free & !old;
-            return *claimed != 0;
+        (0..words).map(|k| (from + k) % words).find(|&w| {
+            let v = region.atomic_u64(bm + 8 * w).load(Ordering::SeqCst);
+            !(v | beyond_blocks(nb, w)) != 0
+        })
+    }
+
+    /// Claims every free block of bitmap word `w` with one `fetch_or` (owner only:
+    /// only the owner sets bits, so what is free now is ours). Nothing is flushed:
+    /// the caller has made the word covered by its active page table first, and
+    /// recovery recomputes covered words from reachability (claimed bits not yet
+    /// handed out are unreachable and come back); the word is made durable when
+    /// its entry leaves the table. Returns the claimed bits.
+    pub fn claim_at(&self, region: &Region, slab: u64, class: usize, w: u64) -> u64 {
+        let (chunk, head) = self.split(slab);
+        let nb = slab_blocks(class);
+        let a = region.atomic_u64(self.bitmap_off(chunk, head) + 8 * w);
+        let free = !(a.load(Ordering::SeqCst) | beyond_blocks(nb, w));
+        if free == 0 {
+            return 0;
         }
-        false
+        let old = a.fetch_or(free, Ordering::SeqCst);
+        debug_assert_eq!(old & free, 0, "only the owner sets bits");
+        free & !old
+    }
+
+    /// Offset of block `bit` of word `w` of `slab`.
+    #[inline]
+    pub fn block_at(&self, slab: u64, class: usize, w: u64, bit: u64) -> u64 {
+        slab + (64 * w + bit) * CLASSES[class] as u64
     }
 
     /// Returns claimed-but-unused bits of word `cursor` (the owner lets go of a slab).
@@ -597,6 +707,44 @@ impl Allocator {
     /// whatever now holds its page.
     pub fn covered(&self, region: &Region, entry: u64) -> Vec<Covered> {
         let mut out = Vec::new();
+        if entry & APT_BLOCK_FLAG != 0 {
+            let off = entry & !APT_BLOCK_FLAG;
+            if let Ok(Loc {
+                chunk,
+                head,
+                kind: BlockKind::Slab { class, .. },
+            }) = self.locate(region, off)
+            {
+                out.push(Covered::Slot {
+                    chunk,
+                    head,
+                    class,
+                    off,
+                });
+            }
+            return out;
+        }
+        if entry & APT_WORD_FLAG != 0 {
+            // One word of the slab headed at the entry's page (a stale entry whose
+            // page heads something else now covers nothing).
+            let word = (entry & (PAGE - 1)) >> APT_WORD_SHIFT;
+            let page = entry & !(PAGE - 1);
+            for c in self.covered(region, page) {
+                if let Covered::Slab { chunk, head, class } = c {
+                    if self.coff(chunk) + head * PAGE == page
+                        && word < slab_blocks(class).div_ceil(64)
+                    {
+                        out.push(Covered::Word {
+                            chunk,
+                            head,
+                            class,
+                            word,
+                        });
+                    }
+                }
+            }
+            return out;
+        }
         let hs = self.hs;
         let n = self.nchunks.load(Ordering::Acquire);
         let whole = entry & 1 != 0;
@@ -651,6 +799,92 @@ impl Allocator {
             _ => {}
         }
         out
+    }
+
+    /// Recovery of one block entry's block (its slab not recomputed whole): sets its
+    /// bit to `reachable`, through the free path when it goes (the slab's volatile
+    /// state follows), and flushes the word (no fence). Returns (kept, freed,
+    /// revived) as 0/1.
+    pub fn recompute_slot(
+        &self,
+        region: &Region,
+        off: u64,
+        reachable: bool,
+    ) -> Result<(u64, u64, u64)> {
+        let loc = self.locate(region, off)?;
+        let BlockKind::Slab { index, .. } = loc.kind else {
+            return Ok((0, 0, 0));
+        };
+        let word = self.bitmap_off(loc.chunk, loc.head) + 8 * (index / 64);
+        let bit = 1u64 << (index % 64);
+        let set = region.atomic_u64(word).load(Ordering::Acquire) & bit != 0;
+        let r = match (set, reachable) {
+            (true, true) => (1, 0, 0),
+            (true, false) => {
+                self.free_loc(region, &loc, off)?;
+                (0, 1, 0)
+            }
+            (false, true) => {
+                region.atomic_u64(word).fetch_or(bit, Ordering::SeqCst);
+                (0, 0, 1)
+            }
+            (false, false) => (0, 0, 0),
+        };
+        if r != (1, 0, 0) {
+            region.flush(word, 8);
+        }
+        Ok(r)
+    }
+
+    /// Recovery of one word entry's word (its slab not recomputed whole): sets each
+    /// bit to `reachable(block)`, flushes the word if it changed (no fence), and
+    /// pools the slab if it gained room. Returns (kept, freed, revived).
+    pub fn recompute_word(
+        &self,
+        region: &Region,
+        chunk: u64,
+        head: u64,
+        class: usize,
+        word: u64,
+        reachable: &mut dyn FnMut(u64) -> bool,
+    ) -> (u64, u64, u64) {
+        let nb = slab_blocks(class);
+        let base = self.slab_base(chunk, head);
+        let size = CLASSES[class] as u64;
+        let a = region.atomic_u64(self.bitmap_off(chunk, head) + 8 * word);
+        let old = a.load(Ordering::Acquire);
+        let mut new = 0u64;
+        for bit in 0..(nb - 64 * word).min(64) {
+            if reachable(base + (64 * word + bit) * size) {
+                new |= 1 << bit;
+            }
+        }
+        if new != old {
+            a.store(new, Ordering::SeqCst);
+            region.flush(self.bitmap_off(chunk, head) + 8 * word, 8);
+            if old & !new != 0 {
+                if let Some(life) = self.slab_vol(chunk, head).freed_block() {
+                    self.pools[class].lock().unwrap().push((base, life));
+                }
+            }
+        }
+        (
+            (old & new).count_ones() as u64,
+            (old & !new).count_ones() as u64,
+            (new & !old).count_ones() as u64,
+        )
+    }
+
+    /// Flushes one bitmap word of a slab (no fence).
+    pub fn flush_word(&self, region: &Region, chunk: u64, head: u64, word: u64) {
+        region.flush(self.bitmap_off(chunk, head) + 8 * word, 8);
+    }
+
+    /// Flushes the bitmap word holding the bit of the slab block at `loc` (no fence).
+    pub fn flush_bit(&self, region: &Region, loc: &Loc) {
+        if let BlockKind::Slab { index, .. } = loc.kind {
+            region.flush(self.bitmap_off(loc.chunk, loc.head) + 8 * (index / 64), 8);
+        }
     }
 
     /// Flushes the bitmap lines of a slab (no fence).
@@ -723,15 +957,63 @@ impl Allocator {
         }
     }
 
-    /// Takes ownership of a pooled slab of `class`.
-    pub fn pop_pool(&self, class: usize) -> Option<u64> {
-        let mut pool = self.pools[class].lock().unwrap();
-        while let Some((slab, life)) = pool.pop() {
+    /// Takes ownership of a pooled slab of `class`. When `picky`, only a slab with
+    /// at least 1/16 of its blocks free: a nearly full slab would cost its owner an
+    /// active page table entry (and recovery a scan of its slots) for a handful of
+    /// blocks. Those wait aside until frees give them room; they are taken as they
+    /// are (`picky` false) only when the heap has no page for a new slab, so at
+    /// most 1/16 of slab memory idles.
+    pub fn pop_pool(&self, region: &Region, class: usize, picky: bool) -> Option<u64> {
+        let min = if picky {
+            (slab_blocks(class) / 16).max(1)
+        } else {
+            1
+        };
+        let room = |slab: u64| {
             let (chunk, head) = self.split(slab);
-            // An entry from an earlier life of the page fails here (life tag).
-            if self.slab_vol(chunk, head).try_own(life) {
+            slab_blocks(class) - self.count_bits(region, chunk, head, class)
+        };
+        // Whether the entry is current; an entry from an earlier life of the page,
+        // or of a slab taken since, is dropped (try_own would fail on its tag).
+        let live = |slab: u64, life: u32| {
+            let (chunk, head) = self.split(slab);
+            let sv = self.slab_vol(chunk, head);
+            sv.life() == life && sv.state() == crate::slab_state::POOLED
+        };
+        let own = |slab: u64, life: u32| {
+            let (chunk, head) = self.split(slab);
+            self.slab_vol(chunk, head).try_own(life)
+        };
+        {
+            let mut pool = self.pools[class].lock().unwrap();
+            while let Some((slab, life)) = pool.pop() {
+                if !live(slab, life) {
+                    continue;
+                }
+                if room(slab) < min {
+                    self.sparse[class].lock().unwrap().push_back((slab, life));
+                    continue;
+                }
+                if own(slab, life) {
+                    return Some(slab);
+                }
+            }
+        }
+        let mut sparse = self.sparse[class].lock().unwrap();
+        let tries = if picky {
+            sparse.len().min(8)
+        } else {
+            sparse.len()
+        };
+        for _ in 0..tries {
+            let (slab, life) = sparse.pop_front()?;
+            if !live(slab, life) {
+                continue;
+            }
+            if room(slab) >= min && own(slab, life) {
                 return Some(slab);
             }
+            sparse.push_back((slab, life));
         }
         None
     }
@@ -819,7 +1101,9 @@ impl Allocator {
     pub fn reclaim_empty_slabs(&self, region: &Region) -> u64 {
         let mut freed = 0;
         for class in 0..CLASSES.len() {
-            let slabs: Vec<(u64, u32)> = std::mem::take(&mut *self.pools[class].lock().unwrap());
+            let mut slabs: Vec<(u64, u32)> =
+                std::mem::take(&mut *self.pools[class].lock().unwrap());
+            slabs.extend(std::mem::take(&mut *self.sparse[class].lock().unwrap()));
             let mut keep = Vec::new();
             for (slab, life) in slabs {
                 let (chunk, head) = self.split(slab);

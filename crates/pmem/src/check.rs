@@ -127,8 +127,21 @@ pub fn check_heap(heap: &Heap) -> CheckReport {
                 continue;
             }
             r.active_pages += 1;
+            if v & APT_BLOCK_FLAG != 0 {
+                // A free ticket's block entry: a block of a slab (allocated or not).
+                let b = v & !APT_BLOCK_FLAG;
+                if b & 1 != 0 || heap.inner.alloc.locate(region, b).is_err() {
+                    r.problems.push(format!(
+                        "slot {s}: active page table entry {i} = {v:#x} is not a slab block"
+                    ));
+                }
+                continue;
+            }
             let hs = geo.header_size();
-            let (base, unit) = if v & 1 != 0 {
+            let (base, unit) = if v & APT_WORD_FLAG != 0 {
+                // One bitmap word of the slab headed at this page.
+                (v & !(PAGE - 1), PAGE)
+            } else if v & 1 != 0 {
                 (v - 1, geo.chunk_size())
             } else {
                 (v, PAGE)

@@ -125,9 +125,7 @@ impl HeapInner {
                 let mut pending = 0;
                 for c in self.alloc.covered(region, e) {
                     pending += self.alloc.pending_of(region, &c);
-                    if let Covered::Slab { chunk, head, class } = c {
-                        self.alloc.flush_bitmap(region, chunk, head, class);
-                    }
+                    flush_covered(self, &c);
                 }
                 if pending == 0 {
                     clear.push(off);
@@ -228,6 +226,21 @@ impl Recovery {
                             set.insert((base + i * size, size));
                         }
                     }
+                    Covered::Slot { class, off, .. } => {
+                        set.insert((off, CLASSES[class] as u64));
+                    }
+                    Covered::Word {
+                        chunk,
+                        head,
+                        class,
+                        word,
+                    } => {
+                        let base = inner.alloc.slab_base(chunk, head);
+                        let size = CLASSES[class] as u64;
+                        for i in 64 * word..(64 * word + 64).min(slab_blocks(class)) {
+                            set.insert((base + i * size, size));
+                        }
+                    }
                 }
             }
         }
@@ -251,34 +264,79 @@ impl Recovery {
         let region = &inner.region;
         let entries = self.active_pages();
         self.report.active_pages = entries.len() as u64;
-        // Two entries may cover the same slab or block (a stale page entry next to a
-        // chunk entry, or a page now inside a run or huge block): visit each once.
-        let covered: BTreeSet<(u64, u64, usize, u64)> = entries
-            .iter()
-            .flat_map(|e| inner.alloc.covered(region, *e))
-            .map(|c| match c {
-                Covered::Slab { chunk, head, class } => (0, chunk, class, head),
-                Covered::Block(b) => (1, b, 0, 0),
-            })
-            .collect();
-        let (mut blocks, mut freed, mut revived) = (0, 0, 0);
-        let mut reach = |b: u64| reachable(PPtr::from_raw(b));
-        for (kind, a, class, head) in covered {
-            if kind == 0 {
-                let (k, f, r) = inner
-                    .alloc
-                    .recompute_slab(region, a, head, class, &mut reach);
-                blocks += k + r;
-                freed += f;
-                revived += r;
-            } else {
-                blocks += 1;
-                if !reach(a) {
-                    let loc = inner.alloc.locate(region, a)?;
-                    inner.alloc.free_loc(region, &loc, a)?;
-                    freed += 1;
-                    blocks -= 1;
+        // Two entries may cover the same slab, word or block (a stale page entry
+        // next to a chunk entry, a page now inside a run or huge block, a block entry
+        // inside a covered word): each is recomputed once, at its widest cover.
+        let mut slabs = BTreeSet::new();
+        let mut words = BTreeSet::new();
+        let mut large = BTreeSet::new();
+        let mut slots = BTreeSet::new();
+        for c in entries.iter().flat_map(|e| inner.alloc.covered(region, *e)) {
+            match c {
+                Covered::Slab { chunk, head, class } => {
+                    slabs.insert((chunk, head, class));
                 }
+                Covered::Word {
+                    chunk,
+                    head,
+                    class,
+                    word,
+                } => {
+                    words.insert((chunk, head, class, word));
+                }
+                Covered::Block(b) => {
+                    large.insert(b);
+                }
+                Covered::Slot { off, .. } => {
+                    slots.insert(off);
+                }
+            }
+        }
+        let whole: BTreeSet<(u64, u64)> = slabs.iter().map(|&(c, h, _)| (c, h)).collect();
+        let in_words: BTreeSet<(u64, u64, u64)> =
+            words.iter().map(|&(c, h, _, w)| (c, h, w)).collect();
+        let (mut blocks, mut freed, mut revived) = (0, 0, 0);
+        let mut tally = |(k, f, r): (u64, u64, u64)| {
+            blocks += k + r;
+            freed += f;
+            revived += r;
+        };
+        let mut reach = |b: u64| reachable(PPtr::from_raw(b));
+        for (chunk, head, class) in slabs {
+            tally(
+                inner
+                    .alloc
+                    .recompute_slab(region, chunk, head, class, &mut reach),
+            );
+        }
+        for (chunk, head, class, word) in words {
+            if !whole.contains(&(chunk, head)) {
+                tally(
+                    inner
+                        .alloc
+                        .recompute_word(region, chunk, head, class, word, &mut reach),
+                );
+            }
+        }
+        for off in slots {
+            let loc = inner.alloc.locate(region, off)?;
+            let BlockKind::Slab { index, .. } = loc.kind else {
+                continue;
+            };
+            if whole.contains(&(loc.chunk, loc.head))
+                || in_words.contains(&(loc.chunk, loc.head, index / 64))
+            {
+                continue;
+            }
+            tally(inner.alloc.recompute_slot(region, off, reach(off))?);
+        }
+        for b in large {
+            if reach(b) {
+                tally((1, 0, 0));
+            } else {
+                let loc = inner.alloc.locate(region, b)?;
+                inner.alloc.free_loc(region, &loc, b)?;
+                tally((0, 1, 0));
             }
         }
         region.fence();
@@ -481,45 +539,52 @@ impl Heap {
         self.free_tickets(std::iter::once(t))
     }
 
-    /// Frees a batch of announced blocks. Small blocks cost no flush and no fence
-    /// (their pages stay covered by an active page table until their tickets are
-    /// redeemed); page runs and huge blocks are freed durably with one fence for
-    /// the batch.
+    /// Frees a batch of announced blocks. A small block whose ticket has a page
+    /// entry costs no flush and no fence (the page stays covered until the ticket is
+    /// redeemed); one with a block entry has its bitmap word flushed, and its entry
+    /// cleared after the batch's fence; page runs and huge blocks are freed durably
+    /// with that one fence.
     pub fn free_tickets(&self, ts: impl IntoIterator<Item = FreeTicket>) -> Result<()> {
         let inner = &*self.inner;
         let region = &inner.region;
         let mut first_err = None;
-        let mut large: Vec<(u64, u64)> = Vec::new();
+        let mut large = Vec::new();
+        let mut entries: Vec<u64> = Vec::new();
         for t in ts {
-            let off = take_ticket(t);
+            let (off, apt) = take_ticket(t);
             match inner.alloc.locate(region, off) {
                 Ok(loc) => {
                     if let Err(e) = inner.alloc.free_loc(region, &loc, off) {
                         first_err.get_or_insert(e);
                     }
-                    if matches!(loc.kind, BlockKind::Slab { .. }) {
-                        inner
-                            .alloc
-                            .slab_vol(loc.chunk, loc.head)
-                            .pending
-                            .fetch_sub(1, Ordering::AcqRel);
+                    if apt != 0 {
+                        // Its block entry goes once the cleared bit is durable.
+                        inner.alloc.flush_bit(region, &loc);
+                        entries.push(apt);
+                    } else if matches!(loc.kind, BlockKind::Slab { .. }) {
+                        inner.alloc.pend(&loc, false);
                     } else {
-                        large.push((loc.chunk, loc.head));
+                        large.push(loc);
                     }
                 }
                 Err(e) => {
                     first_err.get_or_insert(e);
+                    if apt != 0 {
+                        entries.push(apt);
+                    }
                 }
             }
         }
-        if !large.is_empty() {
+        if !large.is_empty() || !entries.is_empty() {
             region.fence();
-            for (chunk, head) in large {
-                inner
-                    .alloc
-                    .slab_vol(chunk, head)
-                    .pending
-                    .fetch_sub(1, Ordering::AcqRel);
+            for loc in large {
+                inner.alloc.pend(&loc, false);
+            }
+            // Cleared, not fenced: an entry that outlives a crash only costs
+            // recovery one reachability check. The owner reuses it once it reads 0.
+            for a in entries {
+                region.atomic_u64(a).store(0, Ordering::Release);
+                region.flush(a, 8);
             }
         }
         first_err.map_or(Ok(()), Err)
@@ -527,13 +592,16 @@ impl Heap {
 
     /// Withdraws a ticket without freeing (an aborted transaction's free).
     pub fn cancel_ticket(&self, t: FreeTicket) {
-        let off = take_ticket(t);
+        let (off, apt) = take_ticket(t);
+        if apt != 0 {
+            // The block stays allocated and linked: its entry can go.
+            let region = &self.inner.region;
+            region.atomic_u64(apt).store(0, Ordering::Release);
+            region.flush(apt, 8);
+            return;
+        }
         if let Ok(loc) = self.inner.alloc.locate(&self.inner.region, off) {
-            self.inner
-                .alloc
-                .slab_vol(loc.chunk, loc.head)
-                .pending
-                .fetch_sub(1, Ordering::AcqRel);
+            self.inner.alloc.pend(&loc, false);
         }
     }
 
@@ -576,26 +644,70 @@ impl Heap {
     }
 }
 
-/// A promise to free one block, made before the block is unlinked (so that its page
-/// is covered by an active page table until the block is freed). Redeem it with
-/// [`Heap::free_tickets`] from any thread once no reader can reach the block.
-/// Dropping a ticket unredeemed leaves the block allocated (and its page active)
-/// until the next recovery, which frees it if it is unreachable.
+/// A promise to free one block, made before the block is unlinked (so that the
+/// block is covered by an active page table until it is freed: by a block entry of
+/// its own, or by its page's entry). Redeem it with [`Heap::free_tickets`] from any
+/// thread once no reader can reach the block. Dropping a ticket unredeemed leaves
+/// the block allocated (and covered) until the next recovery, which frees it if it
+/// is unreachable.
 #[derive(Debug)]
 pub struct FreeTicket {
-    off: u64,
+    pub(crate) off: u64,
+    /// Offset of the block entry in the preparing slot's APT (0: a page entry
+    /// covers the block, and the slab's pending count holds the ticket).
+    pub(crate) apt: u64,
 }
 
-/// Consumes a ticket (it carries no resource of its own: redeeming or cancelling
-/// it is what adjusts the page's pending count).
-fn take_ticket(t: FreeTicket) -> u64 {
-    t.off
+/// Consumes a ticket: (block, block entry or 0). Redeeming or cancelling it is
+/// what clears its block entry or adjusts the page's pending count.
+fn take_ticket(t: FreeTicket) -> (u64, u64) {
+    (t.off, t.apt)
 }
 
 impl FreeTicket {
     pub fn ptr(&self) -> PPtr<u8> {
         PPtr::from_raw(self.off)
     }
+}
+
+/// Flushes the bitmap lines a covered item's entry answers for (no fence).
+fn flush_covered(inner: &HeapInner, c: &Covered) {
+    match *c {
+        Covered::Slab { chunk, head, class } => {
+            inner.alloc.flush_bitmap(&inner.region, chunk, head, class)
+        }
+        Covered::Word {
+            chunk, head, word, ..
+        } => inner.alloc.flush_word(&inner.region, chunk, head, word),
+        Covered::Block(_) | Covered::Slot { .. } => {}
+    }
+}
+
+/// The APT entry for word `w` of the slab headed at page offset `page`.
+#[inline]
+fn word_entry(page: u64, w: u64) -> u64 {
+    page | APT_WORD_FLAG | (w << APT_WORD_SHIFT)
+}
+
+/// The entry that covers a located block: its slab word's, or its page's (runs
+/// and huge blocks).
+fn cover_key(inner: &HeapInner, loc: &crate::alloc::Loc) -> u64 {
+    let page = inner.alloc.apt_page(loc);
+    match loc.kind {
+        BlockKind::Slab { index, .. } => word_entry(page, index / 64),
+        _ => page,
+    }
+}
+
+/// The (slab, word) pairs holding claimed bits not yet handed out: their entries
+/// must stay (recovery would give the bits back).
+fn held_words(cur: &[Option<u64>], cursor: &[u64], claimed: &[u64]) -> Vec<(u64, u64)> {
+    (0..cur.len())
+        .filter_map(|c| match cur[c] {
+            Some(slab) if claimed[c] != 0 => Some((slab, cursor[c])),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Low bit of an APT entry: the entry covers its whole chunk (the value is the
@@ -608,12 +720,14 @@ fn apt_chunk_entry(geo: &Geometry, page: u64) -> u64 {
 }
 
 /// Entries kept before the table trims itself eagerly (bounds recovery work).
-const APT_SOFT_LIMIT: usize = 16;
+const APT_SOFT_LIMIT: usize = 8;
 
 #[derive(Clone, Copy)]
 struct AptVol {
     entry: u64,
     last_alloc_op: u64,
+    /// A page or word entry made for a free (counted in `Apt::free_words`).
+    for_free: bool,
 }
 
 /// One slot's active page table: the persistent entries and their volatile mirror.
@@ -635,7 +749,21 @@ struct Apt {
     /// has grown past twice this (entries that cannot go are not rescanned on
     /// every miss).
     trim_floor: usize,
+    /// Block entries in the table (free tickets' own; not in `index`). Whoever
+    /// redeems the ticket zeroes the entry; this table reuses it once it reads 0.
+    blocks: usize,
+    /// Page and word entries made for frees (see `FREE_WORDS`).
+    free_words: usize,
+    /// Own block entries whose blocks this table's thread freed (bit cleared and
+    /// flushed): they go after the thread's next fence.
+    after_fence: Vec<usize>,
 }
+
+/// Word entries a table makes for frees before further frees in uncovered words
+/// get block entries: a word entry serves every later free in its 64 blocks (frees
+/// near one another, as in a small hot table, cost no new entry), a block entry
+/// serves one but costs recovery one check instead of 64 (scattered frees).
+const FREE_WORDS: usize = 8;
 
 const HOT: usize = 16;
 
@@ -646,6 +774,7 @@ impl Apt {
         let mut entries = Vec::with_capacity(geo.apt_entries as usize);
         let mut index = HashMap::new();
         let mut free = Vec::new();
+        let mut blocks = 0;
         for i in 0..geo.apt_entries as usize {
             let v = region
                 .atomic_u64(base + 8 * i as u64)
@@ -655,9 +784,12 @@ impl Apt {
             entries.push(AptVol {
                 entry: v,
                 last_alloc_op: 1,
+                for_free: false,
             });
             if v == 0 {
                 free.push(i);
+            } else if v & APT_BLOCK_FLAG != 0 {
+                blocks += 1;
             } else {
                 index.insert(v, i);
             }
@@ -674,22 +806,90 @@ impl Apt {
             epoch: 1,
             hot: [(0, 0, 0); HOT],
             trim_floor: 0,
+            blocks,
+            free_words: 0,
+            after_fence: Vec::new(),
         }
     }
 
+    /// Block entries allowed at once: half the table, so that page entries always
+    /// have room (tickets beyond fall back to page entries).
+    fn block_cap(&self) -> usize {
+        self.entries.len() / 2
+    }
+
+    /// Covers the slab block at `off` by an entry of its own, durably (flush +
+    /// fence). Returns the entry's offset, or None when block entries are at their
+    /// cap even after reusing the redeemed ones.
+    fn add_block(&mut self, region: &Region, off: u64, fence: bool) -> Option<u64> {
+        if self.blocks >= self.block_cap() || self.free.is_empty() {
+            self.reclaim_blocks(region);
+            if self.blocks >= self.block_cap() || self.free.is_empty() {
+                return None;
+            }
+        }
+        let i = self.free.pop()?;
+        let a = self.base + 8 * i as u64;
+        let entry = off | APT_BLOCK_FLAG;
+        region.atomic_u64(a).store(entry, Ordering::Release);
+        region.flush(a, 8);
+        if fence {
+            region.fence();
+        }
+        self.entries[i] = AptVol {
+            entry,
+            last_alloc_op: 0,
+            for_free: false,
+        };
+        self.blocks += 1;
+        Some(a)
+    }
+
+    /// After a fence of this thread: the block entries of blocks it freed go.
+    fn fenced(&mut self, region: &Region) {
+        for i in std::mem::take(&mut self.after_fence) {
+            let a = self.base + 8 * i as u64;
+            region.atomic_u64(a).store(0, Ordering::Release);
+            region.flush(a, 8);
+            self.entries[i].entry = 0;
+            self.free.push(i);
+            self.blocks -= 1;
+        }
+    }
+
+    /// Takes back the block entries whose tickets were redeemed (zeroed).
+    fn reclaim_blocks(&mut self, region: &Region) {
+        for i in 0..self.entries.len() {
+            if self.entries[i].entry & APT_BLOCK_FLAG != 0
+                && region
+                    .atomic_u64(self.base + 8 * i as u64)
+                    .load(Ordering::Acquire)
+                    == 0
+            {
+                self.entries[i].entry = 0;
+                self.free.push(i);
+                self.blocks -= 1;
+            }
+        }
+    }
+
+    /// The entry covering `key` (a page or word entry's value): the key's own
+    /// entry, else its page's (for a word), else its chunk's.
     #[inline]
-    fn lookup(&mut self, page: u64) -> Option<usize> {
-        let h = ((page >> 16) as usize) % HOT;
+    fn lookup(&mut self, key: u64) -> Option<usize> {
+        let h = (((key >> 16) ^ (key >> APT_WORD_SHIFT)) as usize) % HOT;
         let (p, i, ep) = self.hot[h];
-        if p == page && ep == self.epoch {
+        if p == key && ep == self.epoch {
             return Some(i);
         }
+        let page = key & !(PAGE - 1);
         let i = self
             .index
-            .get(&page)
+            .get(&key)
+            .or_else(|| self.index.get(&page))
             .or_else(|| self.index.get(&apt_chunk_entry(&self.geo, page)))
             .copied()?;
-        self.hot[h] = (page, i, self.epoch);
+        self.hot[h] = (key, i, self.epoch);
         Some(i)
     }
 
@@ -698,7 +898,7 @@ impl Apt {
     fn ensure(
         &mut self,
         inner: &HeapInner,
-        current: &[Option<u64>],
+        current: &[(u64, u64)],
         page: u64,
         alloc: bool,
     ) -> Result<usize> {
@@ -712,6 +912,9 @@ impl Apt {
         if eager || self.free.is_empty() {
             self.trim(inner, current);
             self.trim_floor = self.index.len();
+        }
+        if self.free.is_empty() {
+            self.reclaim_blocks(&inner.region);
         }
         if self.free.is_empty() {
             self.coalesce(inner);
@@ -733,9 +936,12 @@ impl Apt {
         let off = self.base + 8 * i as u64;
         region.atomic_u64(off).store(entry, Ordering::Release);
         region.persist(off, 8);
+        let for_free = last_alloc_op == 0 && entry & APT_CHUNK_FLAG == 0;
+        self.free_words += for_free as usize;
         self.entries[i] = AptVol {
             entry,
             last_alloc_op,
+            for_free,
         };
         self.index.insert(entry, i);
     }
@@ -747,6 +953,9 @@ impl Apt {
             region.atomic_u64(off).store(0, Ordering::Release);
             region.flush(off, 8);
             let e = std::mem::replace(&mut self.entries[i].entry, 0);
+            if std::mem::take(&mut self.entries[i].for_free) {
+                self.free_words -= 1;
+            }
             self.index.remove(&e);
             self.free.push(i);
         }
@@ -759,12 +968,12 @@ impl Apt {
     /// the current operation) and which have no free tickets outstanding. The
     /// bitmaps they cover are made durable first (flush + one fence): from then on
     /// nothing recomputes them.
-    fn trim(&mut self, inner: &HeapInner, current: &[Option<u64>]) {
+    fn trim(&mut self, inner: &HeapInner, current: &[(u64, u64)]) {
         let region = &inner.region;
         let mut victims = Vec::new();
         for i in 0..self.entries.len() {
             let a = self.entries[i];
-            if a.entry == 0 || a.last_alloc_op >= self.op {
+            if a.entry == 0 || a.entry & APT_BLOCK_FLAG != 0 || a.last_alloc_op >= self.op {
                 continue;
             }
             let covered = inner.alloc.covered(region, a.entry);
@@ -772,9 +981,13 @@ impl Apt {
             // out: they must stay covered (recomputed if we crash).
             let holds_current = covered.iter().any(|c| match *c {
                 Covered::Slab { chunk, head, .. } => {
-                    current.contains(&Some(inner.alloc.coff(chunk) + head * PAGE))
+                    let slab = inner.alloc.slab_base(chunk, head);
+                    current.iter().any(|&(s, _)| s == slab)
                 }
-                Covered::Block(_) => false,
+                Covered::Word {
+                    chunk, head, word, ..
+                } => current.contains(&(inner.alloc.slab_base(chunk, head), word)),
+                Covered::Block(_) | Covered::Slot { .. } => false,
             });
             if holds_current {
                 continue;
@@ -787,15 +1000,14 @@ impl Apt {
                 continue;
             }
             for c in covered {
-                if let Covered::Slab { chunk, head, class } = c {
-                    inner.alloc.flush_bitmap(region, chunk, head, class);
-                }
+                flush_covered(inner, &c);
             }
             victims.push(i);
         }
-        if !victims.is_empty() {
+        if !victims.is_empty() || !self.after_fence.is_empty() {
             region.fence();
             self.clear(region, &victims);
+            self.fenced(region);
         }
     }
 
@@ -807,7 +1019,7 @@ impl Apt {
     fn coalesce(&mut self, inner: &HeapInner) {
         let mut by_chunk: HashMap<u64, Vec<usize>> = HashMap::new();
         for (i, a) in self.entries.iter().enumerate() {
-            if a.entry != 0 && a.entry & APT_CHUNK_FLAG == 0 {
+            if a.entry != 0 && a.entry & (APT_CHUNK_FLAG | APT_BLOCK_FLAG) == 0 {
                 by_chunk
                     .entry(apt_chunk_entry(&self.geo, a.entry))
                     .or_default()
@@ -899,38 +1111,56 @@ impl ThreadHeap {
         if let Some(class) = class_of(size) {
             loop {
                 if let Some(slab) = self.cur[class] {
-                    match self.cur_apt[class] {
-                        Some((ep, i)) if ep == self.apt.epoch => {
-                            self.apt.entries[i].last_alloc_op = self.apt.op;
+                    if self.claimed[class] == 0 {
+                        let Some(w) =
+                            inner
+                                .alloc
+                                .next_free_word(region, slab, class, self.cursor[class])
+                        else {
+                            inner.alloc.detach(region, slab, class);
+                            self.cur[class] = None;
+                            self.cur_apt[class] = None;
+                            continue;
+                        };
+                        // The word is covered, durably, before any of its bits is set.
+                        let held = held_words(&self.cur, &self.cursor, &self.claimed);
+                        let i = self.apt.ensure(inner, &held, word_entry(slab, w), true)?;
+                        self.cur_apt[class] = Some((self.apt.epoch, i));
+                        self.cursor[class] = w;
+                        let got = inner.alloc.claim_at(region, slab, class, w);
+                        self.claimed[class] = got;
+                        self.ncached += got.count_ones() as u64;
+                        if got == 0 {
+                            continue;
                         }
-                        _ => {
-                            let i = self.apt.ensure(inner, &self.cur, slab, true)?;
-                            self.cur_apt[class] = Some((self.apt.epoch, i));
+                    } else {
+                        match self.cur_apt[class] {
+                            Some((ep, i)) if ep == self.apt.epoch => {
+                                self.apt.entries[i].last_alloc_op = self.apt.op;
+                            }
+                            _ => {
+                                let held = held_words(&self.cur, &self.cursor, &self.claimed);
+                                let key = word_entry(slab, self.cursor[class]);
+                                let i = self.apt.ensure(inner, &held, key, true)?;
+                                self.cur_apt[class] = Some((self.apt.epoch, i));
+                            }
                         }
                     }
-                    let before = self.claimed[class].count_ones() as u64;
-                    let got = inner.alloc.take_block(
-                        region,
-                        slab,
-                        class,
-                        &mut self.cursor[class],
-                        &mut self.claimed[class],
-                    );
-                    let after = self.claimed[class].count_ones() as u64;
-                    if after != before {
-                        self.ncached = self.ncached + after - before;
-                        self.cached.store(self.ncached, Ordering::Relaxed);
-                    }
-                    if let Some(off) = got {
-                        return Ok(PPtr::from_raw(off));
-                    }
-                    inner.alloc.detach(region, slab, class);
-                    self.cur[class] = None;
-                    self.cur_apt[class] = None;
+                    let c = &mut self.claimed[class];
+                    let bit = c.trailing_zeros() as u64;
+                    *c &= *c - 1;
+                    self.ncached -= 1;
+                    self.cached.store(self.ncached, Ordering::Relaxed);
+                    let off = inner.alloc.block_at(slab, class, self.cursor[class], bit);
+                    return Ok(PPtr::from_raw(off));
                 }
-                let slab = match inner.alloc.pop_pool(class) {
+                let slab = match inner.alloc.pop_pool(region, class, true) {
                     Some(s) => s,
-                    None => inner.alloc.new_slab(region, class)?,
+                    None => match inner.alloc.new_slab(region, class) {
+                        Ok(s) => s,
+                        // No page for a new slab: any room will do.
+                        Err(e) => inner.alloc.pop_pool(region, class, false).ok_or(e)?,
+                    },
                 };
                 self.cur[class] = Some(slab);
                 self.cursor[class] = 0;
@@ -938,8 +1168,9 @@ impl ThreadHeap {
                 self.cur_apt[class] = None;
             }
         }
-        let (apt, cur) = (&mut self.apt, &self.cur);
-        let mut before = |page: u64| apt.ensure(inner, cur, page, true).map(|_| ());
+        let held = held_words(&self.cur, &self.cursor, &self.claimed);
+        let apt = &mut self.apt;
+        let mut before = |page: u64| apt.ensure(inner, &held, page, true).map(|_| ());
         let off = if size <= (inner.alloc.geometry().chunk_pages - 1) * PAGE {
             inner.alloc.alloc_run(region, size, &mut before)?
         } else {
@@ -961,19 +1192,89 @@ impl ThreadHeap {
     /// durably covered by this slot's active page table, and stays so until the
     /// ticket is redeemed.
     pub fn prepare_free(&mut self, p: PPtr<u8>) -> Result<FreeTicket> {
+        self.prepare(p, true)
+    }
+
+    /// [`Self::prepare_free`] inside a transaction: a new block entry is flushed,
+    /// not fenced (the commit fences before its commit record).
+    pub(crate) fn prepare_free_in_tx(&mut self, p: PPtr<u8>) -> Result<FreeTicket> {
+        self.prepare(p, false)
+    }
+
+    /// Frees blocks of this thread's committed transaction (unlinks durable).
+    /// Blocks with block entries of this table have their bits cleared and flushed;
+    /// the entries go after the thread's next fence (its next commit), so a free
+    /// costs no fence of its own. Other tickets are redeemed as usual.
+    pub(crate) fn redeem_own(&mut self, ts: Vec<FreeTicket>) -> Result<()> {
+        let inner = &*self.heap.inner;
+        let region = &inner.region;
+        let (base, n) = (self.apt.base, self.apt.entries.len() as u64);
+        let mut rest = Vec::new();
+        let mut first_err = None;
+        for t in ts {
+            let own = t.apt >= base && t.apt < base + 8 * n;
+            if !own {
+                rest.push(t);
+                continue;
+            }
+            let (off, apt) = take_ticket(t);
+            match inner.alloc.locate(region, off) {
+                Ok(loc) => {
+                    if let Err(e) = inner.alloc.free_loc(region, &loc, off) {
+                        first_err.get_or_insert(e);
+                    }
+                    inner.alloc.flush_bit(region, &loc);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+            self.apt.after_fence.push(((apt - base) / 8) as usize);
+        }
+        if !rest.is_empty() {
+            if let Err(e) = self.heap.free_tickets(rest) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// The caller (a transaction's commit) has just fenced.
+    pub(crate) fn fenced(&mut self) {
+        if !self.apt.after_fence.is_empty() {
+            self.apt.fenced(&self.heap.inner.region);
+        }
+    }
+
+    fn prepare(&mut self, p: PPtr<u8>, fence: bool) -> Result<FreeTicket> {
         let inner = &*self.heap.inner;
         let loc = inner.alloc.locate(&inner.region, p.offset())?;
         if !inner.alloc.is_allocated(&inner.region, &loc) {
             return Err(Error::DoubleFree(p.offset()));
         }
-        self.apt
-            .ensure(inner, &self.cur, inner.alloc.apt_page(&loc), false)?;
-        inner
-            .alloc
-            .slab_vol(loc.chunk, loc.head)
-            .pending
-            .fetch_add(1, Ordering::AcqRel);
-        Ok(FreeTicket { off: p.offset() })
+        let key = cover_key(inner, &loc);
+        // A slab block whose word is not covered yet, once the table has its share
+        // of word entries for frees, gets an entry of its own, so that recovery
+        // checks this block, not its neighbours (frees of scattered blocks would
+        // otherwise cover many words).
+        if matches!(loc.kind, BlockKind::Slab { .. })
+            && self.apt.free_words >= FREE_WORDS
+            && self.apt.lookup(key).is_none()
+        {
+            if let Some(apt) = self.apt.add_block(&inner.region, p.offset(), fence) {
+                return Ok(FreeTicket {
+                    off: p.offset(),
+                    apt,
+                });
+            }
+        }
+        let held = held_words(&self.cur, &self.cursor, &self.claimed);
+        self.apt.ensure(inner, &held, key, false)?;
+        inner.alloc.pend(&loc, true);
+        Ok(FreeTicket {
+            off: p.offset(),
+            apt: 0,
+        })
     }
 
     /// Frees a block now. The block must not be durably reachable from any
@@ -984,8 +1285,9 @@ impl ThreadHeap {
         let inner = &*self.heap.inner;
         let region = &inner.region;
         let loc = inner.alloc.locate(region, p.offset())?;
+        let held = held_words(&self.cur, &self.cursor, &self.claimed);
         self.apt
-            .ensure(inner, &self.cur, inner.alloc.apt_page(&loc), false)?;
+            .ensure(inner, &held, cover_key(inner, &loc), false)?;
         inner.alloc.free_loc(region, &loc, p.offset())?;
         if !matches!(loc.kind, BlockKind::Slab { .. }) {
             region.fence();
@@ -1016,6 +1318,10 @@ impl Drop for ThreadHeap {
                 inner.alloc.release_owned(slab, class);
             }
         }
+        // The handle's operations are over: its entries go now (bitmaps made
+        // durable first) rather than stay until the slot's next handle.
+        self.apt.op += 1;
+        self.apt.trim(inner, &[]);
         inner
             .caches
             .lock()

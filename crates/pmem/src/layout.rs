@@ -27,9 +27,18 @@ pub const GIB: u64 = 1024 * MIB;
 
 /// Allocator page size.
 pub const PAGE: u64 = 64 * KIB;
-/// Format version written by this build.
-pub const FORMAT_VERSION: u32 = 1;
+/// Format version written by this build. Version 2 added block entries to the
+/// active page tables (`APT_BLOCK_FLAG`); a version-1 heap is upgraded when it is
+/// opened for writing (it has none).
+pub const FORMAT_VERSION: u32 = 2;
 pub const MAGIC: [u8; 8] = *b"EMBERHP\x01";
+/// Bit 1 of an APT entry: the entry covers one slab block (a free ticket's), whose
+/// offset is the rest of the entry (blocks are 16-byte aligned).
+pub const APT_BLOCK_FLAG: u64 = 2;
+/// Bit 2 of an APT entry: the entry covers one bitmap word (64 blocks) of the slab
+/// headed at the entry's page; the word index is in bits 3..16.
+pub const APT_WORD_FLAG: u64 = 4;
+pub const APT_WORD_SHIFT: u32 = 3;
 pub const SB_A: u64 = 0;
 pub const SB_B: u64 = 4096;
 pub const SB_LEN: usize = 256;
@@ -179,7 +188,9 @@ impl Default for Geometry {
             chunk_pages: 64,
             nslots: 64,
             log_size: 64 * KIB,
-            apt_entries: 512,
+            // Half may be free tickets' block entries (index::reclaim throttles
+            // a thread at 512 outstanding).
+            apt_entries: 2048,
         }
     }
 }

@@ -40,7 +40,7 @@ pub use alloc::AllocStats;
 pub use check::{check_heap, CheckReport};
 pub use error::{Error, Result};
 pub use heap::{FreeTicket, Heap, HeapOptions, Recovery, RecoveryReport, ThreadHeap};
-pub use layout::Geometry;
+pub use layout::{Geometry, APT_BLOCK_FLAG};
 pub use persist::{cpu_features, PersistStats, Strategy};
 pub use pptr::PPtr;
 pub use region::{Access, Region};

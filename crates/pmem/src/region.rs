@@ -209,6 +209,7 @@ impl Region {
                     detail: "superblock generation at its maximum".into(),
                 })?;
             nsb.clean = false;
+            nsb.version = FORMAT_VERSION;
             region.generation = nsb.generation;
             region.write_superblock(nsb)?;
         }

@@ -253,7 +253,7 @@ impl<'a> Tx<'a> {
                 .retain(|&(s, _)| s < off || s >= off + usable);
             return self.th.free(p);
         }
-        let t = self.th.prepare_free(p)?;
+        let t = self.th.prepare_free_in_tx(p)?;
         self.th.tx_state.frees.push(t);
         Ok(())
     }
@@ -278,9 +278,10 @@ impl<'a> Tx<'a> {
         if !st.writes.is_empty() {
             region.flush(st.log_off + HDR, st.cursor as usize);
         }
-        if !st.fresh.is_empty() {
+        if !st.fresh.is_empty() || st.frees.iter().any(|t| t.apt != 0) {
             // The commit record must not become durable before the fresh blocks'
-            // contents and allocation bits do (the checksum covers only the records).
+            // contents and allocation bits do (the checksum covers only the
+            // records), nor before the block entries of the blocks it unlinks.
             region.fence();
         }
         if !st.writes.is_empty() {
@@ -297,6 +298,8 @@ impl<'a> Tx<'a> {
             region.flush(st.log_off, 24);
         }
         region.fence(); // commit point
+        self.th.fenced();
+        let st = &mut self.th.tx_state;
         if !st.writes.is_empty() {
             let mut buf = Vec::new();
             for w in &st.writes {
@@ -313,7 +316,7 @@ impl<'a> Tx<'a> {
         st.reset();
         self.th.end_op();
         if !frees.is_empty() {
-            heap.free_tickets(frees)?;
+            self.th.redeem_own(frees)?;
         }
         Ok(TxOutcome::Committed)
     }

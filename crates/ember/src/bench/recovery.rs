@@ -341,6 +341,7 @@ pub fn run(args: &RecoveryArgs) -> BenchResult<()> {
             "txs_replayed": r.stats.heap.txs_replayed,
             "active_pages": r.stats.heap.active_pages,
             "apt_chunk_entries": r.chunk_entries,
+            "apt_block_entries": r.block_entries,
             "slots_examined": r.stats.slots,
             "active_blocks": r.stats.heap.active_blocks,
             "leaked_freed": r.stats.heap.leaked_freed,
@@ -372,10 +373,11 @@ pub fn run(args: &RecoveryArgs) -> BenchResult<()> {
             r.total_ms, r.open_ms, r.attach_ms, r.sweep_ms
         );
         println!(
-            "sweep:    {} active page table entries ({} whole chunks), {} block slots examined, {} allocated, {} leaked \
+            "sweep:    {} active page table entries ({} whole chunks, {} single blocks), {} block slots examined, {} allocated, {} leaked \
              blocks freed, {} revived, {} interrupted removals repaired; {} redo logs replayed",
             r.stats.heap.active_pages,
             r.chunk_entries,
+            r.block_entries,
             r.stats.slots,
             r.stats.heap.active_blocks,
             r.stats.heap.leaked_freed,
@@ -414,6 +416,8 @@ struct Recovered {
     keys_after: u64,
     /// Active page table entries that cover a whole chunk.
     chunk_entries: u64,
+    /// Active page table entries that cover one block (free tickets).
+    block_entries: u64,
     /// (keys, structure blocks, heap blocks) with `--verify`.
     verified: Option<(u64, u64, u64)>,
 }
@@ -428,12 +432,12 @@ fn recover_once(path: &Path, verify: bool) -> BenchResult<Recovered> {
     let t0 = Instant::now();
     let rec = Heap::open(path, &opts).map_err(|e| e.to_string())?;
     let t1 = Instant::now();
-    // Not timed: how coarse the active page tables are (whole-chunk entries).
-    let chunk_entries = rec
-        .active_pages()
-        .iter()
-        .filter(|e| *e & pmem::heap::APT_CHUNK_FLAG != 0)
-        .count() as u64;
+    // Not timed: how coarse the active page tables are (whole-chunk entries,
+    // single-block entries).
+    let entries = rec.active_pages();
+    let count = |flag: u64| entries.iter().filter(|e| *e & flag != 0).count() as u64;
+    let chunk_entries = count(pmem::heap::APT_CHUNK_FLAG);
+    let block_entries = count(pmem::APT_BLOCK_FLAG);
     let t1b = Instant::now();
     let t = attach_any(rec.heap(), rec.heap().root()).map_err(|e| e.to_string())?;
     let t2 = Instant::now();
@@ -460,6 +464,7 @@ fn recover_once(path: &Path, verify: bool) -> BenchResult<Recovered> {
         open_ms: ms(t1 - t0),
         attach_ms: ms(t2 - t1b),
         chunk_entries,
+        block_entries,
         sweep_ms: ms(t3 - t2),
         stats,
         keys_after,
