@@ -1257,9 +1257,10 @@ impl ThreadHeap {
         // of word entries for frees, gets an entry of its own, so that recovery
         // checks this block, not its neighbours (frees of scattered blocks would
         // otherwise cover many words).
-        if matches!(loc.kind, BlockKind::Slab { .. })
+        let covered = self.apt.lookup(key).is_some();
+        if !covered
+            && matches!(loc.kind, BlockKind::Slab { .. })
             && self.apt.free_words >= FREE_WORDS
-            && self.apt.lookup(key).is_none()
         {
             if let Some(apt) = self.apt.add_block(&inner.region, p.offset(), fence) {
                 return Ok(FreeTicket {
@@ -1268,8 +1269,11 @@ impl ThreadHeap {
                 });
             }
         }
-        let held = held_words(&self.cur, &self.cursor, &self.claimed);
-        self.apt.ensure(inner, &held, key, false)?;
+        if !covered {
+            // Not on the hot path (a covered key skips this and its allocation).
+            let held = held_words(&self.cur, &self.cursor, &self.claimed);
+            self.apt.ensure(inner, &held, key, false)?;
+        }
         inner.alloc.pend(&loc, true);
         Ok(FreeTicket {
             off: p.offset(),
@@ -1285,9 +1289,12 @@ impl ThreadHeap {
         let inner = &*self.heap.inner;
         let region = &inner.region;
         let loc = inner.alloc.locate(region, p.offset())?;
-        let held = held_words(&self.cur, &self.cursor, &self.claimed);
-        self.apt
-            .ensure(inner, &held, cover_key(inner, &loc), false)?;
+        let key = cover_key(inner, &loc);
+        if self.apt.lookup(key).is_none() {
+            // Not on the hot path (a covered key skips this and its allocation).
+            let held = held_words(&self.cur, &self.cursor, &self.claimed);
+            self.apt.ensure(inner, &held, key, false)?;
+        }
         inner.alloc.free_loc(region, &loc, p.offset())?;
         if !matches!(loc.kind, BlockKind::Slab { .. }) {
             region.fence();
