@@ -112,6 +112,24 @@ pub(crate) fn beyond_blocks(nb: u64, w: u64) -> u64 {
     }
 }
 
+/// The bits of bitmap word `w` of a slab (first block at `base`, blocks of `size`
+/// bytes, `nb` of them) whose blocks are reachable: what recovery makes them.
+fn reachable_bits(
+    base: u64,
+    size: u64,
+    nb: u64,
+    w: u64,
+    reachable: &mut dyn FnMut(u64) -> bool,
+) -> u64 {
+    let mut new = 0u64;
+    for bit in 0..(nb - 64 * w).min(64) {
+        if reachable(base + (64 * w + bit) * size) {
+            new |= 1 << bit;
+        }
+    }
+    new
+}
+
 /// Whether page `p`'s descriptor (in `d`, a chunk's descriptors) is a continuation
 /// whose head page does not cover it.
 pub(crate) fn is_orphan(d: &[u64], p: u64) -> bool {
@@ -853,12 +871,7 @@ impl Allocator {
         let size = CLASSES[class] as u64;
         let a = region.atomic_u64(self.bitmap_off(chunk, head) + 8 * word);
         let old = a.load(Ordering::Acquire);
-        let mut new = 0u64;
-        for bit in 0..(nb - 64 * word).min(64) {
-            if reachable(base + (64 * word + bit) * size) {
-                new |= 1 << bit;
-            }
-        }
+        let new = reachable_bits(base, size, nb, word, reachable);
         if new != old {
             a.store(new, Ordering::SeqCst);
             region.flush(self.bitmap_off(chunk, head) + 8 * word, 8);
@@ -912,12 +925,7 @@ impl Allocator {
         for w in 0..nb.div_ceil(64) {
             let a = region.atomic_u64(bm + 8 * w);
             let old = a.load(Ordering::Acquire);
-            let mut new = 0u64;
-            for bit in 0..(nb - 64 * w).min(64) {
-                if reachable(base + (64 * w + bit) * size) {
-                    new |= 1 << bit;
-                }
-            }
+            let new = reachable_bits(base, size, nb, w, reachable);
             kept += (old & new).count_ones() as u64;
             freed += (old & !new).count_ones() as u64;
             revived += (new & !old).count_ones() as u64;
