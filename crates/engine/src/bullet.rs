@@ -1,0 +1,1551 @@
+//! The Bullet store (ATC '18): a DRAM frontend table, a persistent backend index,
+//! and cross-referencing logs between them.
+//!
+//! - **Write** (§2.3, §4.1): reserve room in the session's log (before any lock);
+//!   lock the key's frontend bucket; compute the new value; append a record whose
+//!   `prev` is the entry's `lentry` (flush, fence, tail, flush, fence); set the
+//!   entry's value, version and `lentry`; unlock. No backend access unless the key
+//!   is missing from a frontend that is not complete (then the backend is read).
+//! - **Get** (§4.2): the frontend alone, lock-free (crossbeam-epoch keeps replaced
+//!   values alive); a miss in a frontend that is not complete reads the backend and
+//!   caches the pair.
+//! - **Glean** (§2.3, §4.4): a gleaner holds a log, walks it from its cursor, and
+//!   for each unapplied record takes the key's gleaner lock (or skips the record:
+//!   whoever holds the key applies it), walks the key's chain from the frontend
+//!   `lentry` back through `prev` to the first applied record, and applies the
+//!   chain oldest first. Each backend value carries the version of the newest
+//!   record it includes (see [`crate::value`]), which makes re-applying a record
+//!   after a crash harmless. With put collapsing (variant `full`), a chain is
+//!   folded in DRAM from its newest idempotent record (or from the backend value
+//!   when it has none) and written once. Then the backend is synced, the records'
+//!   `applied` flags set, and `lentry` released with a compare-and-swap.
+//! - **Epochs** (§2.4): the advancer thread bumps the global epoch, moves each
+//!   log's head past applied records (read boundary, grace period, persist,
+//!   reuse), and once per epoch sets the number of gleaners wanted from the log
+//!   occupancy (§4.3.2: above 60% one more, below 30% one fewer). Frontend memory
+//!   is reclaimed through crossbeam-epoch.
+//! - **Recovery** (§5): the heap replays its transactions and sweeps leaks first;
+//!   then every log is read from head to tail and the records not yet in the
+//!   backend are replayed into the frontend (not the backend). Recovery time grows
+//!   with the logs' contents, not with the number of keys.
+//!
+//! Variants (§7): `st` (static roles: a fixed number of gleaner threads; lock-based
+//! gets; a transaction on the put critical path), `lfr` (+ lock-free gets), `opt`
+//! (+ no transaction on the put path), `dyn` (+ dynamic roles), `full` (+ put
+//! collapsing). The base design's transaction on the put path — locating or
+//! allocating the key's persistent pair to persist `lentry` there — is reproduced
+//! by a persistent side table (phash) mapping each key to its newest record,
+//! updated in a transaction under the bucket lock; it is written, never read.
+
+use crate::crl::{self, Header, Pool, RecPtr, OPC_PAD};
+use crate::direct::{backend_kind, create_backend, BackendKind, BackendOptions};
+use crate::table::Table;
+use crate::{
+    check_op, incr_value, key_hash, lentry, value, Durability, Error, Op, Outcome, Result, Session,
+    Store, StoreStats, OPC_INCR, OPC_PUT, OPC_REMOVE,
+};
+use index::any::{attach_any, AnyHandle, AnyIndex};
+use index::phash::PHashHandle;
+use index::{Index, Ops, PHash, PHashOptions, RecoverStats, Recoverable};
+use pmem::{Heap, PPtr, Recovery};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Bullet's variants, as in the paper's ablation (§7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    St,
+    Lfr,
+    Opt,
+    Dyn,
+    Full,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 5] = [
+        Variant::St,
+        Variant::Lfr,
+        Variant::Opt,
+        Variant::Dyn,
+        Variant::Full,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::St => "st",
+            Variant::Lfr => "lfr",
+            Variant::Opt => "opt",
+            Variant::Dyn => "dyn",
+            Variant::Full => "full",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Variant> {
+        let s = s.trim_start_matches('+');
+        Variant::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| Error::Config(format!("unknown Bullet variant {s:?}")))
+    }
+
+    pub fn lockfree_gets(self) -> bool {
+        self != Variant::St
+    }
+    pub fn tx_on_put_path(self) -> bool {
+        matches!(self, Variant::St | Variant::Lfr)
+    }
+    pub fn dynamic(self) -> bool {
+        matches!(self, Variant::Dyn | Variant::Full)
+    }
+    pub fn collapse(self) -> bool {
+        self == Variant::Full
+    }
+}
+
+/// Configuration of a Bullet store.
+#[derive(Clone, Debug)]
+pub struct BulletOptions {
+    pub variant: Variant,
+    /// Logs in the pool (a new store only; an existing one keeps its own).
+    pub logs: usize,
+    /// Bytes per log (a new store only).
+    pub log_size: u64,
+    /// The backend of a new store.
+    pub backend: BackendOptions,
+    /// Initial frontend buckets.
+    pub frontend_buckets: usize,
+    /// Most frontend entries (0 = unbounded: the frontend is a full copy).
+    pub cache_entries: u64,
+    /// Epoch length.
+    pub epoch: Duration,
+    /// Gleaner threads of the static variants (`st`, `lfr`, `opt`).
+    pub static_gleaners: usize,
+}
+
+impl Default for BulletOptions {
+    fn default() -> Self {
+        BulletOptions {
+            variant: Variant::Full,
+            logs: 32,
+            log_size: 64 << 20,
+            backend: BackendOptions::default(),
+            frontend_buckets: 1 << 16,
+            cache_entries: 0,
+            epoch: Duration::from_millis(10),
+            static_gleaners: 1,
+        }
+    }
+}
+
+/// A frontend value: `None` is a tombstone (§2.3).
+type FVal = Option<Box<[u8]>>;
+
+/// A frontend entry's log bookkeeping.
+pub struct FMeta {
+    /// The key's newest log record ([`RecPtr`]; 0: none pending).
+    lentry: lentry::AtomicU64,
+    /// The version of the key's newest record (or the backend stamp it was loaded
+    /// with).
+    version: AtomicU64,
+}
+
+impl FMeta {
+    fn new(lentry: u64, version: u64) -> FMeta {
+        FMeta {
+            lentry: lentry::AtomicU64::new(lentry),
+            version: AtomicU64::new(version),
+        }
+    }
+}
+
+impl Clone for FMeta {
+    fn clone(&self) -> FMeta {
+        FMeta::new(
+            self.lentry.load(Ordering::Acquire),
+            self.version.load(Ordering::Acquire),
+        )
+    }
+}
+
+const GLOCKS: usize = 4096;
+const READER_SLOTS: usize = 512;
+const IDLE: u64 = u64::MAX;
+const BATCH: usize = 256;
+const SIDE_ROOT: u64 = 32;
+/// Session counters are folded into the shared ones every this many operations.
+const FOLD_EVERY: u64 = 256;
+
+#[repr(align(64))]
+struct Padded(AtomicU64);
+
+#[derive(Default)]
+struct Counters {
+    ops: AtomicU64,
+    appended: AtomicU64,
+    applied: AtomicU64,
+    collapsed: AtomicU64,
+    loads: AtomicU64,
+    evictions: AtomicU64,
+    waits: AtomicU64,
+    epochs: AtomicU64,
+}
+
+struct Shared {
+    heap: Heap,
+    pool: Pool,
+    backend: AnyIndex,
+    side: Option<PHash>,
+    table: Table<FVal, FMeta>,
+    opts: BulletOptions,
+    /// Global epoch; `epoch << 32` is the least version a write may take.
+    epoch: AtomicU64,
+    readers: Box<[Padded]>,
+    reader_used: Box<[AtomicBool]>,
+    glocks: Box<[AtomicBool]>,
+    sessions: AtomicUsize,
+    gleaners: AtomicUsize,
+    target: AtomicUsize,
+    /// Every key of the store is in the frontend (a miss is a miss).
+    complete: AtomicBool,
+    stop: AtomicBool,
+    advance_lock: Mutex<()>,
+    /// Tombstones whose removal waits for a later epoch.
+    deferred: Mutex<Vec<(u64, Vec<u8>)>>,
+    c: Counters,
+}
+
+/// Owns the background threads; stops and joins them when the last store handle
+/// goes.
+struct Life {
+    sh: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Life {
+    fn stop(&self) {
+        self.sh.stop.store(true, Ordering::Release);
+        let ts = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in ts {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Life {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The Bullet store. Clone is cheap.
+#[derive(Clone)]
+pub struct BulletStore {
+    sh: Arc<Shared>,
+    life: Arc<Life>,
+}
+
+/// The pool's own blocks, for the heap's leak sweep.
+struct PoolBlocks(Vec<u64>);
+
+impl Recoverable for PoolBlocks {
+    fn repair(&self, _slots: &[(PPtr<u8>, u64)]) -> index::Result<u64> {
+        Ok(0)
+    }
+    fn reachable(&self, p: PPtr<u8>) -> bool {
+        self.0.contains(&p.offset())
+    }
+}
+
+/// What recovery found and did.
+#[derive(Clone, Debug, Default)]
+pub struct BulletRecovery {
+    pub index: RecoverStats,
+    /// Log records between heads and tails.
+    pub records: u64,
+    /// Bytes of log read.
+    pub log_bytes: u64,
+    /// Records not yet in the backend, replayed into the frontend.
+    pub replayed: u64,
+    /// Keys put into the frontend.
+    pub keys: u64,
+    /// Replay time (after the index's recovery), microseconds.
+    pub replay_micros: u64,
+}
+
+impl BulletStore {
+    /// Creates a Bullet store in `heap` and makes it the heap's root.
+    pub fn create(heap: &Heap, opts: &BulletOptions) -> Result<BulletStore> {
+        let backend = create_backend(heap, &opts.backend)?;
+        let kind = match opts.backend.kind {
+            BackendKind::LogFree => crl::BACKEND_HASH,
+            BackendKind::PHash => crl::BACKEND_PHASH,
+        };
+        let desc = Pool::create_desc(heap, opts.logs, opts.log_size, kind, backend.root())?;
+        heap.set_root(PPtr::from_raw(desc))?;
+        let pool = Pool::attach(heap, desc)?;
+        let st = Self::assemble(heap.clone(), pool, backend, opts, true, 1)?;
+        Ok(st)
+    }
+
+    /// Opens the Bullet store of a heap being recovered (§5).
+    pub fn open(rec: Recovery, opts: &BulletOptions) -> Result<(BulletStore, BulletRecovery)> {
+        let desc = rec.heap().root().raw();
+        let (nlogs, size, kind, broot) = Pool::read_desc(rec.heap(), desc)?;
+        let backend = attach_any(rec.heap(), broot)?;
+        let want = if kind == crl::BACKEND_HASH {
+            BackendKind::LogFree
+        } else {
+            BackendKind::PHash
+        };
+        if backend_kind(&backend) != Some(want) {
+            return Err(Error::Corrupt(format!(
+                "Bullet backend is not the {} its descriptor names",
+                want.name()
+            )));
+        }
+        let r = rec.heap().region();
+        let mut blocks = vec![desc];
+        for i in 0..nlogs {
+            let b: u64 = r.read(desc + crl::LOGS_OFF + i as u64 * crl::LOG_DESC);
+            if b != 0 {
+                blocks.push(b);
+            }
+        }
+        let side_root: u64 = r.read(desc + SIDE_ROOT);
+        let side = if side_root != 0 {
+            Some(PHash::attach(rec.heap(), PPtr::from_raw(side_root))?)
+        } else {
+            None
+        };
+        let blocks = PoolBlocks(blocks);
+        let mut parts: Vec<&dyn Recoverable> = vec![backend.recoverable(), &blocks];
+        if let Some(s) = &side {
+            parts.push(s);
+        }
+        let (heap, istats) = index::recover(rec, &parts)?;
+        let t = Instant::now();
+        let pool = Pool::attach(&heap, desc)?;
+        debug_assert_eq!(pool.size, size);
+        let mut stats = BulletRecovery {
+            index: istats,
+            ..Default::default()
+        };
+        let replay = replay(&pool, &backend, &mut stats)?;
+        // After a restart the frontend holds only what the logs replayed: a miss
+        // must read the backend (its key count is not exact after a crash, so it
+        // cannot tell us the backend is empty).
+        let st = Self::assemble(heap, pool, backend, opts, false, replay.next_epoch)?;
+        for (k, v, lentry, version) in replay.entries {
+            let hash = key_hash(&k);
+            let mut l = st.sh.table.lock(hash);
+            if l.find(&k).is_none() {
+                l.insert(hash, &k, v, FMeta::new(lentry, version));
+            }
+        }
+        stats.replay_micros = t.elapsed().as_micros() as u64;
+        Ok((st, stats))
+    }
+
+    fn assemble(
+        heap: Heap,
+        pool: Pool,
+        backend: AnyIndex,
+        opts: &BulletOptions,
+        complete: bool,
+        epoch: u64,
+    ) -> Result<BulletStore> {
+        if opts.epoch.is_zero() {
+            return Err(Error::Config("epoch must be longer than 0".into()));
+        }
+        let r = heap.region();
+        let side = if opts.variant.tx_on_put_path() {
+            let root: u64 = r.read(pool.desc + SIDE_ROOT);
+            if root != 0 {
+                Some(PHash::attach(&heap, PPtr::from_raw(root))?)
+            } else {
+                let s = PHash::create(
+                    &heap,
+                    &PHashOptions {
+                        buckets: opts.frontend_buckets as u64,
+                    },
+                )?;
+                r.write(pool.desc + SIDE_ROOT, &s.root().raw());
+                r.persist(pool.desc + SIDE_ROOT, 8);
+                Some(s)
+            }
+        } else {
+            None
+        };
+        let sh = Arc::new(Shared {
+            heap,
+            pool,
+            backend,
+            side,
+            table: Table::new(opts.frontend_buckets),
+            opts: opts.clone(),
+            epoch: AtomicU64::new(epoch.max(1)),
+            readers: (0..READER_SLOTS)
+                .map(|_| Padded(AtomicU64::new(IDLE)))
+                .collect(),
+            reader_used: (0..READER_SLOTS).map(|_| AtomicBool::new(false)).collect(),
+            glocks: (0..GLOCKS).map(|_| AtomicBool::new(false)).collect(),
+            sessions: AtomicUsize::new(0),
+            gleaners: AtomicUsize::new(0),
+            target: AtomicUsize::new(0),
+            complete: AtomicBool::new(complete),
+            stop: AtomicBool::new(false),
+            advance_lock: Mutex::new(()),
+            deferred: Mutex::new(Vec::new()),
+            c: Counters::default(),
+        });
+        let life = Arc::new(Life {
+            sh: sh.clone(),
+            threads: Mutex::new(Vec::new()),
+        });
+        let mut threads = Vec::new();
+        {
+            let s = sh.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("ember-advancer".into())
+                    .spawn(move || advancer(s))
+                    .map_err(|e| Error::Config(format!("cannot start the advancer: {e}")))?,
+            );
+        }
+        if !opts.variant.dynamic() {
+            for n in 0..opts.static_gleaners {
+                let s = sh.clone();
+                threads.push(
+                    std::thread::Builder::new()
+                        .name(format!("ember-gleaner-{n}"))
+                        .spawn(move || static_gleaner(s))
+                        .map_err(|e| Error::Config(format!("cannot start a gleaner: {e}")))?,
+                );
+            }
+        }
+        *life.threads.lock().unwrap_or_else(|e| e.into_inner()) = threads;
+        Ok(BulletStore { sh, life })
+    }
+
+    pub fn heap(&self) -> &Heap {
+        &self.sh.heap
+    }
+
+    pub fn backend(&self) -> &AnyIndex {
+        &self.sh.backend
+    }
+
+    pub fn variant(&self) -> Variant {
+        self.sh.opts.variant
+    }
+
+    /// Applies every record in the logs to the backend and reclaims the logs
+    /// (tests, clean shutdown). Call with no session writing.
+    pub fn drain(&self) -> Result<()> {
+        let mut g = Gleaner::new(&self.sh)?;
+        self.drain_with(&mut g)
+    }
+
+    fn drain_loop(&self, g: &mut Gleaner) -> Result<()> {
+        loop {
+            while g.glean_batch(&self.sh)? {}
+            self.sh.advance()?;
+            let (used, _) = self.sh.pool.occupancy();
+            if used == 0 {
+                return Ok(());
+            }
+            if !g.glean_batch(&self.sh)? {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+
+    /// [`Self::drain`] with the gleaner given back on every path.
+    fn drain_with(&self, g: &mut Gleaner) -> Result<()> {
+        let r = self.drain_loop(g);
+        g.retire(&self.sh);
+        r
+    }
+
+    /// Checks the frontend against the backend and the logs (tests, `ember
+    /// check`): every frontend entry without pending records equals the backend.
+    pub fn verify(&self) -> std::result::Result<u64, String> {
+        let mut h = self.sh.backend.handle().map_err(|e| e.to_string())?;
+        let mut buf = Vec::new();
+        let mut n = 0;
+        let mut err = None;
+        let g = crossbeam_epoch::pin();
+        self.sh.table.for_each(|node| {
+            if err.is_some() {
+                return;
+            }
+            n += 1;
+            if node.meta().lentry.load(Ordering::Acquire) != 0 {
+                return;
+            }
+            let found = match h.get(node.key(), &mut buf) {
+                Ok(f) => f,
+                Err(e) => {
+                    err = Some(e.to_string());
+                    return;
+                }
+            };
+            let b = if found {
+                value::decode(&buf).map(|(_, v)| v)
+            } else {
+                None
+            };
+            if b != node.value(&g).as_deref() {
+                err = Some(format!(
+                    "key {:?}: frontend {:?}, backend {:?}",
+                    String::from_utf8_lossy(node.key()),
+                    node.value(&g).as_deref().map(String::from_utf8_lossy),
+                    b.map(String::from_utf8_lossy)
+                ));
+            }
+        });
+        match err {
+            Some(e) => Err(e),
+            None => Ok(n),
+        }
+    }
+}
+
+/// The outcome of reading the logs at recovery.
+struct Replay {
+    /// Frontend entries: key, value (None: tombstone), lentry, version.
+    entries: Vec<(Vec<u8>, FVal, u64, u64)>,
+    next_epoch: u64,
+}
+
+/// Reads every log from head to tail; for each key with records not yet in the
+/// backend, computes the frontend value (backend value + those records, in version
+/// order). Records found to be in the backend already (their version is at most
+/// the backend stamp, or at most a flagged record's) are flagged, so the prefix of
+/// each key's chain that is flagged is exactly what the backend holds.
+fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Replay> {
+    struct Rec {
+        p: RecPtr,
+        opcode: u8,
+        applied: bool,
+        version: u64,
+        payload: Vec<u8>,
+    }
+    let mut by_key: HashMap<Vec<u8>, Vec<Rec>> = HashMap::new();
+    let mut max_version = 0;
+    for (i, l) in pool.logs.iter().enumerate() {
+        if l.base.load(Ordering::Acquire) == 0 {
+            continue;
+        }
+        let head = l.head.load(Ordering::Acquire);
+        let tail = l.tail.load(Ordering::Acquire);
+        st.log_bytes += tail - head;
+        let mut pos = head;
+        let (mut key, mut payload) = (Vec::new(), Vec::new());
+        loop {
+            pos = pool.skip_gap(pos);
+            if pos >= tail {
+                break;
+            }
+            let p = RecPtr::new(i, pos);
+            let h = pool.header(p)?;
+            pos += h.len as u64;
+            if pos > tail {
+                return Err(Error::Corrupt(format!("log {i}: record past the tail")));
+            }
+            if h.opcode == OPC_PAD {
+                continue;
+            }
+            if !matches!(h.opcode, OPC_PUT | OPC_REMOVE | OPC_INCR) {
+                return Err(Error::Corrupt(format!(
+                    "log {i} record at {}: opcode {}",
+                    p.pos(),
+                    h.opcode
+                )));
+            }
+            st.records += 1;
+            pool.body(p, &h, &mut key, &mut payload);
+            max_version = max_version.max(h.version);
+            by_key.entry(key.clone()).or_default().push(Rec {
+                p,
+                opcode: h.opcode,
+                applied: h.applied,
+                version: h.version,
+                payload: payload.clone(),
+            });
+        }
+    }
+    let mut h = backend.handle()?;
+    let mut buf = Vec::new();
+    let mut entries = Vec::new();
+    let mut flagged = false;
+    for (key, mut recs) in by_key {
+        recs.sort_by_key(|r| r.version);
+        let maxflag = recs
+            .iter()
+            .filter(|r| r.applied)
+            .map(|r| r.version)
+            .max()
+            .unwrap_or(0);
+        let (stamp, mut val): (u64, Option<Vec<u8>>) = if h.get(&key, &mut buf)? {
+            let (s, v) = value::decode(&buf)
+                .ok_or_else(|| Error::Corrupt("backend value without a stamp".into()))?;
+            (s, Some(v.to_vec()))
+        } else {
+            (0, None)
+        };
+        let done = maxflag.max(stamp);
+        let mut pending = 0;
+        for r in &recs {
+            if r.version <= done {
+                if !r.applied {
+                    pool.mark_applied(r.p);
+                    flagged = true;
+                }
+                continue;
+            }
+            pending += 1;
+            val = fold(val, r.opcode, &r.payload)?;
+        }
+        if pending == 0 {
+            continue;
+        }
+        st.replayed += pending;
+        let newest = recs.last().expect("a key has records");
+        entries.push((
+            key,
+            val.map(Vec::into_boxed_slice),
+            newest.p.0,
+            newest.version,
+        ));
+    }
+    if flagged {
+        pool.fence();
+    }
+    st.keys = entries.len() as u64;
+    Ok(Replay {
+        entries,
+        next_epoch: (max_version >> 32) + 1,
+    })
+}
+
+/// Applies one record's operation to a value.
+fn fold(val: Option<Vec<u8>>, opcode: u8, payload: &[u8]) -> Result<Option<Vec<u8>>> {
+    Ok(match opcode {
+        OPC_PUT => Some(payload.to_vec()),
+        OPC_REMOVE => None,
+        OPC_INCR => {
+            let d = i64::from_le_bytes(
+                payload
+                    .try_into()
+                    .map_err(|_| Error::Corrupt("Incr record without an 8-byte delta".into()))?,
+            );
+            let n = incr_value(val.as_deref(), d).map_err(|e| {
+                Error::Corrupt(format!("Incr record does not apply to its value: {e}"))
+            })?;
+            Some(n.to_string().into_bytes())
+        }
+        o => return Err(Error::Corrupt(format!("opcode {o}"))),
+    })
+}
+
+impl Shared {
+    fn epoch_base(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire) << 32
+    }
+
+    fn enter(&self, slot: usize) {
+        let e = self.epoch.load(Ordering::SeqCst);
+        self.readers[slot].0.store(e, Ordering::SeqCst);
+    }
+
+    fn exit(&self, slot: usize) {
+        self.readers[slot].0.store(IDLE, Ordering::Release);
+    }
+
+    fn claim_slot(&self) -> Result<usize> {
+        for (i, u) in self.reader_used.iter().enumerate() {
+            if !u.load(Ordering::Relaxed)
+                && u.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return Ok(i);
+            }
+        }
+        Err(Error::Config(format!(
+            "more than {READER_SLOTS} sessions and gleaners at once"
+        )))
+    }
+
+    /// Waits until every reader that entered before epoch `e` has left.
+    fn wait_readers(&self, e: u64) {
+        for r in self.readers.iter() {
+            let mut spins = 0u32;
+            loop {
+                let v = r.0.load(Ordering::SeqCst);
+                if v == IDLE || v >= e {
+                    break;
+                }
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Moves each log's head past its applied records (§2.4). Returns whether any
+    /// moved. Only one thread advances at a time; others return at once.
+    fn advance(&self) -> Result<bool> {
+        let _g = match self.advance_lock.try_lock() {
+            Ok(g) => g,
+            Err(_) => return Ok(false),
+        };
+        let mut moved = Vec::new();
+        for (i, l) in self.pool.logs.iter().enumerate() {
+            if l.base.load(Ordering::Acquire) == 0 {
+                continue;
+            }
+            let head = l.head.load(Ordering::Acquire);
+            let tail = l.tail.load(Ordering::Acquire);
+            let mut pos = head;
+            loop {
+                pos = self.pool.skip_gap(pos);
+                if pos >= tail {
+                    pos = pos.min(tail);
+                    break;
+                }
+                let h = self.pool.header(RecPtr::new(i, pos))?;
+                if !(h.applied || h.opcode == OPC_PAD) {
+                    break;
+                }
+                pos += h.len as u64;
+            }
+            if pos > head {
+                // The read boundary first: no reader starts below it from now on.
+                l.head.store(pos, Ordering::SeqCst);
+                moved.push((i, pos));
+            }
+        }
+        if moved.is_empty() {
+            return Ok(false);
+        }
+        let e = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        self.wait_readers(e);
+        for (i, pos) in moved {
+            self.pool.persist_head(i, pos);
+            self.pool.logs[i].free_to.store(pos, Ordering::Release);
+        }
+        Ok(true)
+    }
+
+    fn claim_glean_log(&self, from: usize) -> Option<usize> {
+        let n = self.pool.logs.len();
+        for k in 0..n {
+            let i = (from + k) % n;
+            let l = &self.pool.logs[i];
+            if l.gleaner.load(Ordering::Relaxed) {
+                continue;
+            }
+            let scan = l.scan.load(Ordering::Relaxed);
+            if scan >= l.tail.load(Ordering::Acquire) {
+                continue;
+            }
+            if l.gleaner
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Removes the tombstone of `key` if its remove is in the backend and no newer
+    /// record exists; keeps it for later when its version is from this epoch (a new
+    /// incarnation of the key must get a larger version than every record of the
+    /// old one still in the logs). True when the tombstone is settled.
+    fn reap(&self, hash: u64, key: &[u8]) -> bool {
+        let mut l = self.table.lock(hash);
+        let g = l.guard();
+        let Some(n) = l.find(key) else {
+            return true;
+        };
+        if n.value(g).is_some() {
+            return true;
+        }
+        let le = n.meta().lentry.load(Ordering::Acquire);
+        if le != 0 && !self.pool.reclaimed(RecPtr(le)) {
+            return true; // a newer remove is pending; its gleaner reaps
+        }
+        if n.meta().version.load(Ordering::Acquire) >= self.epoch_base() {
+            return false;
+        }
+        l.remove(key);
+        true
+    }
+}
+
+/// The backend-side worker: applies log records (one per session, per static
+/// gleaner thread, and one in the advancer).
+struct Gleaner {
+    h: AnyHandle,
+    slot: usize,
+    log: Option<usize>,
+    key: Vec<u8>,
+    payload: Vec<u8>,
+    ckey: Vec<u8>,
+    bval: Vec<u8>,
+    enc: Vec<u8>,
+    chain: Vec<(RecPtr, Header)>,
+    cpay: Vec<u8>,
+    from: usize,
+}
+
+enum Glean {
+    Applied,
+    Skipped,
+}
+
+impl Gleaner {
+    fn new(sh: &Arc<Shared>) -> Result<Gleaner> {
+        let slot = sh.claim_slot()?;
+        Ok(Gleaner {
+            h: sh.backend.handle()?,
+            slot,
+            log: None,
+            key: Vec::new(),
+            payload: Vec::new(),
+            ckey: Vec::new(),
+            bval: Vec::new(),
+            enc: Vec::new(),
+            chain: Vec::new(),
+            cpay: Vec::new(),
+            from: slot,
+        })
+    }
+
+    fn release(&mut self, sh: &Shared) {
+        if let Some(i) = self.log.take() {
+            sh.pool.logs[i].gleaner.store(false, Ordering::Release);
+        }
+    }
+
+    /// Applies up to a batch of records from one log. True when it applied any.
+    fn glean_batch(&mut self, sh: &Shared) -> Result<bool> {
+        sh.enter(self.slot);
+        let r = self.glean_inner(sh);
+        // The batch's flags are durable before the advancer may count on them.
+        sh.pool.fence();
+        sh.exit(self.slot);
+        if r.is_err() {
+            self.release(sh);
+        }
+        r
+    }
+
+    fn glean_inner(&mut self, sh: &Shared) -> Result<bool> {
+        let i = match self.log {
+            Some(i) => i,
+            None => match sh.claim_glean_log(self.from) {
+                Some(i) => {
+                    self.from = i + 1;
+                    self.log = Some(i);
+                    i
+                }
+                None => return Ok(false),
+            },
+        };
+        let l = &sh.pool.logs[i];
+        let tail = l.tail.load(Ordering::Acquire);
+        let mut pos = l
+            .scan
+            .load(Ordering::Relaxed)
+            .max(l.head.load(Ordering::SeqCst));
+        let mut skipped = None;
+        let mut did = 0;
+        let mut seen = 0;
+        loop {
+            pos = sh.pool.skip_gap(pos).min(tail);
+            if pos >= tail || did >= BATCH || seen >= 8 * BATCH {
+                break;
+            }
+            seen += 1;
+            let p = RecPtr::new(i, pos);
+            let h = sh.pool.header(p)?;
+            let next = pos + h.len as u64;
+            if h.opcode != OPC_PAD && !h.applied {
+                let mut key = std::mem::take(&mut self.key);
+                sh.pool.body(p, &h, &mut key, &mut self.payload);
+                let r = self.apply_key(sh, p, &key);
+                self.key = key;
+                match r? {
+                    Glean::Applied => did += 1,
+                    Glean::Skipped => {
+                        skipped.get_or_insert(pos);
+                    }
+                }
+            }
+            pos = next;
+        }
+        l.scan.store(skipped.unwrap_or(pos), Ordering::Relaxed);
+        if did == 0 && skipped.is_none() && pos >= tail {
+            self.release(sh);
+        }
+        Ok(did > 0)
+    }
+
+    fn apply_key(&mut self, sh: &Shared, p: RecPtr, key: &[u8]) -> Result<Glean> {
+        let hash = key_hash(key);
+        let gl = &sh.glocks[(hash as usize) & (GLOCKS - 1)];
+        if gl
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return Ok(Glean::Skipped);
+        }
+        let r = self.apply_chain(sh, p, hash, key);
+        gl.store(false, Ordering::Release);
+        r
+    }
+
+    fn apply_chain(&mut self, sh: &Shared, p: RecPtr, hash: u64, key: &[u8]) -> Result<Glean> {
+        let g = crossbeam_epoch::pin();
+        let node = sh.table.get(hash, key, &g);
+        let start = node
+            .map(|n| RecPtr(lentry::chain_start(&n.meta().lentry)))
+            .filter(|s| !s.is_null())
+            .unwrap_or(p);
+        self.chain.clear();
+        let mut cur = start;
+        let mut last = u64::MAX;
+        while !cur.is_null() && !sh.pool.reclaimed(cur) {
+            let h = sh.pool.header(cur)?;
+            if h.applied || h.opcode == OPC_PAD {
+                break;
+            }
+            if h.version >= last {
+                return Err(Error::Corrupt(format!(
+                    "log chain out of version order at {:#x}",
+                    cur.0
+                )));
+            }
+            last = h.version;
+            self.chain.push((cur, h));
+            cur = h.prev;
+        }
+        if self.chain.is_empty() {
+            return Ok(if sh.pool.header(p)?.applied {
+                Glean::Applied
+            } else {
+                Glean::Skipped
+            });
+        }
+        self.chain.reverse();
+        let newest = self.chain.last().expect("non-empty").0;
+        let mut removed = false;
+        if sh.opts.variant.collapse() {
+            removed = self.apply_collapsed(sh, key)?;
+        } else {
+            for k in 0..self.chain.len() {
+                removed = self.apply_one(sh, k, key)?;
+            }
+        }
+        self.h.sync()?;
+        for (r, _) in &self.chain {
+            sh.pool.mark_applied(*r);
+        }
+        sh.c.applied
+            .fetch_add(self.chain.len() as u64, Ordering::Relaxed);
+        let mut in_chain = self.chain.iter().any(|(r, _)| *r == p);
+        if let Some(n) = node {
+            if lentry::release(&n.meta().lentry, newest.0) && removed && !sh.reap(hash, key) {
+                sh.deferred
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((hash, key.to_vec()));
+            }
+        }
+        if !in_chain {
+            in_chain = sh.pool.header(p)?.applied;
+        }
+        Ok(if in_chain {
+            Glean::Applied
+        } else {
+            Glean::Skipped
+        })
+    }
+
+    /// Reads record `k` of the chain's payload into `self.cpay`.
+    fn load_payload(&mut self, sh: &Shared, k: usize) {
+        let (r, h) = self.chain[k];
+        sh.pool.body(r, &h, &mut self.ckey, &mut self.cpay);
+    }
+
+    /// The backend's value of `key` and its stamp.
+    fn backend_value(&mut self, key: &[u8]) -> Result<(u64, Option<Vec<u8>>)> {
+        if self.h.get(key, &mut self.bval)? {
+            let (s, v) = value::decode(&self.bval)
+                .ok_or_else(|| Error::Corrupt("backend value without a stamp".into()))?;
+            Ok((s, Some(v.to_vec())))
+        } else {
+            Ok((0, None))
+        }
+    }
+
+    fn write_backend(&mut self, key: &[u8], stamp: u64, val: Option<&[u8]>) -> Result<()> {
+        match val {
+            Some(v) => {
+                value::encode(stamp, v, &mut self.enc);
+                self.h.put(key, &self.enc)?;
+            }
+            None => {
+                self.h.remove(key)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies chain record `k` alone (chain order; exactly once by the stamp).
+    /// Returns whether the key is now absent.
+    fn apply_one(&mut self, sh: &Shared, k: usize, key: &[u8]) -> Result<bool> {
+        let h = self.chain[k].1;
+        let (stamp, cur) = self.backend_value(key)?;
+        if h.version <= stamp {
+            return Ok(cur.is_none());
+        }
+        self.load_payload(sh, k);
+        let new = fold(cur, h.opcode, &self.cpay)?;
+        self.write_backend(key, h.version, new.as_deref())?;
+        Ok(new.is_none())
+    }
+
+    /// Put collapsing (§4.4), generalised to chains with non-idempotent records:
+    /// the value after the chain is computed in DRAM from the newest idempotent
+    /// record (or the backend value, skipping records already in it) and the
+    /// records after it, in chain order, and written once.
+    fn apply_collapsed(&mut self, sh: &Shared, key: &[u8]) -> Result<bool> {
+        let n = self.chain.len();
+        let last_idem = self
+            .chain
+            .iter()
+            .rposition(|(_, h)| h.opcode == OPC_PUT || h.opcode == OPC_REMOVE);
+        let (mut val, from) = match last_idem {
+            Some(k) => {
+                self.load_payload(sh, k);
+                (fold(None, self.chain[k].1.opcode, &self.cpay)?, k + 1)
+            }
+            None => {
+                let (stamp, cur) = self.backend_value(key)?;
+                let from = self
+                    .chain
+                    .iter()
+                    .position(|(_, h)| h.version > stamp)
+                    .unwrap_or(n);
+                if from == n {
+                    return Ok(cur.is_none()); // all in the backend already
+                }
+                (cur, from)
+            }
+        };
+        for k in from..n {
+            self.load_payload(sh, k);
+            val = fold(val, self.chain[k].1.opcode, &self.cpay)?;
+        }
+        let newest = self.chain[n - 1].1.version;
+        self.write_backend(key, newest, val.as_deref())?;
+        sh.c.collapsed.fetch_add(n as u64 - 1, Ordering::Relaxed);
+        Ok(val.is_none())
+    }
+}
+
+impl Gleaner {
+    /// Gives back the gleaner's log and reader slot (the gleaner holds no
+    /// reference to its store, so its owner calls this).
+    fn retire(&mut self, sh: &Shared) {
+        self.release(sh);
+        sh.exit(self.slot);
+        sh.reader_used[self.slot].store(false, Ordering::Release);
+    }
+}
+
+/// A gleaner for a background thread (made on that thread: index handles stay on
+/// the thread that made them).
+fn thread_gleaner(sh: &Arc<Shared>, what: &str) -> Option<Gleaner> {
+    match Gleaner::new(sh) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("ember: {what} cannot start: {e}");
+            None
+        }
+    }
+}
+
+/// Reports a background error once per kind of message, then backs off: a full
+/// heap can empty again, so the thread keeps trying.
+fn backoff(what: &str, e: &Error, last: &mut String) {
+    let m = e.to_string();
+    if *last != m {
+        eprintln!("ember: {what}: {m} (retrying)");
+        *last = m;
+    }
+    std::thread::sleep(Duration::from_millis(10));
+}
+
+fn static_gleaner(sh: Arc<Shared>) {
+    let Some(mut g) = thread_gleaner(&sh, "gleaner") else {
+        return;
+    };
+    sh.gleaners.fetch_add(1, Ordering::AcqRel);
+    let mut last = String::new();
+    while !sh.stop.load(Ordering::Acquire) {
+        match g.glean_batch(&sh) {
+            Ok(true) => {}
+            Ok(false) => std::thread::sleep(Duration::from_micros(100)),
+            Err(e) => backoff("gleaner", &e, &mut last),
+        }
+    }
+    sh.gleaners.fetch_sub(1, Ordering::AcqRel);
+    g.retire(&sh);
+}
+
+fn advancer(sh: Arc<Shared>) {
+    let Some(mut g) = thread_gleaner(&sh, "epoch advancer") else {
+        return;
+    };
+    let g = &mut g;
+    let mut last = String::new();
+    let mut last_occ = 0.0;
+    let mut last_ops = u64::MAX;
+    while !sh.stop.load(Ordering::Acquire) {
+        std::thread::sleep(sh.opts.epoch);
+        sh.epoch.fetch_add(1, Ordering::AcqRel);
+        sh.c.epochs.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = sh.advance() {
+            backoff("epoch advancer", &e, &mut last);
+            continue;
+        }
+        let (used, cap) = sh.pool.occupancy();
+        let occ = used as f64 / cap as f64;
+        if sh.opts.variant.dynamic() {
+            let max = sh.sessions.load(Ordering::Acquire).saturating_sub(1);
+            let t = sh.target.load(Ordering::Acquire);
+            let nt = if occ > 0.6 && (t == 0 || occ > last_occ) {
+                (t + 1).min(max)
+            } else if occ < 0.3 && t > 0 {
+                t - 1
+            } else {
+                t.min(max)
+            };
+            sh.target.store(nt, Ordering::Release);
+        }
+        last_occ = occ;
+        // Tombstones of an earlier epoch can go now.
+        let pending = std::mem::take(&mut *sh.deferred.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut keep = Vec::new();
+        for (h, k) in pending {
+            if !sh.reap(h, &k) {
+                keep.push((h, k));
+            }
+        }
+        sh.deferred
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(keep);
+        // Idle: nobody served a request this epoch, so nobody is short of CPU;
+        // drain the logs (restarts after an idle period replay nothing).
+        let ops = sh.c.ops.load(Ordering::Relaxed);
+        if ops == last_ops && used > 0 {
+            let until = Instant::now() + sh.opts.epoch;
+            while Instant::now() < until && !sh.stop.load(Ordering::Acquire) {
+                match g.glean_batch(&sh) {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => {
+                        backoff("idle gleaning", &e, &mut last);
+                        break;
+                    }
+                }
+            }
+        }
+        last_ops = ops;
+    }
+    g.retire(&sh);
+}
+
+/// One thread's session on a Bullet store.
+pub struct BulletSession {
+    sh: Arc<Shared>,
+    _life: Arc<Life>,
+    g: Gleaner,
+    side: Option<PHashHandle>,
+    wlog: Option<usize>,
+    gleaning: bool,
+    ops: u64,
+    appended: u64,
+    payload: Vec<u8>,
+    rng: u64,
+}
+
+impl Store for BulletStore {
+    type Session = BulletSession;
+
+    fn session(&self) -> Result<BulletSession> {
+        if self.sh.stop.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        let g = Gleaner::new(&self.sh)?;
+        let side = match &self.sh.side {
+            Some(s) => Some(s.handle()?),
+            None => None,
+        };
+        self.sh.sessions.fetch_add(1, Ordering::AcqRel);
+        Ok(BulletSession {
+            rng: 0x9e37_79b9_7f4a_7c15 ^ (g.slot as u64 + 1),
+            sh: self.sh.clone(),
+            _life: self.life.clone(),
+            g,
+            side,
+            wlog: None,
+            gleaning: false,
+            ops: 0,
+            appended: 0,
+            payload: Vec::new(),
+        })
+    }
+
+    fn name(&self) -> String {
+        format!("bullet-{}", self.sh.opts.variant.name())
+    }
+
+    fn durability(&self) -> Durability {
+        Durability::Heap
+    }
+
+    fn stats(&self) -> StoreStats {
+        let (used, cap) = self.sh.pool.occupancy();
+        let c = &self.sh.c;
+        StoreStats {
+            keys: self.sh.backend.len_estimate(),
+            frontend_entries: self.sh.table.len() as u64,
+            log_occupancy: used as f64 / cap as f64,
+            gleaners: self.sh.gleaners.load(Ordering::Acquire) as u64,
+            records_appended: c.appended.load(Ordering::Relaxed),
+            records_applied: c.applied.load(Ordering::Relaxed),
+            records_collapsed: c.collapsed.load(Ordering::Relaxed),
+            backend_loads: c.loads.load(Ordering::Relaxed),
+            evictions: c.evictions.load(Ordering::Relaxed),
+            log_full_waits: c.waits.load(Ordering::Relaxed),
+            epochs: c.epochs.load(Ordering::Relaxed),
+        }
+    }
+
+    fn close(&self) -> Result<()> {
+        self.life.stop();
+        self.sh.backend.close()?;
+        if let Some(s) = &self.sh.side {
+            s.close()?;
+        }
+        Ok(())
+    }
+}
+
+impl BulletSession {
+    /// The backend's value of `key` (stamp, value), for a frontend miss.
+    fn load(&mut self, key: &[u8]) -> Result<Option<(u64, Box<[u8]>)>> {
+        if self.sh.complete.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let (s, v) = self.g.backend_value(key)?;
+        Ok(v.map(|v| {
+            self.sh.c.loads.fetch_add(1, Ordering::Relaxed);
+            (s, v.into_boxed_slice())
+        }))
+    }
+
+    /// A log with room for `len` bytes, held by this session (§4.3.1: a writer
+    /// keeps its log until it fills, then takes the next free one). When every log
+    /// is full, the writer glean itself and advances the heads until one has room.
+    fn ensure_space(&mut self, len: u64) -> Result<usize> {
+        let pool = &self.sh.pool;
+        if len > pool.size {
+            return Err(Error::RecordTooLarge(len, pool.size));
+        }
+        let mut waited = false;
+        loop {
+            if let Some(i) = self.wlog {
+                if pool.fits(i, len) {
+                    return Ok(i);
+                }
+                pool.logs[i].writer.store(false, Ordering::Release);
+                self.wlog = None;
+            }
+            let n = pool.logs.len();
+            for k in 0..n {
+                let j = (self.g.slot + k) % n;
+                let l = &pool.logs[j];
+                if l.writer.load(Ordering::Relaxed) || !pool.fits(j, len) {
+                    continue;
+                }
+                if l.writer
+                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    if pool.fits(j, len) {
+                        self.wlog = Some(j);
+                        return Ok(j);
+                    }
+                    l.writer.store(false, Ordering::Release);
+                }
+            }
+            if !waited {
+                waited = true;
+                self.sh.c.waits.fetch_add(1, Ordering::Relaxed);
+            }
+            if self.sh.stop.load(Ordering::Acquire) {
+                return Err(Error::Closed);
+            }
+            let did = self.g.glean_batch(&self.sh)?;
+            let moved = self.sh.advance()?;
+            if !did && !moved {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    fn fold_counters(&mut self) {
+        self.sh.c.ops.fetch_add(self.ops, Ordering::Relaxed);
+        self.sh
+            .c
+            .appended
+            .fetch_add(self.appended, Ordering::Relaxed);
+        self.ops = 0;
+        self.appended = 0;
+    }
+
+    fn tick(&mut self) {
+        self.ops += 1;
+        if self.ops >= FOLD_EVERY {
+            self.fold_counters();
+        }
+    }
+
+    fn next_rand(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    /// Keeps a bounded frontend within its size: evicts entries with nothing
+    /// pending from a few random buckets (§2.1: only entries whose records are all
+    /// applied may go).
+    fn evict(&mut self) {
+        let cap = self.sh.opts.cache_entries;
+        if cap == 0 || (self.sh.table.len() as u64) <= cap {
+            return;
+        }
+        self.sh.complete.store(false, Ordering::Release);
+        let base = self.sh.epoch_base();
+        for _ in 0..4 {
+            let b = self.sh.table.buckets();
+            let i = (self.next_rand() as usize) % b.max(1);
+            let Some(mut l) = self.sh.table.lock_index(i) else {
+                continue;
+            };
+            let pool = &self.sh.pool;
+            let n = l.retain(|node| {
+                let le = node.meta().lentry.load(Ordering::Acquire);
+                let settled = le == 0 || pool.reclaimed(RecPtr(le));
+                let recent = node.meta().version.load(Ordering::Acquire) >= base;
+                !settled || recent
+            });
+            self.sh.c.evictions.fetch_add(n as u64, Ordering::Relaxed);
+            if (self.sh.table.len() as u64) <= cap {
+                break;
+            }
+        }
+    }
+}
+
+impl Drop for BulletSession {
+    fn drop(&mut self) {
+        self.fold_counters();
+        if let Some(i) = self.wlog.take() {
+            self.sh.pool.logs[i].writer.store(false, Ordering::Release);
+        }
+        if self.gleaning {
+            self.sh.gleaners.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.g.retire(&self.sh);
+        self.sh.sessions.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Session for BulletSession {
+    fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        out.clear();
+        self.tick();
+        let hash = key_hash(key);
+        let found = if self.sh.opts.variant.lockfree_gets() {
+            let g = crossbeam_epoch::pin();
+            self.sh.table.get(hash, key, &g).map(|n| match n.value(&g) {
+                Some(v) => {
+                    out.extend_from_slice(v);
+                    true
+                }
+                None => false,
+            })
+        } else {
+            self.sh.table.get_shared(hash, key, |n| {
+                n.map(|n| {
+                    let g = crossbeam_epoch::pin();
+                    match n.value(&g) {
+                        Some(v) => {
+                            out.extend_from_slice(v);
+                            true
+                        }
+                        None => false,
+                    }
+                })
+            })
+        };
+        if let Some(f) = found {
+            return Ok(f);
+        }
+        let Some((stamp, v)) = self.load(key)? else {
+            return Ok(false);
+        };
+        out.extend_from_slice(&v);
+        let mut l = self.sh.table.lock(hash);
+        if l.find(key).is_none() {
+            l.insert(hash, key, Some(v), FMeta::new(0, stamp));
+        }
+        drop(l);
+        self.evict();
+        Ok(true)
+    }
+
+    fn apply(&mut self, key: &[u8], op: Op<'_>) -> Result<Outcome> {
+        check_op(key, &op)?;
+        self.tick();
+        let plen = match op {
+            Op::Put(v) => v.len(),
+            Op::Incr(_) => 8,
+            Op::Remove => 0,
+        };
+        let log = self.ensure_space(crl::record_len(key.len(), plen))?;
+        let hash = key_hash(key);
+        let sh = self.sh.clone();
+        let mut l = sh.table.lock(hash);
+        if l.find(key).is_none() {
+            if let Some((stamp, v)) = self.load(key)? {
+                l.insert(hash, key, Some(v), FMeta::new(0, stamp));
+            }
+        }
+        let node = l.find(key);
+        let g = l.guard();
+        let cur: Option<&[u8]> = node.and_then(|n| n.value(g).as_deref());
+        let (outcome, new): (Outcome, FVal) = match op {
+            Op::Put(v) => (
+                Outcome::Put {
+                    created: cur.is_none(),
+                },
+                Some(v.into()),
+            ),
+            Op::Remove => {
+                if cur.is_none() {
+                    return Ok(Outcome::Removed(false));
+                }
+                (Outcome::Removed(true), None)
+            }
+            Op::Incr(d) => {
+                let n = incr_value(cur, d)?;
+                (Outcome::Int(n), Some(n.to_string().into_bytes().into()))
+            }
+        };
+        let base = sh.epoch_base();
+        let version = node
+            .map(|n| n.meta().version.load(Ordering::Acquire) + 1)
+            .unwrap_or(0)
+            .max(base);
+        let prev = node
+            .map(|n| lentry::prev_for_append(&n.meta().lentry))
+            .unwrap_or(0);
+        self.payload.clear();
+        match op {
+            Op::Put(v) => self.payload.extend_from_slice(v),
+            Op::Incr(d) => self.payload.extend_from_slice(&d.to_le_bytes()),
+            Op::Remove => {}
+        }
+        let rec = sh
+            .pool
+            .append(log, op.code(), key, &self.payload, RecPtr(prev), version)?
+            .ok_or_else(|| Error::Corrupt("log space reserved for a record vanished".into()))?;
+        self.appended += 1;
+        if let Some(side) = &mut self.side {
+            // The base design's transaction on the put path (§4.1, variants st and
+            // lfr): the key's persistent pair records its newest log record.
+            side.put(key, &rec.0.to_le_bytes())?;
+        }
+        match node {
+            Some(n) => {
+                l.set_value(n, new);
+                n.meta().version.store(version, Ordering::Release);
+                lentry::publish(&n.meta().lentry, rec.0);
+            }
+            None => {
+                l.insert(hash, key, new, FMeta::new(rec.0, version));
+            }
+        }
+        drop(l);
+        self.evict();
+        Ok(outcome)
+    }
+
+    /// Dynamic roles (§4.3.2): when the advancer wants more gleaners than there
+    /// are, this session becomes one (at least one session always serves) and
+    /// gleans a batch per call until the advancer wants fewer.
+    fn maintain(&mut self) -> Result<bool> {
+        let sh = &self.sh;
+        if !sh.opts.variant.dynamic() {
+            return Ok(false);
+        }
+        if self.gleaning {
+            let have = sh.gleaners.load(Ordering::Acquire);
+            if have > sh.target.load(Ordering::Acquire)
+                && sh
+                    .gleaners
+                    .compare_exchange(have, have - 1, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.gleaning = false;
+                self.g.release(sh);
+                return Ok(false);
+            }
+        } else {
+            let have = sh.gleaners.load(Ordering::Acquire);
+            let max = sh.sessions.load(Ordering::Acquire).saturating_sub(1);
+            if have >= sh.target.load(Ordering::Acquire)
+                || have >= max
+                || sh
+                    .gleaners
+                    .compare_exchange(have, have + 1, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_err()
+            {
+                return Ok(false);
+            }
+            self.gleaning = true;
+        }
+        let sh = self.sh.clone();
+        if !self.g.glean_batch(&sh)? {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,474 @@
+//! Cross-referencing logs (Bullet §2.3–§2.4): a pool of persistent circular logs.
+//!
+//! ## Layout
+//! The Bullet descriptor (the heap's root) holds the pool:
+//! ```text
+//! 0   u32 tag "EBLT"     4  u32 version      8  u32 nlogs     12 u32 backend kind
+//! 16  u64 log size       24 u64 backend descriptor (index root)
+//! 64 + 128*i: log i      +0 u64 base (0 = not allocated yet)   +8 u64 head
+//!                        +64 u64 tail   (its own cache line: the writer's)
+//! ```
+//! Positions are logical byte counts that only grow; a record at position `p` lives
+//! at `base + p % size`. `head` and `tail` are positions: the live records of a log
+//! are exactly those in `[head, tail)`.
+//!
+//! A record (Figure 3a), 8-byte aligned:
+//! ```text
+//! 0  u32 len (whole record, padded to 8)   4  u32 klen
+//! 8  u8 opcode   9  u8 applied   10 u8 tail padding (0..=7)   11..16 zero
+//! 16 u64 pos     (its own position: a pointer to a reclaimed record is detected)
+//! 24 u64 prev    (the key's previous record, in any log; 0 = none)
+//! 32 u64 version (per key, increasing; also the backend value's stamp)
+//! 40 key bytes, then the payload (value bytes, or an i64 for Incr)
+//! ```
+//! A record that would straddle the end of the buffer is preceded by a pad record
+//! (opcode [`OPC_PAD`]) filling the rest of the buffer; when fewer than a header's
+//! bytes remain, there is no pad record and readers skip the gap ([`Pool::skip_gap`]).
+//!
+//! ## Append (the writer holds the key's frontend bucket lock)
+//! 1. write the record at `tail` with `prev` = the frontend entry's `lentry`;
+//! 2. flush its lines, fence; 3. store `tail + len`, flush, fence; 4. (the caller)
+//!    sets the frontend `lentry` to the record. Two fences per append: §4.1 moved
+//!    `lentry` to DRAM, which removed the third.
+//!
+//! ## Reclamation
+//! Only the epoch advancer moves `head`: to the first record not yet applied. It
+//! first publishes the new head as the *read* boundary (no reader starts on a
+//! record below it), waits until every reader that might have started earlier has
+//! left (an epoch grace period), then persists `head` and only then lets writers
+//! reuse the space ([`LogState::free_to`]).
+
+use crate::{Error, Result};
+use pmem::{Heap, PPtr, Region};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+pub const ROOT_TAG: u32 = u32::from_le_bytes(*b"EBLT");
+pub const ROOT_VERSION: u32 = 1;
+pub const LOGS_OFF: u64 = 64;
+pub const LOG_DESC: u64 = 128;
+pub const MAX_LOGS: usize = 255;
+pub const MIN_LOG_SIZE: u64 = 4096;
+
+pub const REC_HDR: u64 = 40;
+pub const OPC_PAD: u8 = 0xff;
+
+/// A pointer to a record: `(log + 1) << 56 | pos`; 0 is null.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecPtr(pub u64);
+
+impl RecPtr {
+    pub const NULL: RecPtr = RecPtr(0);
+    const POS_MASK: u64 = (1 << 56) - 1;
+
+    pub fn new(log: usize, pos: u64) -> RecPtr {
+        debug_assert!(log < MAX_LOGS && pos <= Self::POS_MASK);
+        RecPtr(((log as u64 + 1) << 56) | pos)
+    }
+    pub fn is_null(self) -> bool {
+        self.0 == 0
+    }
+    pub fn log(self) -> usize {
+        ((self.0 >> 56) - 1) as usize
+    }
+    pub fn pos(self) -> u64 {
+        self.0 & Self::POS_MASK
+    }
+}
+
+/// A record's header, as read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub len: u32,
+    pub klen: u32,
+    pub opcode: u8,
+    pub applied: bool,
+    pub pos: u64,
+    pub prev: RecPtr,
+    pub version: u64,
+}
+
+/// Backend kinds recorded in the descriptor.
+pub const BACKEND_HASH: u32 = 0;
+pub const BACKEND_PHASH: u32 = 1;
+
+/// Volatile state of one log.
+#[derive(Debug, Default)]
+pub struct LogState {
+    /// Offset of the buffer (0 until first used).
+    pub base: AtomicU64,
+    /// Read boundary: records below it may be reclaimed; never read them.
+    pub head: AtomicU64,
+    /// Persisted head: writers may reuse space below `free_to + size`.
+    pub free_to: AtomicU64,
+    /// Published tail: every record below it is complete and persisted.
+    pub tail: AtomicU64,
+    /// Held by a writer.
+    pub writer: AtomicBool,
+    /// Held by a gleaner.
+    pub gleaner: AtomicBool,
+    /// The holding gleaner's cursor: the first position it has not finished with.
+    pub scan: AtomicU64,
+}
+
+/// The persistent log pool of one Bullet store.
+pub struct Pool {
+    pub heap: Heap,
+    pub desc: u64,
+    pub size: u64,
+    pub logs: Vec<LogState>,
+    alloc_lock: std::sync::Mutex<()>,
+}
+
+fn pad8(n: u64) -> u64 {
+    (n + 7) & !7
+}
+
+/// The size of a record with `klen` key bytes and `plen` payload bytes.
+pub fn record_len(klen: usize, plen: usize) -> u64 {
+    pad8(REC_HDR + klen as u64 + plen as u64)
+}
+
+impl Pool {
+    fn r(&self) -> &Region {
+        self.heap.region()
+    }
+    fn log_field(&self, i: usize, off: u64) -> u64 {
+        self.desc + LOGS_OFF + i as u64 * LOG_DESC + off
+    }
+
+    /// Writes a new descriptor for `nlogs` logs of `size` bytes in front of the
+    /// backend at `backend` and returns its offset (not yet the heap's root).
+    pub fn create_desc(
+        heap: &Heap,
+        nlogs: usize,
+        size: u64,
+        backend_kind: u32,
+        backend: PPtr<u8>,
+    ) -> Result<u64> {
+        if nlogs == 0 || nlogs > MAX_LOGS {
+            return Err(Error::Config(format!("logs must be 1..={MAX_LOGS}")));
+        }
+        if size < MIN_LOG_SIZE || !size.is_multiple_of(64) {
+            return Err(Error::Config(format!(
+                "log size must be a multiple of 64 and at least {MIN_LOG_SIZE} bytes"
+            )));
+        }
+        let len = LOGS_OFF + nlogs as u64 * LOG_DESC;
+        let mut th = heap.thread()?;
+        let p = th.alloc_zeroed(len)?;
+        let r = heap.region();
+        let d = p.offset();
+        r.write(d, &ROOT_TAG);
+        r.write(d + 4, &ROOT_VERSION);
+        r.write(d + 8, &(nlogs as u32));
+        r.write(d + 12, &backend_kind);
+        r.write(d + 16, &size);
+        r.write(d + 24, &backend.raw());
+        r.persist(d, len as usize);
+        Ok(d)
+    }
+
+    /// Reads and validates the descriptor at `desc`: returns
+    /// `(nlogs, size, backend kind, backend root)`.
+    pub fn read_desc(heap: &Heap, desc: u64) -> Result<(usize, u64, u32, PPtr<u8>)> {
+        let r = heap.region();
+        if desc == 0 || !r.contains(desc, LOGS_OFF) {
+            return Err(Error::Corrupt(format!(
+                "descriptor {desc:#x} outside the heap"
+            )));
+        }
+        let tag: u32 = r.read(desc);
+        if tag != ROOT_TAG {
+            return Err(Error::Corrupt(format!(
+                "root {desc:#x} is not a Bullet store (tag {tag:#x})"
+            )));
+        }
+        let ver: u32 = r.read(desc + 4);
+        if ver != ROOT_VERSION {
+            return Err(Error::Corrupt(format!("Bullet descriptor version {ver}")));
+        }
+        let nlogs: u32 = r.read(desc + 8);
+        let kind: u32 = r.read(desc + 12);
+        let size: u64 = r.read(desc + 16);
+        let backend: u64 = r.read(desc + 24);
+        if nlogs == 0 || nlogs as usize > MAX_LOGS || kind > BACKEND_PHASH {
+            return Err(Error::Corrupt(format!(
+                "Bullet descriptor: {nlogs} logs, backend kind {kind}"
+            )));
+        }
+        if size < MIN_LOG_SIZE || !size.is_multiple_of(64) {
+            return Err(Error::Corrupt(format!(
+                "Bullet descriptor: log size {size}"
+            )));
+        }
+        if !r.contains(desc, LOGS_OFF + nlogs as u64 * LOG_DESC) {
+            return Err(Error::Corrupt("Bullet descriptor truncated".into()));
+        }
+        Ok((nlogs as usize, size, kind, PPtr::from_raw(backend)))
+    }
+
+    /// Attaches to the pool of the descriptor at `desc` (validated), loading heads
+    /// and tails.
+    pub fn attach(heap: &Heap, desc: u64) -> Result<Pool> {
+        let (nlogs, size, _, _) = Self::read_desc(heap, desc)?;
+        let r = heap.region();
+        let mut logs = Vec::with_capacity(nlogs);
+        for i in 0..nlogs {
+            let f = desc + LOGS_OFF + i as u64 * LOG_DESC;
+            let base: u64 = r.read(f);
+            let head: u64 = r.read(f + 8);
+            let tail: u64 = r.read(f + 64);
+            if base != 0 {
+                if !r.contains(base, size) {
+                    return Err(Error::Corrupt(format!("log {i} buffer outside the heap")));
+                }
+                if tail < head || tail - head > size || tail > RecPtr::POS_MASK {
+                    return Err(Error::Corrupt(format!(
+                        "log {i}: head {head} tail {tail} size {size}"
+                    )));
+                }
+            } else if head != 0 || tail != 0 {
+                return Err(Error::Corrupt(format!(
+                    "log {i}: positions without a buffer"
+                )));
+            }
+            logs.push(LogState {
+                base: AtomicU64::new(base),
+                head: AtomicU64::new(head),
+                free_to: AtomicU64::new(head),
+                tail: AtomicU64::new(tail),
+                writer: AtomicBool::new(false),
+                gleaner: AtomicBool::new(false),
+                scan: AtomicU64::new(head),
+            });
+        }
+        Ok(Pool {
+            heap: heap.clone(),
+            desc,
+            size,
+            logs,
+            alloc_lock: std::sync::Mutex::new(()),
+        })
+    }
+
+    /// The heap blocks the pool owns (descriptor and buffers), for the leak sweep.
+    pub fn blocks(&self) -> Vec<u64> {
+        let mut v = vec![self.desc];
+        for l in &self.logs {
+            let b = l.base.load(Ordering::Acquire);
+            if b != 0 {
+                v.push(b);
+            }
+        }
+        v
+    }
+
+    /// Allocates log `i`'s buffer if it has none. Crash-safe: the block is in an
+    /// active page until its offset is persisted in the descriptor, so a crash in
+    /// between leaves a block the leak sweep frees.
+    pub fn ensure_buffer(&self, i: usize) -> Result<u64> {
+        let b = self.logs[i].base.load(Ordering::Acquire);
+        if b != 0 {
+            return Ok(b);
+        }
+        let _g = self.alloc_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let b = self.logs[i].base.load(Ordering::Acquire);
+        if b != 0 {
+            return Ok(b);
+        }
+        let mut th = self.heap.thread()?;
+        let p = th.alloc(self.size)?;
+        let f = self.log_field(i, 0);
+        self.r().write(f, &p.offset());
+        self.r().persist(f, 8);
+        self.logs[i].base.store(p.offset(), Ordering::Release);
+        Ok(p.offset())
+    }
+
+    /// Bytes in use across the pool, and the pool's capacity.
+    pub fn occupancy(&self) -> (u64, u64) {
+        let mut used = 0;
+        for l in &self.logs {
+            used += l.tail.load(Ordering::Acquire) - l.free_to.load(Ordering::Acquire);
+        }
+        (used, self.size * self.logs.len() as u64)
+    }
+
+    /// Free bytes of log `i` for its writer.
+    pub fn free_bytes(&self, i: usize) -> u64 {
+        let l = &self.logs[i];
+        self.size - (l.tail.load(Ordering::Acquire) - l.free_to.load(Ordering::Acquire))
+    }
+
+    /// Appends a record to log `i` (the caller holds it as writer) and returns where.
+    /// `None` when the log has no room for it now.
+    #[allow(clippy::too_many_arguments)]
+    pub fn append(
+        &self,
+        i: usize,
+        opcode: u8,
+        key: &[u8],
+        payload: &[u8],
+        prev: RecPtr,
+        version: u64,
+    ) -> Result<Option<RecPtr>> {
+        let len = record_len(key.len(), payload.len());
+        if len > self.size {
+            return Err(Error::RecordTooLarge(len, self.size));
+        }
+        let l = &self.logs[i];
+        let base = self.ensure_buffer(i)?;
+        let mut tail = l.tail.load(Ordering::Relaxed);
+        let free_to = l.free_to.load(Ordering::Acquire);
+        let phys = tail % self.size;
+        let pad = if phys + len > self.size {
+            self.size - phys
+        } else {
+            0
+        };
+        if tail + pad + len - free_to > self.size {
+            return Ok(None);
+        }
+        let r = self.r();
+        if pad >= REC_HDR {
+            let at = base + phys;
+            r.write(at, &(pad as u32));
+            r.write(at + 4, &0u32);
+            r.write(at + 8, &[OPC_PAD, 1, 0, 0, 0, 0, 0, 0]);
+            r.write(at + 16, &tail);
+            r.write(at + 24, &0u64);
+            r.write(at + 32, &0u64);
+            r.flush(at, REC_HDR as usize);
+        }
+        // A gap too small for a header is skipped by readers (`skip_gap`).
+        tail += pad;
+        let at = base + tail % self.size;
+        r.write(at, &(len as u32));
+        r.write(at + 4, &(key.len() as u32));
+        let padb = (len - REC_HDR - key.len() as u64 - payload.len() as u64) as u8;
+        r.write(at + 8, &[opcode, 0, padb, 0, 0, 0, 0, 0]);
+        r.write(at + 16, &tail);
+        r.write(at + 24, &prev.0);
+        r.write(at + 32, &version);
+        r.write_bytes(at + REC_HDR, key);
+        r.write_bytes(at + REC_HDR + key.len() as u64, payload);
+        r.flush(at, len as usize);
+        r.fence();
+        let new_tail = tail + len;
+        let tf = self.log_field(i, 64);
+        r.write(tf, &new_tail);
+        r.persist(tf, 8);
+        l.tail.store(new_tail, Ordering::Release);
+        Ok(Some(RecPtr::new(i, tail)))
+    }
+
+    /// Where the record at or after `pos` starts: a position with fewer than a
+    /// header's bytes before the end of the buffer holds nothing.
+    pub fn skip_gap(&self, pos: u64) -> u64 {
+        let room = self.size - pos % self.size;
+        if room < REC_HDR {
+            pos + room
+        } else {
+            pos
+        }
+    }
+
+    /// Whether `p` is below its log's read boundary (reclaimed or about to be: it
+    /// was applied).
+    pub fn reclaimed(&self, p: RecPtr) -> bool {
+        p.log() >= self.logs.len() || p.pos() < self.logs[p.log()].head.load(Ordering::Acquire)
+    }
+
+    fn at(&self, p: RecPtr) -> u64 {
+        self.logs[p.log()].base.load(Ordering::Acquire) + p.pos() % self.size
+    }
+
+    /// Reads the header of the record at `p`, validating it; the caller is inside a
+    /// reader epoch (or alone) and `p` is not reclaimed.
+    pub fn header(&self, p: RecPtr) -> Result<Header> {
+        if p.log() >= self.logs.len() || self.logs[p.log()].base.load(Ordering::Acquire) == 0 {
+            return Err(Error::Corrupt(format!("record pointer {:#x}", p.0)));
+        }
+        let r = self.r();
+        let at = self.at(p);
+        let len: u32 = r.read(at);
+        let klen: u32 = r.read(at + 4);
+        let b = r.atomic_u64(at + 8).load(Ordering::Acquire).to_le_bytes();
+        let pos: u64 = r.read(at + 16);
+        let prev: u64 = r.read(at + 24);
+        let version: u64 = r.read(at + 32);
+        let h = Header {
+            len,
+            klen,
+            opcode: b[0],
+            applied: b[1] != 0,
+            pos,
+            prev: RecPtr(prev),
+            version,
+        };
+        let room = self.size - p.pos() % self.size;
+        if pos != p.pos()
+            || (len as u64) < REC_HDR
+            || !len.is_multiple_of(8)
+            || len as u64 > room
+            || (h.opcode != OPC_PAD && REC_HDR + klen as u64 > len as u64)
+        {
+            return Err(Error::Corrupt(format!(
+                "log {} record at {}: {h:?}",
+                p.log(),
+                p.pos()
+            )));
+        }
+        Ok(h)
+    }
+
+    /// Copies the key of the record at `p` into `key` and its payload into `payload`.
+    pub fn body(&self, p: RecPtr, h: &Header, key: &mut Vec<u8>, payload: &mut Vec<u8>) {
+        let r = self.r();
+        let at = self.at(p) + REC_HDR;
+        key.resize(h.klen as usize, 0);
+        r.read_bytes(at, key);
+        let plen = self.payload_len(p, h);
+        payload.resize(plen, 0);
+        r.read_bytes(at + h.klen as u64, payload);
+    }
+
+    fn payload_len(&self, p: RecPtr, h: &Header) -> usize {
+        let padb: u8 = self.r().read(self.at(p) + 10);
+        (h.len as u64 - REC_HDR - h.klen as u64).saturating_sub(padb as u64) as usize
+    }
+
+    /// Sets the record's `applied` flag and flushes it (no fence: the gleaner fences
+    /// once per batch, before it leaves its epoch).
+    pub fn mark_applied(&self, p: RecPtr) {
+        let at = self.at(p) + 8;
+        self.r().atomic_u64(at).fetch_or(1 << 8, Ordering::Release);
+        self.r().flush(at, 8);
+    }
+
+    /// Whether log `i`'s writer can append `len` bytes now (counting the pad
+    /// record a wrap would need).
+    pub fn fits(&self, i: usize, len: u64) -> bool {
+        let l = &self.logs[i];
+        let tail = l.tail.load(Ordering::Acquire);
+        let free_to = l.free_to.load(Ordering::Acquire);
+        let phys = tail % self.size;
+        let pad = if phys + len > self.size {
+            self.size - phys
+        } else {
+            0
+        };
+        tail + pad + len - free_to <= self.size
+    }
+
+    pub fn fence(&self) {
+        self.r().fence();
+    }
+
+    /// Persists a new head of log `i` (the advancer, after the grace period).
+    pub fn persist_head(&self, i: usize, head: u64) {
+        let f = self.log_field(i, 8);
+        self.r().write(f, &head);
+        self.r().persist(f, 8);
+    }
+}

@@ -1,0 +1,231 @@
+//! # engine — what a command runs against
+//!
+//! One [`Store`] trait, three stores:
+//! - [`volatile::VolatileStore`]: the DRAM table alone, no durability (the upper
+//!   bound of every comparison; never call it durable).
+//! - [`direct::DirectStore`]: a single tier on the persistent heap (UDORN's "the
+//!   database is the image"), on the log-free hash table or on phash.
+//! - [`bullet::BulletStore`]: Bullet (ATC '18): the DRAM table as frontend, the
+//!   direct store's index as backend, and between them cross-referencing logs
+//!   (per-thread persistent logs whose records link to the key's previous record in
+//!   any log), gleaners, epochs, dynamic writer/gleaner roles, put collapsing.
+//!
+//! Every update is an [`Op`]: an opcode with a payload. Puts and removes are
+//! idempotent (applying one twice is harmless, and only the newest of a chain
+//! matters); `Incr` is not, and the stores apply such operations exactly once and
+//! in the order they were acknowledged.
+//!
+//! A [`Session`] is one thread's door into a store: it holds that thread's heap
+//! slot, log and epoch participation. An update is durable when
+//! [`Session::apply`] returns (in the store's durability mode: see
+//! [`Store::durability`]).
+
+pub mod bullet;
+pub mod crl;
+pub mod direct;
+pub mod error;
+pub mod lentry;
+pub mod table;
+pub mod value;
+pub mod volatile;
+
+pub use error::{Error, Result};
+
+/// An update, as an opcode with its payload. The key travels beside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op<'a> {
+    /// Sets the value (idempotent).
+    Put(&'a [u8]),
+    /// Deletes the key (idempotent).
+    Remove,
+    /// Adds to the value read as a decimal signed 64-bit integer, Redis's `INCRBY`
+    /// (an absent key counts as 0). Not idempotent.
+    Incr(i64),
+}
+
+impl Op<'_> {
+    /// The opcode as stored in a log record.
+    pub fn code(&self) -> u8 {
+        match self {
+            Op::Put(_) => OPC_PUT,
+            Op::Remove => OPC_REMOVE,
+            Op::Incr(_) => OPC_INCR,
+        }
+    }
+
+    /// Whether applying the operation twice equals applying it once, and a newer
+    /// idempotent operation makes every older one irrelevant (put collapsing).
+    pub fn idempotent(&self) -> bool {
+        !matches!(self, Op::Incr(_))
+    }
+}
+
+/// Opcodes of log records (stable: they are stored in the heap).
+pub const OPC_PUT: u8 = 1;
+pub const OPC_REMOVE: u8 = 2;
+pub const OPC_INCR: u8 = 3;
+
+/// What an update did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A put: whether the key was new.
+    Put { created: bool },
+    /// A remove: whether the key was present.
+    Removed(bool),
+    /// An increment: the new value.
+    Int(i64),
+}
+
+/// The durability an acknowledged update has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// None: the store is DRAM only.
+    Volatile,
+    /// In the heap's persistence domain (flush + fence, or msync, per the heap's
+    /// strategy: on an ordinary file without msync that survives SIGKILL, not an
+    /// OS crash).
+    Heap,
+}
+
+/// Counters a store reports (INFO, benchmarks).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StoreStats {
+    /// Keys in the store (approximate while operations run).
+    pub keys: u64,
+    /// Entries in the DRAM table (frontend), if any.
+    pub frontend_entries: u64,
+    /// Log occupancy, 0.0..=1.0 (Bullet only).
+    pub log_occupancy: f64,
+    /// Threads gleaning now (Bullet only).
+    pub gleaners: u64,
+    /// Log records appended / applied to the backend / skipped by put collapsing.
+    pub records_appended: u64,
+    pub records_applied: u64,
+    pub records_collapsed: u64,
+    /// Frontend misses served from the backend.
+    pub backend_loads: u64,
+    /// Frontend entries evicted (bounded cache).
+    pub evictions: u64,
+    /// Times a writer waited for log space.
+    pub log_full_waits: u64,
+    /// Epochs completed by the epoch advancer.
+    pub epochs: u64,
+}
+
+/// A store: shared by every thread (`Clone` is a cheap handle).
+pub trait Store: Send + Sync + 'static {
+    type Session: Session;
+    /// A session for the calling thread (it stays on that thread).
+    fn session(&self) -> Result<Self::Session>;
+    /// `"volatile"`, `"direct"`, `"bullet"` (with the variant, e.g. `"bullet-st"`).
+    fn name(&self) -> String;
+    fn durability(&self) -> Durability;
+    fn stats(&self) -> StoreStats;
+    /// Stops background threads and makes everything durable (clean shutdown).
+    /// Sessions must be dropped first.
+    fn close(&self) -> Result<()>;
+}
+
+/// One thread's operations on a store.
+pub trait Session {
+    /// Copies the value of `key` into `out` (cleared first); false when absent.
+    fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool>;
+    /// Applies an update; durable (per [`Store::durability`]) when it returns.
+    fn apply(&mut self, key: &[u8], op: Op<'_>) -> Result<Outcome>;
+    /// Backend work the store wants from this thread between requests (Bullet's
+    /// dynamic roles: a worker asked to glean does so here). Returns true when it
+    /// did some. Call it between requests; it is cheap when there is nothing to do.
+    fn maintain(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+}
+
+/// Computes an `Incr` on a stored value: the value must be a decimal signed 64-bit
+/// integer, as Redis requires (no spaces, no leading `+`, no leading zeros except
+/// `0` itself); the sum must not overflow.
+pub fn incr_value(old: Option<&[u8]>, delta: i64) -> Result<i64> {
+    let base = match old {
+        None => 0,
+        Some(v) => parse_i64(v).ok_or(Error::NotInteger)?,
+    };
+    base.checked_add(delta).ok_or(Error::Overflow)
+}
+
+/// Parses a decimal i64 the way Redis's `string2ll` does.
+pub fn parse_i64(v: &[u8]) -> Option<i64> {
+    if v.is_empty() || v.len() > 20 {
+        return None;
+    }
+    let (neg, digits) = match v[0] {
+        b'-' => (true, &v[1..]),
+        _ => (false, v),
+    };
+    if digits.is_empty() || (digits[0] == b'0' && (digits.len() > 1 || neg)) {
+        return None;
+    }
+    let mut acc: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        let x = (d - b'0') as i64;
+        acc = acc.checked_mul(10)?;
+        acc = if neg {
+            acc.checked_sub(x)?
+        } else {
+            acc.checked_add(x)?
+        };
+    }
+    Some(acc)
+}
+
+/// The stable hash of a key (the index crate's, so one hash serves every tier).
+#[inline]
+pub fn key_hash(key: &[u8]) -> u64 {
+    index::key_hash(key)
+}
+
+/// Refuses keys and values beyond the index's limits before any work is done.
+pub(crate) fn check_op(key: &[u8], op: &Op<'_>) -> Result<()> {
+    if key.len() > index::MAX_KEY {
+        return Err(Error::KeyTooLarge(key.len()));
+    }
+    if let Op::Put(v) = op {
+        if v.len() > index::MAX_VALUE - value::STAMP_LEN {
+            return Err(Error::ValueTooLarge(v.len()));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_like_redis() {
+        assert_eq!(parse_i64(b"0"), Some(0));
+        assert_eq!(parse_i64(b"-12"), Some(-12));
+        assert_eq!(parse_i64(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
+        for bad in [
+            &b""[..],
+            b"-",
+            b"01",
+            b"-0",
+            b"+1",
+            b" 1",
+            b"1 ",
+            b"1a",
+            b"9223372036854775808",
+        ] {
+            assert_eq!(parse_i64(bad), None, "{bad:?}");
+        }
+        assert_eq!(incr_value(None, 5).unwrap(), 5);
+        assert!(matches!(
+            incr_value(Some(b"9223372036854775807"), 1),
+            Err(Error::Overflow)
+        ));
+        assert!(matches!(incr_value(Some(b"x"), 1), Err(Error::NotInteger)));
+    }
+}

@@ -1,0 +1,110 @@
+//! The volatile store: the DRAM table alone. The upper bound of every comparison
+//! (Bullet's `volatile`); nothing survives the process, and it says so
+//! ([`Durability::Volatile`]).
+
+use crate::table::Table;
+use crate::{
+    check_op, incr_value, key_hash, Durability, Op, Outcome, Result, Session, Store, StoreStats,
+};
+use std::sync::Arc;
+
+/// The DRAM-only store. Clone is cheap.
+#[derive(Clone)]
+pub struct VolatileStore {
+    table: Arc<Table<Box<[u8]>, ()>>,
+}
+
+impl VolatileStore {
+    pub fn new(initial_buckets: usize) -> VolatileStore {
+        VolatileStore {
+            table: Arc::new(Table::new(initial_buckets)),
+        }
+    }
+
+    /// Waits for a background doubling to finish (benchmarks' prefill).
+    pub fn wait_resize(&self) {
+        self.table.wait_resize();
+    }
+}
+
+pub struct VolatileSession {
+    table: Arc<Table<Box<[u8]>, ()>>,
+    buf: Vec<u8>,
+}
+
+impl Store for VolatileStore {
+    type Session = VolatileSession;
+
+    fn session(&self) -> Result<VolatileSession> {
+        Ok(VolatileSession {
+            table: self.table.clone(),
+            buf: Vec::new(),
+        })
+    }
+
+    fn name(&self) -> String {
+        "volatile".into()
+    }
+
+    fn durability(&self) -> Durability {
+        Durability::Volatile
+    }
+
+    fn stats(&self) -> StoreStats {
+        let n = self.table.len() as u64;
+        StoreStats {
+            keys: n,
+            frontend_entries: n,
+            ..Default::default()
+        }
+    }
+
+    fn close(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Session for VolatileSession {
+    fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        out.clear();
+        let g = crossbeam_epoch::pin();
+        match self.table.get(key_hash(key), key, &g) {
+            Some(n) => {
+                out.extend_from_slice(n.value(&g));
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn apply(&mut self, key: &[u8], op: Op<'_>) -> Result<Outcome> {
+        check_op(key, &op)?;
+        let hash = key_hash(key);
+        let mut l = self.table.lock(hash);
+        match op {
+            Op::Put(v) => {
+                if let Some(n) = l.find(key) {
+                    l.set_value(n, v.into());
+                    Ok(Outcome::Put { created: false })
+                } else {
+                    l.insert(hash, key, v.into(), ());
+                    Ok(Outcome::Put { created: true })
+                }
+            }
+            Op::Remove => Ok(Outcome::Removed(l.remove(key))),
+            Op::Incr(d) => {
+                let g = l.guard();
+                let cur = l.find(key).map(|n| n.value(g).clone());
+                let n = incr_value(cur.as_deref(), d)?;
+                self.buf.clear();
+                self.buf.extend_from_slice(n.to_string().as_bytes());
+                if let Some(node) = l.find(key) {
+                    l.set_value(node, self.buf.as_slice().into());
+                } else {
+                    l.insert(hash, key, self.buf.as_slice().into(), ());
+                }
+                Ok(Outcome::Int(n))
+            }
+        }
+    }
+}

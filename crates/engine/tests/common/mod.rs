@@ -1,0 +1,163 @@
+//! Shared helpers of the engine tests: which store, opened how.
+#![allow(dead_code)]
+
+use engine::bullet::{BulletOptions, BulletStore, Variant};
+use engine::direct::{BackendKind, BackendOptions, DirectStore};
+use engine::volatile::VolatileStore;
+use engine::{Session, Store};
+use pmem::{CrashSim, Geometry, Heap, HeapOptions, Recovery, Strategy};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The store (and configuration) under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Volatile,
+    Direct(BackendKind),
+    Bullet(Variant, BackendKind),
+}
+
+impl Kind {
+    pub const PERSISTENT: [Kind; 7] = [
+        Kind::Direct(BackendKind::LogFree),
+        Kind::Direct(BackendKind::PHash),
+        Kind::Bullet(Variant::Full, BackendKind::LogFree),
+        Kind::Bullet(Variant::Full, BackendKind::PHash),
+        Kind::Bullet(Variant::Dyn, BackendKind::LogFree),
+        Kind::Bullet(Variant::St, BackendKind::PHash),
+        Kind::Bullet(Variant::Opt, BackendKind::LogFree),
+    ];
+
+    pub fn name(self) -> String {
+        match self {
+            Kind::Volatile => "volatile".into(),
+            Kind::Direct(b) => format!("direct-{}", b.name()),
+            Kind::Bullet(v, b) => format!("bullet-{}-{}", v.name(), b.name()),
+        }
+    }
+}
+
+/// Small logs, so that wrap-around, log switching and full logs happen often.
+pub fn bullet_opts(v: Variant, b: BackendKind, log_size: u64) -> BulletOptions {
+    BulletOptions {
+        variant: v,
+        logs: 4,
+        log_size,
+        backend: BackendOptions {
+            kind: b,
+            buckets: 64,
+            link_cache: true,
+        },
+        frontend_buckets: 16,
+        cache_entries: 0,
+        epoch: Duration::from_millis(1),
+        static_gleaners: 1,
+    }
+}
+
+pub fn heap_opts(size: u64, max_size: u64, strategy: Strategy) -> HeapOptions {
+    HeapOptions {
+        size,
+        max_size,
+        reserve: max_size.max(size),
+        geometry: Geometry {
+            nslots: 16,
+            ..Geometry::small()
+        },
+        strategy,
+        ..Default::default()
+    }
+}
+
+pub fn sim_opts() -> HeapOptions {
+    heap_opts(4 << 20, 32 << 20, Strategy::FenceOnly)
+}
+
+/// A directory in memory when there is one (images are written often).
+pub fn shm_dir() -> std::path::PathBuf {
+    let d = Path::new("/dev/shm");
+    if d.is_dir() {
+        d.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// A store of any kind, type-erased for tests.
+pub enum AnyStore {
+    Volatile(VolatileStore),
+    Direct(DirectStore),
+    Bullet(BulletStore),
+}
+
+impl AnyStore {
+    pub fn session(&self) -> Box<dyn Session> {
+        match self {
+            AnyStore::Volatile(s) => Box::new(s.session().unwrap()),
+            AnyStore::Direct(s) => Box::new(s.session().unwrap()),
+            AnyStore::Bullet(s) => Box::new(s.session().unwrap()),
+        }
+    }
+
+    pub fn close(&self) -> engine::Result<()> {
+        match self {
+            AnyStore::Volatile(s) => s.close(),
+            AnyStore::Direct(s) => s.close(),
+            AnyStore::Bullet(s) => s.close(),
+        }
+    }
+
+    pub fn bullet(&self) -> Option<&BulletStore> {
+        match self {
+            AnyStore::Bullet(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+pub fn create(kind: Kind, heap: &Heap, log_size: u64) -> engine::Result<AnyStore> {
+    Ok(match kind {
+        Kind::Volatile => AnyStore::Volatile(VolatileStore::new(16)),
+        Kind::Direct(b) => AnyStore::Direct(DirectStore::create(
+            heap,
+            &BackendOptions {
+                kind: b,
+                buckets: 64,
+                link_cache: true,
+            },
+        )?),
+        Kind::Bullet(v, b) => {
+            AnyStore::Bullet(BulletStore::create(heap, &bullet_opts(v, b, log_size))?)
+        }
+    })
+}
+
+/// Opens the store of a recovering heap; returns it and the heap.
+pub fn open(kind: Kind, rec: Recovery, log_size: u64) -> engine::Result<(AnyStore, Heap)> {
+    Ok(match kind {
+        Kind::Volatile => panic!("a volatile store has nothing to open"),
+        Kind::Direct(_) => {
+            let (s, _) = DirectStore::open(rec)?;
+            let h = s.heap().clone();
+            (AnyStore::Direct(s), h)
+        }
+        Kind::Bullet(v, b) => {
+            let (s, _) = BulletStore::open(rec, &bullet_opts(v, b, log_size))?;
+            let h = s.heap().clone();
+            (AnyStore::Bullet(s), h)
+        }
+    })
+}
+
+pub fn open_sim(
+    kind: Kind,
+    path: &Path,
+    sim: Arc<CrashSim>,
+    log_size: u64,
+) -> engine::Result<(AnyStore, Heap, bool)> {
+    let rec = Heap::open_sim(path, &sim_opts(), sim)?;
+    let clean = rec.report().was_clean;
+    let (s, h) = open(kind, rec, log_size)?;
+    Ok((s, h, clean))
+}

@@ -1,0 +1,313 @@
+//! Model-based test of every store against a `BTreeMap`.
+//!
+//! Random sequences of put / remove / incr / get on 12 keys, with clean restarts
+//! (session dropped, store closed, heap dropped and reopened) and simulated crashes
+//! (a `CrashSim::capture_now` image of the heap: the persisted image plus a random
+//! subset of the cache lines not yet durable, opened and recovered as the heap from
+//! then on). Every result is compared with the model's; after every restart or
+//! crash every key must read back as the model says: every acknowledged operation
+//! present, nothing invented. Bullet stores use four logs of 4 KiB, so records wrap
+//! around, writers switch logs and wait for full logs (gleaning themselves), and
+//! the epoch advancer (1 ms epochs) reclaims log space concurrently with the test.
+//! `Drain` applies every record to the backend and then checks the frontend against
+//! the backend.
+//!
+//! `EMBER_ENGINE_MODEL_CASES=n` sets the cases per kind (default 16).
+
+mod common;
+
+use common::*;
+use engine::{Error, Op, Outcome, Session};
+use pmem::{CrashSim, Heap};
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+const NKEYS: usize = 12;
+const LOG: u64 = 4096;
+
+#[derive(Clone, Debug)]
+enum TOp {
+    Put(usize, u32),
+    PutNum(usize, i64),
+    Remove(usize),
+    Incr(usize, i64),
+    Get(usize),
+    Drain,
+    Restart,
+    Crash(u64),
+}
+
+fn op_strategy(persistent: bool) -> BoxedStrategy<TOp> {
+    let k = || 0..NKEYS;
+    let restart = if persistent { 3 } else { 0 };
+    let crash = if persistent { 5 } else { 0 };
+    prop_oneof![
+        25 => (k(), any::<u32>()).prop_map(|(k, v)| TOp::Put(k, v)),
+        10 => (k(), -1000i64..1000).prop_map(|(k, v)| TOp::PutNum(k, v)),
+        15 => k().prop_map(TOp::Remove),
+        25 => (k(), -50i64..50).prop_map(|(k, d)| TOp::Incr(k, d)),
+        15 => k().prop_map(TOp::Get),
+        2 => Just(TOp::Drain),
+        restart => Just(TOp::Restart),
+        crash => any::<u64>().prop_map(TOp::Crash),
+    ]
+    .boxed()
+}
+
+fn key(k: usize) -> Vec<u8> {
+    format!("key:{k}").into_bytes()
+}
+
+/// A value that is not an integer (so `Incr` on it must fail), of varying length.
+fn text(v: u32) -> Vec<u8> {
+    let mut s = format!("v{v:x}-").into_bytes();
+    s.resize(4 + (v as usize % 90), b'x');
+    s
+}
+
+struct Live {
+    // Drop order: session, store, heap.
+    sess: Option<Box<dyn Session>>,
+    store: Option<AnyStore>,
+    heap: Option<Heap>,
+    sim: Arc<CrashSim>,
+    path: PathBuf,
+}
+
+impl Live {
+    fn sess(&mut self) -> &mut dyn Session {
+        &mut **self.sess.as_mut().unwrap()
+    }
+
+    fn check_all(&mut self, model: &BTreeMap<usize, Vec<u8>>, what: &str) -> Result<(), String> {
+        let mut out = Vec::new();
+        for k in 0..NKEYS {
+            let found = self
+                .sess()
+                .get(&key(k), &mut out)
+                .map_err(|e| format!("{what}: get: {e}"))?;
+            let got = found.then(|| out.clone());
+            if got.as_ref() != model.get(&k) {
+                return Err(format!(
+                    "{what}: key {k} reads {:?}, the model has {:?}",
+                    got.map(|v| String::from_utf8_lossy(&v).into_owned()),
+                    model
+                        .get(&k)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn shut(&mut self) {
+        self.sess = None;
+        if let Some(s) = self.store.take() {
+            let _ = s.close();
+        }
+        self.heap = None;
+    }
+}
+
+fn run_model(kind: Kind, ops: &[TOp]) -> Result<(), String> {
+    let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+    let path0 = dir.path().join("m0.heap");
+    let persistent = kind != Kind::Volatile;
+    let mut live = if persistent {
+        {
+            let heap = Heap::create(&path0, &sim_opts()).unwrap();
+            let s = create(kind, &heap, LOG).map_err(|e| format!("create: {e}"))?;
+            s.close().map_err(|e| format!("close: {e}"))?;
+        }
+        let sim = Arc::new(CrashSim::new(1, 0));
+        let (store, heap, _) =
+            open_sim(kind, &path0, sim.clone(), LOG).map_err(|e| format!("open: {e}"))?;
+        Live {
+            sess: Some(store.session()),
+            store: Some(store),
+            heap: Some(heap),
+            sim,
+            path: path0.clone(),
+        }
+    } else {
+        let heap = Heap::create(&path0, &sim_opts()).unwrap();
+        let store = create(kind, &heap, LOG).unwrap();
+        Live {
+            sess: Some(store.session()),
+            store: Some(store),
+            heap: Some(heap),
+            sim: Arc::new(CrashSim::new(1, 0)),
+            path: path0.clone(),
+        }
+    };
+    let mut model: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
+    let mut out = Vec::new();
+    let mut gen = 0u32;
+    for (i, op) in ops.iter().enumerate() {
+        let what = format!("{} op {i} {op:?}", kind.name());
+        match op {
+            TOp::Put(..) | TOp::PutNum(..) => {
+                let (k, val) = match op {
+                    TOp::PutNum(k, n) => (k, n.to_string().into_bytes()),
+                    TOp::Put(k, v) => (k, text(*v)),
+                    _ => unreachable!(),
+                };
+                let r = live
+                    .sess()
+                    .apply(&key(*k), Op::Put(&val))
+                    .map_err(|e| format!("{what}: {e}"))?;
+                let want = Outcome::Put {
+                    created: model.insert(*k, val).is_none(),
+                };
+                if r != want {
+                    return Err(format!("{what}: {r:?}, the model says {want:?}"));
+                }
+            }
+            TOp::Remove(k) => {
+                let r = live
+                    .sess()
+                    .apply(&key(*k), Op::Remove)
+                    .map_err(|e| format!("{what}: {e}"))?;
+                let want = Outcome::Removed(model.remove(k).is_some());
+                if r != want {
+                    return Err(format!("{what}: {r:?}, the model says {want:?}"));
+                }
+            }
+            TOp::Incr(k, d) => {
+                let r = live.sess().apply(&key(*k), Op::Incr(*d));
+                let want = engine::incr_value(model.get(k).map(|v| v.as_slice()), *d);
+                match (r, want) {
+                    (Ok(Outcome::Int(n)), Ok(m)) if n == m => {
+                        model.insert(*k, n.to_string().into_bytes());
+                    }
+                    (Err(Error::NotInteger), Err(Error::NotInteger)) => {}
+                    (r, w) => return Err(format!("{what}: {r:?}, the model says {w:?}")),
+                }
+            }
+            TOp::Get(k) => {
+                let found = live
+                    .sess()
+                    .get(&key(*k), &mut out)
+                    .map_err(|e| format!("{what}: {e}"))?;
+                let got = found.then(|| out.clone());
+                if got.as_ref() != model.get(k) {
+                    return Err(format!("{what}: {got:?}, the model has {:?}", model.get(k)));
+                }
+            }
+            TOp::Drain => {
+                if let Some(b) = live.store.as_ref().unwrap().bullet() {
+                    b.drain().map_err(|e| format!("{what}: drain: {e}"))?;
+                    b.verify().map_err(|e| format!("{what}: verify: {e}"))?;
+                }
+            }
+            TOp::Restart => {
+                live.shut();
+                let sim = Arc::new(CrashSim::new(i as u64, 0));
+                let (store, heap, clean) = open_sim(kind, &live.path, sim.clone(), LOG)
+                    .map_err(|e| format!("{what}: reopen: {e}"))?;
+                if !clean {
+                    return Err(format!("{what}: a closed heap is not clean"));
+                }
+                live.sess = Some(store.session());
+                live.store = Some(store);
+                live.heap = Some(heap);
+                live.sim = sim;
+                live.check_all(&model, &what)?;
+            }
+            TOp::Crash(seed) => {
+                let img = live.sim.capture_now(live.heap.as_ref().unwrap().region());
+                gen += 1;
+                let next = dir.path().join(format!("m{gen}.heap"));
+                pmem::sim::write_image(&next, &img.bytes).unwrap();
+                let old = live.path.clone();
+                live.shut();
+                std::fs::remove_file(&old).unwrap();
+                let sim = Arc::new(CrashSim::new(*seed, 0));
+                let (store, heap, clean) = open_sim(kind, &next, sim.clone(), LOG)
+                    .map_err(|e| format!("{what}: recover: {e}"))?;
+                if clean {
+                    return Err(format!("{what}: a crash image says clean"));
+                }
+                live.sess = Some(store.session());
+                live.store = Some(store);
+                live.heap = Some(heap);
+                live.sim = sim;
+                live.path = next;
+                live.check_all(&model, &what)?;
+            }
+        }
+    }
+    live.check_all(&model, "end")?;
+    if let Some(b) = live.store.as_ref().unwrap().bullet() {
+        b.drain().map_err(|e| format!("end: drain: {e}"))?;
+        b.verify().map_err(|e| format!("end: verify: {e}"))?;
+    }
+    live.shut();
+    Ok(())
+}
+
+fn cases() -> u32 {
+    std::env::var("EMBER_ENGINE_MODEL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16)
+}
+
+fn run_kind(kind: Kind) {
+    let mut runner = proptest::test_runner::TestRunner::new(Config {
+        cases: cases(),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let persistent = kind != Kind::Volatile;
+    let strat = proptest::collection::vec(op_strategy(persistent), 1..160);
+    runner
+        .run(&strat, |ops| {
+            run_model(kind, &ops).map_err(TestCaseError::fail)?;
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn volatile_matches_model() {
+    run_kind(Kind::Volatile);
+}
+
+#[test]
+fn direct_logfree_matches_model() {
+    run_kind(Kind::PERSISTENT[0]);
+}
+
+#[test]
+fn direct_phash_matches_model() {
+    run_kind(Kind::PERSISTENT[1]);
+}
+
+#[test]
+fn bullet_full_logfree_matches_model() {
+    run_kind(Kind::PERSISTENT[2]);
+}
+
+#[test]
+fn bullet_full_phash_matches_model() {
+    run_kind(Kind::PERSISTENT[3]);
+}
+
+#[test]
+fn bullet_dyn_matches_model() {
+    run_kind(Kind::PERSISTENT[4]);
+}
+
+#[test]
+fn bullet_st_matches_model() {
+    run_kind(Kind::PERSISTENT[5]);
+}
+
+#[test]
+fn bullet_opt_matches_model() {
+    run_kind(Kind::PERSISTENT[6]);
+}
