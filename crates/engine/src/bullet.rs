@@ -1123,7 +1123,19 @@ fn advancer(sh: Arc<Shared>) {
     let mut last_occ = 0.0;
     let mut last_ops = u64::MAX;
     while !sh.stop.load(Ordering::Acquire) {
-        std::thread::sleep(sh.opts.epoch);
+        // Sleep out the epoch in short naps, so that closing the store does not
+        // wait for a long epoch to end.
+        let start = Instant::now();
+        while !sh.stop.load(Ordering::Acquire) {
+            let left = sh.opts.epoch.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(5)));
+        }
+        if sh.stop.load(Ordering::Acquire) {
+            break;
+        }
         sh.epoch.fetch_add(1, Ordering::AcqRel);
         sh.c.epochs.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = sh.advance() {

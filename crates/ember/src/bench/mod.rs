@@ -2,6 +2,7 @@
 //! they share (machine description, medians, temporary heaps).
 
 mod alloc;
+mod engine;
 mod index;
 mod persist;
 mod recovery;
@@ -28,6 +29,9 @@ pub enum Which {
     Index(index::IndexArgs),
     /// Recovery time of an index structure after a SIGKILL crash.
     Recovery(recovery::RecoveryArgs),
+    /// Throughput and latency of a store (volatile, direct, Bullet and its
+    /// variants) under a YCSB scrambled-zipfian get/put load (Bullet §7).
+    Engine(engine::EngineArgs),
     /// (internal) The process `bench recovery` builds a structure in and kills.
     #[command(hide = true, name = "recovery-fill")]
     RecoveryFill(recovery::FillArgs),
@@ -39,6 +43,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         Which::Persist(a) => persist::run(a),
         Which::Index(a) => index::run(a),
         Which::Recovery(a) => recovery::run(a),
+        Which::Engine(a) => engine::run(a),
         Which::RecoveryFill(a) => recovery::fill(a),
     };
     match r {

@@ -1,0 +1,142 @@
+//! Smoke test of `ember bench engine`: every kind of store runs a short load and
+//! reports the fields the benchmark promises.
+
+use serde_json::Value;
+use std::process::Command;
+
+const FIELDS: &[&str] = &[
+    "ops_per_sec",
+    "get_p50_ns",
+    "get_p99_ns",
+    "put_p50_ns",
+    "put_p99_ns",
+    "gleaners_avg",
+    "threads",
+    "workers",
+    "static_gleaners",
+    "keys",
+    "key_size",
+    "value_size",
+    "put_ratio",
+    "zipf",
+    "seconds",
+    "engine",
+    "durability",
+    "fence_ns",
+    "logs",
+    "log_size_mib",
+    "backend",
+    "machine",
+    "fences_per_op",
+    "flushes_per_op",
+    "log_full_waits",
+    "records_appended",
+    "records_applied",
+    "records_collapsed",
+    "log_occupancy_end",
+    "ops",
+    "get_ops",
+    "put_ops",
+];
+
+fn run(engine: &str) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args([
+            "bench",
+            "engine",
+            "--engine",
+            engine,
+            "--threads",
+            "2",
+            "--keys",
+            "2000",
+            "--seconds",
+            "0.3",
+            "--warmup",
+            "0",
+            "--put-ratio",
+            "0.2",
+            "--json",
+            "--log-size",
+            "1",
+            "--logs",
+            "4",
+        ])
+        .output()
+        .expect("run ember");
+    assert!(
+        out.status.success(),
+        "{engine}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{engine}: {e}: {text}"))
+}
+
+#[test]
+fn every_engine_reports() {
+    for (engine, name, heap) in [
+        ("volatile", "volatile", false),
+        ("direct", "direct-logfree", true),
+        ("bullet", "bullet-full", true),
+        ("bullet-st", "bullet-st", true),
+    ] {
+        let v = run(engine);
+        for f in FIELDS {
+            assert!(v.get(f).is_some(), "{engine}: no {f} in {v}");
+        }
+        assert_eq!(v["engine"], name, "{v}");
+        let rate = v["ops_per_sec"].as_f64().expect("ops_per_sec");
+        assert!(rate > 0.0, "{engine}: {v}");
+        let ops = v["ops"].as_u64().unwrap();
+        assert_eq!(
+            ops,
+            v["get_ops"].as_u64().unwrap() + v["put_ops"].as_u64().unwrap()
+        );
+        assert!(v["put_ops"].as_u64().unwrap() > 0, "{engine}: {v}");
+        // Every key was prefilled: no get may miss.
+        assert_eq!(v["get_misses"], 0, "{engine}: {v}");
+        assert_eq!(v["keys"], 2000);
+        assert_eq!(v["threads"], 2);
+        assert_eq!(v["put_ratio"], 0.2);
+        assert!(v["machine"]["cores"].as_u64().unwrap() >= 1);
+        if heap {
+            assert!(v["fences_per_op"].as_f64().unwrap() > 0.0, "{engine}: {v}");
+            assert_ne!(v["durability"], "volatile");
+        } else {
+            assert_eq!(v["durability"], "volatile");
+            assert!(v["fences_per_op"].is_null());
+        }
+        if engine == "bullet-st" {
+            assert_eq!(v["static_gleaners"], 1);
+            assert_eq!(v["workers"], 1);
+            assert_eq!(v["gleaners_avg"], 1.0);
+        } else {
+            assert_eq!(v["workers"], 2);
+            assert_eq!(v["static_gleaners"], 0);
+        }
+        if engine.starts_with("bullet") {
+            assert_eq!(v["logs"], 4);
+            assert_eq!(v["log_size_mib"], 1);
+            assert!(v["records_appended"].as_u64().unwrap() > 0, "{engine}: {v}");
+        }
+    }
+}
+
+#[test]
+fn rejects_bad_arguments() {
+    for bad in [
+        &["--engine", "nope"][..],
+        &["--put-ratio", "2"],
+        &["--zipf", "1.0"],
+        &["--key-size", "4"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["bench", "engine", "--keys", "100000", "--seconds", "0.1"])
+            .args(bad)
+            .output()
+            .expect("run ember");
+        assert!(!out.status.success(), "{bad:?} was accepted");
+    }
+}

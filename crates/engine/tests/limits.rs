@@ -1,0 +1,220 @@
+//! The edges: full logs, records larger than a log, a full heap, a bounded
+//! frontend. Each must return an error or wait, never corrupt or lose an
+//! acknowledged write.
+
+mod common;
+
+use common::*;
+use engine::bullet::{BulletOptions, BulletStore, Variant};
+use engine::direct::{BackendKind, DirectStore};
+use engine::{Error, Op, Session, Store};
+use pmem::{Heap, Strategy};
+use std::collections::BTreeMap;
+
+fn key(i: u64) -> Vec<u8> {
+    format!("key:{i:06}").into_bytes()
+}
+
+/// One session and a dynamic variant: no other session can glean (at least one
+/// serves), so when all four 4 KiB logs are full the writer must glean itself.
+#[test]
+fn a_lone_writer_gleans_when_every_log_is_full() {
+    let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+    let heap = Heap::create(&dir.path().join("h"), &sim_opts()).unwrap();
+    let mut o = bullet_opts(Variant::Full, BackendKind::LogFree, 4096);
+    // Long epochs: the advancer neither reclaims nor gleans during the test.
+    o.epoch = std::time::Duration::from_secs(60);
+    let st = BulletStore::create(&heap, &o).unwrap();
+    let mut s = st.session().unwrap();
+    for i in 0..5000u64 {
+        s.apply(&key(i % 300), Op::Put(format!("v{i}").as_bytes()))
+            .unwrap();
+    }
+    let stats = st.stats();
+    assert!(stats.log_full_waits > 0, "{stats:?}");
+    let mut out = Vec::new();
+    for k in 0..300u64 {
+        let last = (0..5000u64).filter(|i| i % 300 == k).max().unwrap();
+        assert!(s.get(&key(k), &mut out).unwrap());
+        assert_eq!(out, format!("v{last}").as_bytes());
+    }
+    drop(s);
+    st.drain().unwrap();
+    st.verify().unwrap();
+    st.close().unwrap();
+}
+
+#[test]
+fn a_record_larger_than_a_log_is_refused() {
+    let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+    let heap = Heap::create(&dir.path().join("h"), &sim_opts()).unwrap();
+    let st = BulletStore::create(
+        &heap,
+        &bullet_opts(Variant::Full, BackendKind::LogFree, 4096),
+    )
+    .unwrap();
+    let mut s = st.session().unwrap();
+    s.apply(b"small", Op::Put(b"1")).unwrap();
+    let big = vec![7u8; 5000];
+    assert!(matches!(
+        s.apply(b"big", Op::Put(&big)),
+        Err(Error::RecordTooLarge(..))
+    ));
+    let mut out = Vec::new();
+    assert!(!s.get(b"big", &mut out).unwrap());
+    assert!(s.get(b"small", &mut out).unwrap());
+    // Incr on a value that is not a number: Redis's error, nothing logged.
+    assert!(matches!(s.apply(b"small", Op::Put(b"x")), Ok(_)));
+    assert!(matches!(
+        s.apply(b"small", Op::Incr(1)),
+        Err(Error::NotInteger)
+    ));
+    s.apply(b"n", Op::Put(i64::MAX.to_string().as_bytes()))
+        .unwrap();
+    assert!(matches!(s.apply(b"n", Op::Incr(1)), Err(Error::Overflow)));
+    drop(s);
+    st.drain().unwrap();
+    st.verify().unwrap();
+}
+
+fn is_full(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Heap(pmem::Error::HeapFull { .. })
+            | Error::Index(index::Error::Heap(pmem::Error::HeapFull { .. }))
+    )
+}
+
+/// A heap that cannot grow fills up: writes fail with the heap-full error, every
+/// acknowledged write stays readable, before and after a restart, and removing keys
+/// makes room again (direct store).
+#[test]
+fn a_full_heap_is_an_error_not_a_loss() {
+    for kind in [
+        Kind::Direct(BackendKind::LogFree),
+        Kind::Direct(BackendKind::PHash),
+        Kind::Bullet(Variant::Full, BackendKind::LogFree),
+    ] {
+        let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+        let path = dir.path().join("h");
+        let opts = heap_opts(4 << 20, 4 << 20, Strategy::FenceOnly);
+        let mut model = BTreeMap::new();
+        {
+            let heap = Heap::create(&path, &opts).unwrap();
+            let st = create(kind, &heap, 64 << 10).unwrap();
+            let mut s = st.session();
+            let val = vec![b'x'; 2000];
+            let mut full = None;
+            for i in 0..10_000u64 {
+                match s.apply(&key(i), Op::Put(&val)) {
+                    Ok(_) => {
+                        model.insert(i, val.clone());
+                    }
+                    Err(e) => {
+                        full = Some(e);
+                        break;
+                    }
+                }
+            }
+            let e = full.unwrap_or_else(|| panic!("{}: a 4 MiB heap never filled", kind.name()));
+            assert!(is_full(&e), "{}: {e}", kind.name());
+            let mut out = Vec::new();
+            for (k, v) in &model {
+                assert!(
+                    s.get(&key(*k), &mut out).unwrap(),
+                    "{}: key {k}",
+                    kind.name()
+                );
+                assert_eq!(&out, v);
+            }
+            if let Kind::Direct(_) = kind {
+                for k in 0..50u64 {
+                    s.apply(&key(k), Op::Remove).unwrap();
+                    model.remove(&k);
+                }
+                s.apply(b"after", Op::Put(b"room again")).unwrap();
+                model.insert(u64::MAX, b"room again".to_vec());
+            }
+            drop(s);
+            st.close().unwrap();
+        }
+        let rec = Heap::open(&path, &opts).unwrap();
+        let (st, _heap) = open(kind, rec, 64 << 10).unwrap();
+        let mut s = st.session();
+        let mut out = Vec::new();
+        for (k, v) in &model {
+            let kk = if *k == u64::MAX {
+                b"after".to_vec()
+            } else {
+                key(*k)
+            };
+            assert!(s.get(&kk, &mut out).unwrap(), "{}: key {k}", kind.name());
+            assert_eq!(&out, v);
+        }
+        drop(s);
+        st.close().unwrap();
+    }
+}
+
+/// A frontend bounded to 100 entries over 2,000 keys: entries whose records are
+/// applied are evicted, misses read the backend, and every value is right.
+#[test]
+fn a_bounded_frontend_evicts_and_reloads() {
+    let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+    let heap = Heap::create(&dir.path().join("h"), &sim_opts()).unwrap();
+    let o = BulletOptions {
+        cache_entries: 100,
+        ..bullet_opts(Variant::Full, BackendKind::PHash, 64 << 10)
+    };
+    let st = BulletStore::create(&heap, &o).unwrap();
+    let mut s = st.session().unwrap();
+    for i in 0..2000u64 {
+        s.apply(&key(i), Op::Put(format!("v{i}").as_bytes()))
+            .unwrap();
+        if i % 200 == 0 {
+            st.drain().unwrap();
+        }
+    }
+    st.drain().unwrap();
+    for i in 0..2000u64 {
+        s.apply(&key(i), Op::Incr(0)).unwrap_err();
+        s.apply(&key(i), Op::Put(i.to_string().as_bytes())).unwrap();
+        s.apply(&key(i), Op::Incr(5)).unwrap();
+        if i % 100 == 0 {
+            st.drain().unwrap();
+        }
+    }
+    st.drain().unwrap();
+    let mut out = Vec::new();
+    for i in 0..2000u64 {
+        assert!(s.get(&key(i), &mut out).unwrap());
+        assert_eq!(out, (i + 5).to_string().as_bytes());
+    }
+    let stats = st.stats();
+    assert!(stats.evictions > 1000, "{stats:?}");
+    assert!(stats.backend_loads > 1000, "{stats:?}");
+    assert!(stats.frontend_entries < 400, "{stats:?}");
+    drop(s);
+    st.verify().unwrap();
+    st.close().unwrap();
+}
+
+/// A store of another kind, a foreign root, or a damaged descriptor: an error.
+#[test]
+fn a_foreign_root_is_refused() {
+    let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+    let path = dir.path().join("h");
+    {
+        let heap = Heap::create(&path, &sim_opts()).unwrap();
+        DirectStore::create(&heap, &Default::default())
+            .unwrap()
+            .close()
+            .unwrap();
+    }
+    let rec = Heap::open(&path, &sim_opts()).unwrap();
+    match BulletStore::open(rec, &BulletOptions::default()) {
+        Err(Error::Corrupt(m)) => assert!(m.contains("not a Bullet store"), "{m}"),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a direct store opened as Bullet"),
+    }
+}
