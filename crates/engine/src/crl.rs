@@ -5,17 +5,22 @@
 //! ```text
 //! 0   u32 tag "EBLT"     4  u32 version      8  u32 nlogs     12 u32 backend kind
 //! 16  u64 log size       24 u64 backend descriptor (index root)
+//! 32  u64 side table (variants st, lfr; 0 = none)   40 u64 salt (random, per store)
 //! 64 + 128*i: log i      +0 u64 base (0 = not allocated yet)   +8 u64 head
-//!                        +64 u64 tail   (its own cache line: the writer's)
 //! ```
 //! Positions are logical byte counts that only grow; a record at position `p` lives
-//! at `base + p % size`. `head` and `tail` are positions: the live records of a log
-//! are exactly those in `[head, tail)`.
+//! at `base + p % size`. The live records of a log are those from `head` up to the
+//! tail. The tail is not stored: recovery finds it by reading records from `head`
+//! until one does not check (its position stamp or checksum is wrong), which saves
+//! the append a second flush and fence (the paper persists a tail index after each
+//! record: three persist barriers, two once `lentry` moved to DRAM; ours takes one).
 //!
 //! A record (Figure 3a), 8-byte aligned:
 //! ```text
 //! 0  u32 len (whole record, padded to 8)   4  u32 klen
-//! 8  u8 opcode   9  u8 applied   10 u8 tail padding (0..=7)   11..16 zero
+//! 8  u8 opcode   9  u8 applied   10 u8 tail padding (0..=7)   11 zero
+//! 12 u32 checksum (CRC-32C-seeded by the salt, of the record with `applied`
+//!        and the checksum taken as 0)
 //! 16 u64 pos     (its own position: a pointer to a reclaimed record is detected)
 //! 24 u64 prev    (the key's previous record, in any log; 0 = none)
 //! 32 u64 version (per key, increasing; also the backend value's stamp)
@@ -26,10 +31,11 @@
 //! bytes remain, there is no pad record and readers skip the gap ([`Pool::skip_gap`]).
 //!
 //! ## Append (the writer holds the key's frontend bucket lock)
-//! 1. write the record at `tail` with `prev` = the frontend entry's `lentry`;
-//! 2. flush its lines, fence; 3. store `tail + len`, flush, fence; 4. (the caller)
-//!    sets the frontend `lentry` to the record. Two fences per append: §4.1 moved
-//!    `lentry` to DRAM, which removed the third.
+//! 1. write the record (and any pad record before it) at the tail with `prev` =
+//!    the frontend entry's `lentry` and its checksum;
+//! 2. flush its lines, fence (the one persist barrier of a put);
+//! 3. publish the new tail in DRAM (gleaners read up to it); 4. (the caller) sets
+//!    the frontend `lentry` to the record.
 //!
 //! ## Reclamation
 //! Only the epoch advancer moves `head`: to the first record not yet applied. It
@@ -43,7 +49,8 @@ use pmem::{Heap, PPtr, Region};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub const ROOT_TAG: u32 = u32::from_le_bytes(*b"EBLT");
-pub const ROOT_VERSION: u32 = 1;
+pub const ROOT_VERSION: u32 = 2;
+pub const SALT_OFF: u64 = 40;
 pub const LOGS_OFF: u64 = 64;
 pub const LOG_DESC: u64 = 128;
 pub const MAX_LOGS: usize = 255;
@@ -115,6 +122,9 @@ pub struct Pool {
     pub heap: Heap,
     pub desc: u64,
     pub size: u64,
+    /// Seeds every record checksum: a record of another store (or garbage) never
+    /// checks.
+    pub salt: u64,
     pub logs: Vec<LogState>,
     alloc_lock: std::sync::Mutex<()>,
 }
@@ -164,6 +174,7 @@ impl Pool {
         r.write(d + 12, &backend_kind);
         r.write(d + 16, &size);
         r.write(d + 24, &backend.raw());
+        r.write(d + SALT_OFF, &random_salt());
         r.persist(d, len as usize);
         Ok(d)
     }
@@ -185,7 +196,9 @@ impl Pool {
         }
         let ver: u32 = r.read(desc + 4);
         if ver != ROOT_VERSION {
-            return Err(Error::Corrupt(format!("Bullet descriptor version {ver}")));
+            return Err(Error::Corrupt(format!(
+                "Bullet descriptor version {ver}; this build reads version {ROOT_VERSION}"
+            )));
         }
         let nlogs: u32 = r.read(desc + 8);
         let kind: u32 = r.read(desc + 12);
@@ -212,43 +225,79 @@ impl Pool {
     pub fn attach(heap: &Heap, desc: u64) -> Result<Pool> {
         let (nlogs, size, _, _) = Self::read_desc(heap, desc)?;
         let r = heap.region();
+        let salt: u64 = r.read(desc + SALT_OFF);
         let mut logs = Vec::with_capacity(nlogs);
         for i in 0..nlogs {
             let f = desc + LOGS_OFF + i as u64 * LOG_DESC;
             let base: u64 = r.read(f);
             let head: u64 = r.read(f + 8);
-            let tail: u64 = r.read(f + 64);
             if base != 0 {
                 if !r.contains(base, size) {
                     return Err(Error::Corrupt(format!("log {i} buffer outside the heap")));
                 }
-                if tail < head || tail - head > size || tail > RecPtr::POS_MASK {
-                    return Err(Error::Corrupt(format!(
-                        "log {i}: head {head} tail {tail} size {size}"
-                    )));
+                if head > RecPtr::POS_MASK / 2 {
+                    return Err(Error::Corrupt(format!("log {i}: head {head}")));
                 }
-            } else if head != 0 || tail != 0 {
-                return Err(Error::Corrupt(format!(
-                    "log {i}: positions without a buffer"
-                )));
+            } else if head != 0 {
+                return Err(Error::Corrupt(format!("log {i}: a head without a buffer")));
             }
             logs.push(LogState {
                 base: AtomicU64::new(base),
                 head: AtomicU64::new(head),
                 free_to: AtomicU64::new(head),
-                tail: AtomicU64::new(tail),
+                tail: AtomicU64::new(head),
                 writer: AtomicBool::new(false),
                 gleaner: AtomicBool::new(false),
                 scan: AtomicU64::new(head),
             });
         }
-        Ok(Pool {
+        let pool = Pool {
             heap: heap.clone(),
             desc,
             size,
+            salt,
             logs,
             alloc_lock: std::sync::Mutex::new(()),
-        })
+        };
+        for i in 0..nlogs {
+            let t = pool.find_tail(i);
+            pool.logs[i].tail.store(t, Ordering::Release);
+        }
+        Ok(pool)
+    }
+
+    /// The tail of log `i`: reads records from the head while they check.
+    fn find_tail(&self, i: usize) -> u64 {
+        let l = &self.logs[i];
+        if l.base.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        let head = l.head.load(Ordering::Acquire);
+        let mut pos = head;
+        loop {
+            let p = self.skip_gap(pos);
+            if p - head >= self.size {
+                return pos;
+            }
+            match self.header(RecPtr::new(i, p)) {
+                Ok(h)
+                    if p - head + h.len as u64 <= self.size
+                        && self.checks(RecPtr::new(i, p), &h) =>
+                {
+                    pos = p + h.len as u64;
+                }
+                _ => return pos,
+            }
+        }
+    }
+
+    /// Whether the record at `p` is whole: its checksum matches.
+    fn checks(&self, p: RecPtr, h: &Header) -> bool {
+        let at = self.at(p);
+        let mut buf = vec![0u8; h.len as usize];
+        self.r().read_bytes(at, &mut buf);
+        let stored = u32::from_le_bytes(buf[12..16].try_into().expect("4 bytes"));
+        crc(self.salt, &mut buf) == stored
     }
 
     /// The heap blocks the pool owns (descriptor and buffers), for the leak sweep.
@@ -331,34 +380,40 @@ impl Pool {
         }
         let r = self.r();
         if pad >= REC_HDR {
-            let at = base + phys;
-            r.write(at, &(pad as u32));
-            r.write(at + 4, &0u32);
-            r.write(at + 8, &[OPC_PAD, 1, 0, 0, 0, 0, 0, 0]);
-            r.write(at + 16, &tail);
-            r.write(at + 24, &0u64);
-            r.write(at + 32, &0u64);
-            r.flush(at, REC_HDR as usize);
+            let mut hdr = [0u8; REC_HDR as usize];
+            hdr[0..4].copy_from_slice(&(pad as u32).to_le_bytes());
+            hdr[8] = OPC_PAD;
+            hdr[9] = 1;
+            hdr[16..24].copy_from_slice(&tail.to_le_bytes());
+            // A pad record's checksum covers its header only (`len` = the gap).
+            let c = crc_parts(self.salt, &mut hdr, &[], &[]);
+            hdr[12..16].copy_from_slice(&c.to_le_bytes());
+            r.write_bytes(base + phys, &hdr);
+            r.flush(base + phys, REC_HDR as usize);
         }
         // A gap too small for a header is skipped by readers (`skip_gap`).
         tail += pad;
         let at = base + tail % self.size;
-        r.write(at, &(len as u32));
-        r.write(at + 4, &(key.len() as u32));
         let padb = (len - REC_HDR - key.len() as u64 - payload.len() as u64) as u8;
-        r.write(at + 8, &[opcode, 0, padb, 0, 0, 0, 0, 0]);
-        r.write(at + 16, &tail);
-        r.write(at + 24, &prev.0);
-        r.write(at + 32, &version);
+        let mut hdr = [0u8; REC_HDR as usize];
+        hdr[0..4].copy_from_slice(&(len as u32).to_le_bytes());
+        hdr[4..8].copy_from_slice(&(key.len() as u32).to_le_bytes());
+        hdr[8] = opcode;
+        hdr[10] = padb;
+        hdr[16..24].copy_from_slice(&tail.to_le_bytes());
+        hdr[24..32].copy_from_slice(&prev.0.to_le_bytes());
+        hdr[32..40].copy_from_slice(&version.to_le_bytes());
+        let c = crc_parts(self.salt, &mut hdr, key, payload);
+        hdr[12..16].copy_from_slice(&c.to_le_bytes());
+        r.write_bytes(at, &hdr);
         r.write_bytes(at + REC_HDR, key);
         r.write_bytes(at + REC_HDR + key.len() as u64, payload);
+        if padb > 0 {
+            r.fill(at + len - padb as u64, padb as usize, 0);
+        }
         r.flush(at, len as usize);
         r.fence();
-        let new_tail = tail + len;
-        let tf = self.log_field(i, 64);
-        r.write(tf, &new_tail);
-        r.persist(tf, 8);
-        l.tail.store(new_tail, Ordering::Release);
+        l.tail.store(tail + len, Ordering::Release);
         Ok(Some(RecPtr::new(i, tail)))
     }
 
@@ -466,9 +521,56 @@ impl Pool {
     }
 
     /// Persists a new head of log `i` (the advancer, after the grace period).
+    /// Records below it are never read again, so a stale checksum-valid record
+    /// there cannot be mistaken for a live one.
     pub fn persist_head(&self, i: usize, head: u64) {
         let f = self.log_field(i, 8);
         self.r().write(f, &head);
         self.r().persist(f, 8);
     }
+}
+
+/// The checksum of a record given as one buffer (header, key, payload, padding),
+/// with `applied` and the checksum field taken as 0.
+fn crc(salt: u64, rec: &mut [u8]) -> u32 {
+    let (hdr, rest) = rec.split_at_mut(REC_HDR as usize);
+    let hdr: &mut [u8; REC_HDR as usize] = hdr.try_into().expect("header size");
+    let len = u32::from_le_bytes(hdr[0..4].try_into().expect("4 bytes")) as usize;
+    if hdr[8] == OPC_PAD {
+        return crc_parts(salt, hdr, &[], &[]);
+    }
+    let padb = hdr[10] as usize;
+    let body = (len - REC_HDR as usize)
+        .saturating_sub(padb)
+        .min(rest.len());
+    crc_parts(salt, hdr, &rest[..body], &[])
+}
+
+/// The checksum of header `hdr` followed by `a` and `b` (`applied` and the
+/// checksum field zeroed in `hdr` while hashing, then restored).
+fn crc_parts(salt: u64, hdr: &mut [u8; REC_HDR as usize], a: &[u8], b: &[u8]) -> u32 {
+    let saved_applied = hdr[9];
+    let saved_crc: [u8; 4] = hdr[12..16].try_into().expect("4 bytes");
+    hdr[9] = 0;
+    hdr[12..16].fill(0);
+    let mut h = crc32fast::Hasher::new();
+    h.update(&salt.to_le_bytes());
+    h.update(hdr);
+    h.update(a);
+    h.update(b);
+    hdr[9] = saved_applied;
+    hdr[12..16].copy_from_slice(&saved_crc);
+    h.finalize()
+}
+
+/// A random salt for a new store's checksums.
+fn random_salt() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish() | 1
 }
