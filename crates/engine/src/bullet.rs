@@ -193,6 +193,10 @@ struct Counters {
     epochs: AtomicU64,
 }
 
+/// A head advance waiting for its grace period: the epoch it bumped to, and the
+/// new head of each log that moved.
+type PendingAdvance = (u64, Vec<(usize, u64)>);
+
 struct Shared {
     heap: Heap,
     pool: Pool,
@@ -211,7 +215,8 @@ struct Shared {
     /// Every key of the store is in the frontend (a miss is a miss).
     complete: AtomicBool,
     stop: AtomicBool,
-    advance_lock: Mutex<()>,
+    /// A head advance waiting for its grace period: the epoch and the new heads.
+    advance_lock: Mutex<Option<PendingAdvance>>,
     /// Tombstones whose removal waits for a later epoch.
     deferred: Mutex<Vec<(u64, Vec<u8>)>>,
     c: Counters,
@@ -397,7 +402,7 @@ impl BulletStore {
             target: AtomicUsize::new(0),
             complete: AtomicBool::new(complete),
             stop: AtomicBool::new(false),
-            advance_lock: Mutex::new(()),
+            advance_lock: Mutex::new(None),
             deferred: Mutex::new(Vec::new()),
             c: Counters::default(),
         });
@@ -680,32 +685,33 @@ impl Shared {
         )))
     }
 
-    /// Waits until every reader that entered before epoch `e` has left.
-    fn wait_readers(&self, e: u64) {
-        for r in self.readers.iter() {
-            let mut spins = 0u32;
-            loop {
-                let v = r.0.load(Ordering::SeqCst);
-                if v == IDLE || v >= e {
-                    break;
-                }
-                spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
-        }
+    /// Whether every reader that entered before epoch `e` has left.
+    fn readers_past(&self, e: u64) -> bool {
+        self.readers.iter().all(|r| {
+            let v = r.0.load(Ordering::SeqCst);
+            v == IDLE || v >= e
+        })
     }
 
-    /// Moves each log's head past its applied records (§2.4). Returns whether any
-    /// moved. Only one thread advances at a time; others return at once.
+    /// Moves each log's head past its applied records (§2.4), in two phases that
+    /// never wait: the first publishes the new heads as read boundaries and bumps
+    /// the epoch; a later call, once every reader that entered before that epoch
+    /// has left (gleaners leave at the end of each batch), persists the heads and
+    /// frees the space to writers. Returns whether it freed space. Only one thread
+    /// advances at a time; others return at once.
     fn advance(&self) -> Result<bool> {
-        let _g = match self.advance_lock.try_lock() {
+        let mut pend = match self.advance_lock.try_lock() {
             Ok(g) => g,
             Err(_) => return Ok(false),
         };
+        if let Some((e, _)) = pend.as_ref() {
+            if !self.readers_past(*e) {
+                return Ok(false);
+            }
+            let (_, moved) = pend.take().expect("pending");
+            self.finish_advance(&moved);
+            return Ok(true);
+        }
         let mut moved = Vec::new();
         for (i, l) in self.pool.logs.iter().enumerate() {
             if l.base.load(Ordering::Acquire) == 0 {
@@ -736,12 +742,19 @@ impl Shared {
             return Ok(false);
         }
         let e = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
-        self.wait_readers(e);
-        for (i, pos) in moved {
+        if self.readers_past(e) {
+            self.finish_advance(&moved);
+            return Ok(true);
+        }
+        *pend = Some((e, moved));
+        Ok(false)
+    }
+
+    fn finish_advance(&self, moved: &[(usize, u64)]) {
+        for &(i, pos) in moved {
             self.pool.persist_head(i, pos);
             self.pool.logs[i].free_to.store(pos, Ordering::Release);
         }
-        Ok(true)
     }
 
     fn claim_glean_log(&self, from: usize) -> Option<usize> {
@@ -805,6 +818,15 @@ struct Gleaner {
     chain: Vec<(RecPtr, Header)>,
     cpay: Vec<u8>,
     from: usize,
+    /// Records applied in this batch whose flags wait for the batch's backend sync.
+    pending: Vec<RecPtr>,
+    pending_set: std::collections::HashSet<u64>,
+    /// Gleaner locks held until the batch ends (and which, as a bitmap).
+    held: Vec<usize>,
+    held_bits: Vec<u64>,
+    /// Chains applied in this batch: key hash, key, newest record, whether the key
+    /// is now removed. Their `lentry` is released at the end of the batch.
+    releases: Vec<(u64, Vec<u8>, u64, bool)>,
 }
 
 enum Glean {
@@ -827,6 +849,11 @@ impl Gleaner {
             chain: Vec::new(),
             cpay: Vec::new(),
             from: slot,
+            pending: Vec::new(),
+            pending_set: Default::default(),
+            held: Vec::new(),
+            held_bits: vec![0; GLOCKS / 64],
+            releases: Vec::new(),
         })
     }
 
@@ -839,12 +866,60 @@ impl Gleaner {
     /// Applies up to a batch of records from one log. True when it applied any.
     fn glean_batch(&mut self, sh: &Shared) -> Result<bool> {
         sh.enter(self.slot);
-        let r = self.glean_inner(sh);
-        // The batch's flags are durable before the advancer may count on them.
-        sh.pool.fence();
+        let mut r = self.glean_inner(sh);
+        if let Err(e) = self.end_batch(sh) {
+            r = Err(e);
+        }
         sh.exit(self.slot);
         if r.is_err() {
             self.release(sh);
+        }
+        r
+    }
+
+    /// Ends a batch, in this order: the backend updates are made durable (one sync
+    /// for the batch); the records are flagged and the flags fenced; each applied
+    /// chain's `lentry` is released (so `lentry` = 0 always means every record of
+    /// the key is durably flagged, and a record appended later never gets a `prev`
+    /// of 0 while an older one still lacks its flag); tombstones whose remove is in
+    /// the backend are reaped; and only then are the keys' gleaner locks given
+    /// back, so that no other gleaner re-applies a chain whose flags are not set.
+    fn end_batch(&mut self, sh: &Shared) -> Result<()> {
+        let mut r = Ok(());
+        if !self.pending.is_empty() {
+            match self.h.sync() {
+                Ok(()) => {
+                    for p in self.pending.drain(..) {
+                        sh.pool.mark_applied(p);
+                    }
+                    sh.pool.fence();
+                    let g = crossbeam_epoch::pin();
+                    for (hash, key, newest, removed) in self.releases.drain(..) {
+                        let Some(n) = sh.table.get(hash, &key, &g) else {
+                            continue;
+                        };
+                        if lentry::release(&n.meta().lentry, newest)
+                            && removed
+                            && !sh.reap(hash, &key)
+                        {
+                            sh.deferred
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push((hash, key));
+                        }
+                    }
+                }
+                Err(e) => r = Err(e.into()),
+            }
+        }
+        // Nothing is flagged on an error: the records are applied again later (the
+        // stamps make that harmless).
+        self.pending.clear();
+        self.pending_set.clear();
+        self.releases.clear();
+        for i in self.held.drain(..) {
+            sh.glocks[i].store(false, Ordering::Release);
+            self.held_bits[i / 64] &= !(1 << (i % 64));
         }
         r
     }
@@ -879,7 +954,7 @@ impl Gleaner {
             let p = RecPtr::new(i, pos);
             let h = sh.pool.header(p)?;
             let next = pos + h.len as u64;
-            if h.opcode != OPC_PAD && !h.applied {
+            if h.opcode != OPC_PAD && !h.applied && !self.pending_set.contains(&p.0) {
                 let mut key = std::mem::take(&mut self.key);
                 sh.pool.body(p, &h, &mut key, &mut self.payload);
                 let r = self.apply_key(sh, p, &key);
@@ -902,31 +977,38 @@ impl Gleaner {
 
     fn apply_key(&mut self, sh: &Shared, p: RecPtr, key: &[u8]) -> Result<Glean> {
         let hash = key_hash(key);
-        let gl = &sh.glocks[(hash as usize) & (GLOCKS - 1)];
-        if gl
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return Ok(Glean::Skipped);
+        let i = (hash as usize) & (GLOCKS - 1);
+        if self.held_bits[i / 64] & (1 << (i % 64)) == 0 {
+            if sh.glocks[i]
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                return Ok(Glean::Skipped);
+            }
+            self.held_bits[i / 64] |= 1 << (i % 64);
+            self.held.push(i);
         }
-        let r = self.apply_chain(sh, p, hash, key);
-        gl.store(false, Ordering::Release);
-        r
+        self.apply_chain(sh, p, hash, key)
     }
 
     fn apply_chain(&mut self, sh: &Shared, p: RecPtr, hash: u64, key: &[u8]) -> Result<Glean> {
         let g = crossbeam_epoch::pin();
-        let node = sh.table.get(hash, key, &g);
-        let start = node
-            .map(|n| RecPtr(lentry::chain_start(&n.meta().lentry)))
-            .filter(|s| !s.is_null())
-            .unwrap_or(p);
+        // No entry, or `lentry` = 0: the record is applied and its flag is on the
+        // way (another gleaner's batch), or the entry is a copy a table doubling
+        // left behind: try again later.
+        let Some(node) = sh.table.get(hash, key, &g) else {
+            return Ok(Glean::Skipped);
+        };
+        let start = RecPtr(lentry::chain_start(&node.meta().lentry));
+        if start.is_null() {
+            return Ok(Glean::Skipped);
+        }
         self.chain.clear();
         let mut cur = start;
         let mut last = u64::MAX;
         while !cur.is_null() && !sh.pool.reclaimed(cur) {
             let h = sh.pool.header(cur)?;
-            if h.applied || h.opcode == OPC_PAD {
+            if h.applied || h.opcode == OPC_PAD || self.pending_set.contains(&cur.0) {
                 break;
             }
             if h.version >= last {
@@ -940,11 +1022,13 @@ impl Gleaner {
             cur = h.prev;
         }
         if self.chain.is_empty() {
-            return Ok(if sh.pool.header(p)?.applied {
-                Glean::Applied
-            } else {
-                Glean::Skipped
-            });
+            return Ok(
+                if self.pending_set.contains(&p.0) || sh.pool.header(p)?.applied {
+                    Glean::Applied
+                } else {
+                    Glean::Skipped
+                },
+            );
         }
         self.chain.reverse();
         let newest = self.chain.last().expect("non-empty").0;
@@ -956,23 +1040,16 @@ impl Gleaner {
                 removed = self.apply_one(sh, k, key)?;
             }
         }
-        self.h.sync()?;
         for (r, _) in &self.chain {
-            sh.pool.mark_applied(*r);
+            self.pending.push(*r);
+            self.pending_set.insert(r.0);
         }
         sh.c.applied
             .fetch_add(self.chain.len() as u64, Ordering::Relaxed);
         let mut in_chain = self.chain.iter().any(|(r, _)| *r == p);
-        if let Some(n) = node {
-            if lentry::release(&n.meta().lentry, newest.0) && removed && !sh.reap(hash, key) {
-                sh.deferred
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((hash, key.to_vec()));
-            }
-        }
+        self.releases.push((hash, key.to_vec(), newest.0, removed));
         if !in_chain {
-            in_chain = sh.pool.header(p)?.applied;
+            in_chain = self.pending_set.contains(&p.0) || sh.pool.header(p)?.applied;
         }
         Ok(if in_chain {
             Glean::Applied
