@@ -170,7 +170,7 @@ impl Clone for FMeta {
     }
 }
 
-const GLOCKS: usize = 4096;
+const GLOCKS: usize = 1 << 16;
 const READER_SLOTS: usize = 512;
 const IDLE: u64 = u64::MAX;
 const BATCH: usize = 256;
@@ -1248,10 +1248,12 @@ fn advancer(sh: Arc<Shared>) {
             .extend(keep);
         // Idle: nobody served a request this epoch, so nobody is short of CPU;
         // drain the logs (restarts after an idle period replay nothing).
+        // It keeps gleaning, advancing heads once per epoch, until the logs are
+        // empty or requests come in again.
         let ops = sh.c.ops.load(Ordering::Relaxed);
         if ops == last_ops && used > 0 {
-            let until = Instant::now() + sh.opts.epoch;
-            while Instant::now() < until && !sh.stop.load(Ordering::Acquire) {
+            let mut until = Instant::now() + sh.opts.epoch;
+            while !sh.stop.load(Ordering::Acquire) {
                 match g.glean_batch(&sh) {
                     Ok(true) => {}
                     Ok(false) => break,
@@ -1260,9 +1262,16 @@ fn advancer(sh: Arc<Shared>) {
                         break;
                     }
                 }
+                if Instant::now() >= until {
+                    if sh.c.ops.load(Ordering::Relaxed) != ops {
+                        break;
+                    }
+                    let _ = sh.advance();
+                    until = Instant::now() + sh.opts.epoch;
+                }
             }
         }
-        last_ops = ops;
+        last_ops = sh.c.ops.load(Ordering::Relaxed);
     }
     g.retire(&sh);
 }
