@@ -171,6 +171,10 @@ impl Clone for FMeta {
 }
 
 const GLOCKS: usize = 1 << 16;
+/// Versions are `max(previous + 1, vtick << VERSION_SHIFT)`: 2^24 writes of one
+/// key per tick before its versions spill into the next tick's range (harmless:
+/// they still grow), and 2^40 ticks (348 years at 100 ticks a second).
+const VERSION_SHIFT: u32 = 24;
 const READER_SLOTS: usize = 512;
 const IDLE: u64 = u64::MAX;
 const BATCH: usize = 256;
@@ -204,8 +208,12 @@ struct Shared {
     side: Option<PHash>,
     table: Table<FVal, FMeta>,
     opts: BulletOptions,
-    /// Global epoch; `epoch << 32` is the least version a write may take.
+    /// Reader epoch (bumped by every head advance; reader slots record it).
     epoch: AtomicU64,
+    /// Version tick, bumped once per epoch period by the advancer only:
+    /// `vtick << VERSION_SHIFT` is the least version a write may take. Kept apart
+    /// from the reader epoch, which waiting writers may bump at any rate.
+    vtick: AtomicU64,
     readers: Box<[Padded]>,
     reader_used: Box<[AtomicBool]>,
     glocks: Box<[AtomicBool]>,
@@ -391,7 +399,8 @@ impl BulletStore {
             side,
             table: Table::new(opts.frontend_buckets),
             opts: opts.clone(),
-            epoch: AtomicU64::new(epoch.max(1)),
+            epoch: AtomicU64::new(1),
+            vtick: AtomicU64::new(epoch.max(1)),
             readers: (0..READER_SLOTS)
                 .map(|_| Padded(AtomicU64::new(IDLE)))
                 .collect(),
@@ -633,7 +642,7 @@ fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Re
     st.keys = entries.len() as u64;
     Ok(Replay {
         entries,
-        next_epoch: (max_version >> 32) + 1,
+        next_epoch: (max_version >> VERSION_SHIFT) + 1,
     })
 }
 
@@ -659,7 +668,7 @@ fn fold(val: Option<Vec<u8>>, opcode: u8, payload: &[u8]) -> Result<Option<Vec<u
 
 impl Shared {
     fn epoch_base(&self) -> u64 {
-        self.epoch.load(Ordering::Acquire) << 32
+        self.vtick.load(Ordering::Acquire) << VERSION_SHIFT
     }
 
     fn enter(&self, slot: usize) {
@@ -1213,7 +1222,7 @@ fn advancer(sh: Arc<Shared>) {
         if sh.stop.load(Ordering::Acquire) {
             break;
         }
-        sh.epoch.fetch_add(1, Ordering::AcqRel);
+        sh.vtick.fetch_add(1, Ordering::AcqRel);
         sh.c.epochs.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = sh.advance() {
             backoff("epoch advancer", &e, &mut last);
