@@ -789,11 +789,16 @@ impl Shared {
     }
 
     /// Removes the tombstone of `key` if its remove is in the backend and no newer
-    /// record exists; keeps it for later when its version is from this epoch (a new
+    /// record exists; keeps it for later when its version is from this tick (a new
     /// incarnation of the key must get a larger version than every record of the
-    /// old one still in the logs). True when the tombstone is settled.
+    /// old one still in the logs). True when the tombstone is settled (removed, or
+    /// no longer a tombstone, or a newer record's gleaner will see to it).
     fn reap(&self, hash: u64, key: &[u8]) -> bool {
         let mut l = self.table.lock(hash);
+        self.reap_locked(&mut l, key)
+    }
+
+    fn reap_locked(&self, l: &mut crate::table::Locked<'_, FVal, FMeta>, key: &[u8]) -> bool {
         let g = l.guard();
         let Some(n) = l.find(key) else {
             return true;
@@ -810,6 +815,14 @@ impl Shared {
         }
         l.remove(key);
         true
+    }
+
+    /// Raises the version tick above a stamp read from the backend, so that after
+    /// a restart with empty logs the tick is not behind the keys' versions (eviction
+    /// and tombstone reaping compare versions with the tick).
+    fn saw_stamp(&self, stamp: u64) {
+        self.vtick
+            .fetch_max((stamp >> VERSION_SHIFT) + 1, Ordering::AcqRel);
     }
 }
 
@@ -836,6 +849,9 @@ struct Gleaner {
     /// Chains applied in this batch: key hash, key, newest record, whether the key
     /// is now removed. Their `lentry` is released at the end of the batch.
     releases: Vec<(u64, Vec<u8>, u64, bool)>,
+    /// Gleans between other work (a session, `drain`): gives its log back after
+    /// every batch.
+    inline: bool,
 }
 
 enum Glean {
@@ -863,6 +879,7 @@ impl Gleaner {
             held: Vec::new(),
             held_bits: vec![0; GLOCKS / 64],
             releases: Vec::new(),
+            inline: true,
         })
     }
 
@@ -880,7 +897,9 @@ impl Gleaner {
             r = Err(e);
         }
         sh.exit(self.slot);
-        if r.is_err() {
+        if r.is_err() || self.inline {
+            // A session gleans between requests; it must not keep a log from the
+            // other gleaners (and from `drain`) while it serves or idles.
             self.release(sh);
         }
         r
@@ -902,15 +921,19 @@ impl Gleaner {
                         sh.pool.mark_applied(p);
                     }
                     sh.pool.fence();
-                    let g = crossbeam_epoch::pin();
                     for (hash, key, newest, removed) in self.releases.drain(..) {
-                        let Some(n) = sh.table.get(hash, &key, &g) else {
+                        // Under the bucket lock: the node found is the current one
+                        // even while the table doubles (a swap on a copy the
+                        // doubling left behind would be lost).
+                        let mut l = sh.table.lock(hash);
+                        let Some(n) = l.find(&key) else {
                             continue;
                         };
                         if lentry::release(&n.meta().lentry, newest)
                             && removed
-                            && !sh.reap(hash, &key)
+                            && !sh.reap_locked(&mut l, &key)
                         {
+                            drop(l);
                             sh.deferred
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())
@@ -1015,7 +1038,13 @@ impl Gleaner {
         self.chain.clear();
         let mut cur = start;
         let mut last = u64::MAX;
-        while !cur.is_null() && !sh.pool.reclaimed(cur) {
+        while !cur.is_null() {
+            if cur.log() >= sh.pool.logs.len() {
+                return Err(Error::Corrupt(format!("record pointer {:#x}", cur.0)));
+            }
+            if sh.pool.reclaimed(cur) {
+                break;
+            }
             let h = sh.pool.header(cur)?;
             if h.applied || h.opcode == OPC_PAD || self.pending_set.contains(&cur.0) {
                 break;
@@ -1164,7 +1193,10 @@ impl Gleaner {
 /// the thread that made them).
 fn thread_gleaner(sh: &Arc<Shared>, what: &str) -> Option<Gleaner> {
     match Gleaner::new(sh) {
-        Ok(g) => Some(g),
+        Ok(mut g) => {
+            g.inline = false;
+            Some(g)
+        }
         Err(e) => {
             eprintln!("ember: {what} cannot start: {e}");
             None
@@ -1369,6 +1401,7 @@ impl BulletSession {
             return Ok(None);
         }
         let (s, v) = self.g.backend_value(key)?;
+        self.sh.saw_stamp(s);
         Ok(v.map(|v| {
             self.sh.c.loads.fetch_add(1, Ordering::Relaxed);
             (s, v.into_boxed_slice())
@@ -1525,17 +1558,34 @@ impl Session for BulletSession {
         if let Some(f) = found {
             return Ok(f);
         }
-        let Some((stamp, v)) = self.load(key)? else {
+        if self.sh.complete.load(Ordering::Acquire) {
             return Ok(false);
-        };
-        out.extend_from_slice(&v);
-        let mut l = self.sh.table.lock(hash);
-        if l.find(key).is_none() {
-            l.insert(hash, key, Some(v), FMeta::new(0, stamp));
         }
+        // The miss is served under the bucket lock, as a write's is: between an
+        // unlocked backend read and the insert, another thread could create,
+        // apply and evict the key, and a stale value would be cached.
+        let sh = self.sh.clone();
+        let mut l = sh.table.lock(hash);
+        let found = match l.find(key) {
+            Some(n) => match n.value(l.guard()) {
+                Some(v) => {
+                    out.extend_from_slice(v);
+                    true
+                }
+                None => false,
+            },
+            None => match self.load(key)? {
+                Some((stamp, v)) => {
+                    out.extend_from_slice(&v);
+                    l.insert(hash, key, Some(v), FMeta::new(0, stamp));
+                    true
+                }
+                None => false,
+            },
+        };
         drop(l);
         self.evict();
-        Ok(true)
+        Ok(found)
     }
 
     fn apply(&mut self, key: &[u8], op: Op<'_>) -> Result<Outcome> {
@@ -1595,11 +1645,6 @@ impl Session for BulletSession {
             .append(log, op.code(), key, &self.payload, RecPtr(prev), version)?
             .ok_or_else(|| Error::Corrupt("log space reserved for a record vanished".into()))?;
         self.appended += 1;
-        if let Some(side) = &mut self.side {
-            // The base design's transaction on the put path (§4.1, variants st and
-            // lfr): the key's persistent pair records its newest log record.
-            side.put(key, &rec.0.to_le_bytes())?;
-        }
         match node {
             Some(n) => {
                 l.set_value(n, new);
@@ -1609,6 +1654,13 @@ impl Session for BulletSession {
             None => {
                 l.insert(hash, key, new, FMeta::new(rec.0, version));
             }
+        }
+        if let Some(side) = &mut self.side {
+            // The base design's transaction on the put path (§4.1, variants st and
+            // lfr): the key's persistent pair records its newest log record. After
+            // the frontend is updated: the record is durable, so the write has
+            // happened even if this fails (the error then says so).
+            side.put(key, &rec.0.to_le_bytes())?;
         }
         drop(l);
         self.evict();

@@ -74,8 +74,9 @@ impl RecPtr {
     pub fn is_null(self) -> bool {
         self.0 == 0
     }
+    /// The log index (`usize::MAX` for a value that is no record pointer).
     pub fn log(self) -> usize {
-        ((self.0 >> 56) - 1) as usize
+        ((self.0 >> 56).wrapping_sub(1)) as usize
     }
     pub fn pos(self) -> u64 {
         self.0 & Self::POS_MASK
@@ -443,6 +444,12 @@ impl Pool {
     pub fn header(&self, p: RecPtr) -> Result<Header> {
         if p.log() >= self.logs.len() || self.logs[p.log()].base.load(Ordering::Acquire) == 0 {
             return Err(Error::Corrupt(format!("record pointer {:#x}", p.0)));
+        }
+        if self.size - p.pos() % self.size < REC_HDR {
+            return Err(Error::Corrupt(format!(
+                "record pointer {:#x} into a log's end gap",
+                p.0
+            )));
         }
         let r = self.r();
         let at = self.at(p);
