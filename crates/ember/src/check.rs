@@ -17,6 +17,11 @@
 //! index; a note says so), and recovery is then not finished, since the leak
 //! sweep needs reachability only the layer above knows. `--require-index` makes
 //! such a root a problem.
+//!
+//! A Bullet store's root (`engine::bullet`) is checked the same way through its
+//! backend index, with the pool's descriptor, log buffers and the side table
+//! counted as its blocks; every log is also read from head to tail (each record
+//! checks: position, length, checksum, opcode).
 
 use clap::Args;
 use index::any::{attach_any, claimed_by, AnyIndex};
@@ -59,6 +64,8 @@ struct StructFacts {
     repaired: u64,
     leaked_freed: u64,
     revived: u64,
+    /// A Bullet store's logs.
+    logs: Option<engine::bullet::LogFacts>,
     problems: Vec<String>,
 }
 
@@ -76,6 +83,12 @@ impl StructFacts {
             "repaired": self.repaired,
             "leaked_freed": self.leaked_freed,
             "revived": self.revived,
+            "logs": self.logs.as_ref().map(|l| json!({
+                "logs_used": l.logs_used,
+                "records": l.records,
+                "unapplied": l.unapplied,
+                "bytes": l.bytes,
+            })),
             "problems": self.problems,
         })
     }
@@ -104,6 +117,15 @@ impl StructFacts {
                 }
             }
             None => println!("structure:        none"),
+        }
+        if let Some(l) = &self.logs {
+            println!(
+                "logs:             {} in use, {} records ({} not yet applied), {}",
+                l.logs_used,
+                l.records,
+                l.unapplied,
+                human_bytes(l.bytes)
+            );
         }
         if let Some(n) = &self.note {
             println!("note:             {n}");
@@ -339,6 +361,9 @@ fn check_structure(rec: Recovery, heap_ok: bool, require: bool) -> Option<Struct
             .push("the heap root is null: there is no index structure".into());
         return Some(f);
     }
+    if engine::bullet::is_bullet_root(&heap, root) {
+        return Some(check_bullet(rec, heap_ok));
+    }
     let claimed = claimed_by(&heap, root);
     let t = match quietly(|| attach_any(&heap, root)) {
         Ok(Ok(t)) => t,
@@ -436,6 +461,111 @@ fn check_structure(rec: Recovery, heap_ok: bool, require: bool) -> Option<Struct
         }
     }
     Some(f)
+}
+
+/// Checks a Bullet store: its backend as found, its logs, then recovery (in the
+/// private mapping) and the block count against everything the store owns.
+fn check_bullet(rec: Recovery, heap_ok: bool) -> StructFacts {
+    let heap = rec.heap().clone();
+    let root = heap.root();
+    let mut f = StructFacts {
+        name: Some("bullet"),
+        ..Default::default()
+    };
+    let parts = match quietly(|| engine::bullet::BulletParts::attach(&heap, root)) {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            f.problems.push(format!("bullet: {e}"));
+            return f;
+        }
+        Err(p) => {
+            f.problems.push(format!("bullet: attaching panicked: {p}"));
+            return f;
+        }
+    };
+    let as_found = matches!(parts.backend, AnyIndex::PHash(_));
+    match quietly(|| parts.backend.verify(as_found)) {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            f.problems.push(format!("bullet backend: {e}"));
+            return f;
+        }
+        Err(p) => {
+            f.problems
+                .push(format!("bullet backend: the walk panicked: {p}"));
+            return f;
+        }
+    }
+    match quietly(|| engine::bullet::check_logs(&heap, root)) {
+        Ok(Ok(l)) => f.logs = Some(l),
+        Ok(Err(e)) => f.problems.push(format!("bullet logs: {e}")),
+        Err(p) => f
+            .problems
+            .push(format!("bullet logs: reading panicked: {p}")),
+    }
+    if !heap_ok || !f.problems.is_empty() {
+        f.note = Some("problems found: the store was not recovered".into());
+        return f;
+    }
+    match quietly(|| index::recover(rec, &parts.recoverables())) {
+        Ok(Ok((_, st))) => {
+            f.recovered = true;
+            f.slots = st.slots;
+            f.repaired = st.repaired;
+            f.leaked_freed = st.heap.leaked_freed;
+            f.revived = st.heap.revived;
+        }
+        Ok(Err(e)) => {
+            f.problems.push(format!("bullet: recovery failed: {e}"));
+            return f;
+        }
+        Err(p) => {
+            f.problems.push(format!("bullet: recovery panicked: {p}"));
+            return f;
+        }
+    }
+    let mut owned = parts.pool_blocks();
+    match quietly(|| parts.backend.verify(true)) {
+        Ok(Ok(v)) => {
+            f.keys = Some(v.keys);
+            f.payload_bytes = Some(v.payload_bytes);
+            owned += v.blocks;
+        }
+        Ok(Err(e)) => {
+            f.problems
+                .push(format!("bullet backend after recovery: {e}"));
+            return f;
+        }
+        Err(p) => {
+            f.problems.push(format!(
+                "bullet backend after recovery: the walk panicked: {p}"
+            ));
+            return f;
+        }
+    }
+    if let Some(side) = &parts.side {
+        match quietly(|| side.verify(true)) {
+            Ok(Ok(v)) => owned += v.blocks,
+            Ok(Err(e)) => f.problems.push(format!("bullet side table: {e}")),
+            Err(p) => f
+                .problems
+                .push(format!("bullet side table: the walk panicked: {p}")),
+        }
+    }
+    f.blocks = Some(owned);
+    let c = check_heap(&heap);
+    f.heap_blocks = Some(c.blocks);
+    for p in c.problems {
+        f.problems.push(format!("heap after recovery: {p}"));
+    }
+    if c.blocks != owned {
+        f.problems.push(format!(
+            "the heap has {} allocated blocks, the Bullet store owns {owned} (backend, side \
+             table, descriptor and log buffers)",
+            c.blocks
+        ));
+    }
+    f
 }
 
 /// Opens the heap for checking. A FIFO is refused before `open(2)`, which would

@@ -260,8 +260,9 @@ pub struct BulletStore {
     life: Arc<Life>,
 }
 
-/// The pool's own blocks, for the heap's leak sweep.
-struct PoolBlocks(Vec<u64>);
+/// The pool's own blocks (descriptor and log buffers) and the log size, for the
+/// heap's leak sweep.
+struct PoolBlocks(Vec<u64>, u64);
 
 impl Recoverable for PoolBlocks {
     fn repair(&self, _slots: &[(PPtr<u8>, u64)]) -> index::Result<u64> {
@@ -270,6 +271,123 @@ impl Recoverable for PoolBlocks {
     fn reachable(&self, p: PPtr<u8>) -> bool {
         self.0.contains(&p.offset())
     }
+}
+
+/// Whether the heap's root is a Bullet descriptor (by its tag alone).
+pub fn is_bullet_root(heap: &Heap, root: PPtr<u8>) -> bool {
+    let r = heap.region();
+    root.raw() != 0 && r.contains(root.raw(), 4) && r.read::<u32>(root.raw()) == crl::ROOT_TAG
+}
+
+/// A Bullet heap's parts, found from its descriptor without opening the store
+/// (recovery, `ember check`): the backend index, the side table of the `st` and
+/// `lfr` variants, and the pool's own blocks.
+pub struct BulletParts {
+    pub backend: AnyIndex,
+    pub side: Option<PHash>,
+    blocks: PoolBlocks,
+}
+
+impl BulletParts {
+    /// Validates the descriptor at `root` and attaches the backend and side table.
+    pub fn attach(heap: &Heap, root: PPtr<u8>) -> Result<BulletParts> {
+        let desc = root.raw();
+        let (nlogs, size, kind, broot) = Pool::read_desc(heap, desc)?;
+        let backend = attach_any(heap, broot)?;
+        let want = if kind == crl::BACKEND_HASH {
+            BackendKind::LogFree
+        } else {
+            BackendKind::PHash
+        };
+        if backend_kind(&backend) != Some(want) {
+            return Err(Error::Corrupt(format!(
+                "Bullet backend is not the {} its descriptor names",
+                want.name()
+            )));
+        }
+        let r = heap.region();
+        let mut blocks = vec![desc];
+        for i in 0..nlogs {
+            let b: u64 = r.read(desc + crl::LOGS_OFF + i as u64 * crl::LOG_DESC);
+            if b != 0 {
+                blocks.push(b);
+            }
+        }
+        let side_root: u64 = r.read(desc + SIDE_ROOT);
+        let side = if side_root != 0 {
+            Some(PHash::attach(heap, PPtr::from_raw(side_root))?)
+        } else {
+            None
+        };
+        Ok(BulletParts {
+            backend,
+            side,
+            blocks: PoolBlocks(blocks, size),
+        })
+    }
+
+    /// Heap blocks the pool owns (descriptor and log buffers).
+    pub fn pool_blocks(&self) -> u64 {
+        self.blocks.0.len() as u64
+    }
+
+    /// The parts the heap's leak sweep asks about reachability.
+    pub fn recoverables(&self) -> Vec<&dyn Recoverable> {
+        let mut v: Vec<&dyn Recoverable> = vec![self.backend.recoverable(), &self.blocks];
+        if let Some(s) = &self.side {
+            v.push(s);
+        }
+        v
+    }
+}
+
+/// What the logs of a Bullet heap hold, as found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogFacts {
+    /// Logs with a buffer.
+    pub logs_used: u64,
+    /// Records between heads and tails (pads excluded).
+    pub records: u64,
+    /// Of those, records not flagged as applied.
+    pub unapplied: u64,
+    /// Bytes between heads and tails.
+    pub bytes: u64,
+}
+
+/// Reads every log from its head to its tail (records that check), validating
+/// each record's header and opcode (read-only).
+pub fn check_logs(heap: &Heap, root: PPtr<u8>) -> Result<LogFacts> {
+    let pool = Pool::attach(heap, root.raw())?;
+    let mut f = LogFacts::default();
+    for (i, l) in pool.logs.iter().enumerate() {
+        if l.base.load(Ordering::Acquire) == 0 {
+            continue;
+        }
+        f.logs_used += 1;
+        let head = l.head.load(Ordering::Acquire);
+        let tail = l.tail.load(Ordering::Acquire);
+        f.bytes += tail - head;
+        let mut pos = head;
+        loop {
+            pos = pool.skip_gap(pos);
+            if pos >= tail {
+                break;
+            }
+            let h = pool.header(RecPtr::new(i, pos))?;
+            pos += h.len as u64;
+            if h.opcode == OPC_PAD {
+                continue;
+            }
+            if !matches!(h.opcode, OPC_PUT | OPC_REMOVE | OPC_INCR) {
+                return Err(Error::Corrupt(format!("log {i}: opcode {}", h.opcode)));
+            }
+            f.records += 1;
+            if !h.applied {
+                f.unapplied += 1;
+            }
+        }
+    }
+    Ok(f)
 }
 
 /// What recovery found and did.
@@ -306,34 +424,12 @@ impl BulletStore {
     /// Opens the Bullet store of a heap being recovered (§5).
     pub fn open(rec: Recovery, opts: &BulletOptions) -> Result<(BulletStore, BulletRecovery)> {
         let desc = rec.heap().root().raw();
-        let (nlogs, size, kind, broot) = Pool::read_desc(rec.heap(), desc)?;
-        let backend = attach_any(rec.heap(), broot)?;
-        let want = if kind == crl::BACKEND_HASH {
-            BackendKind::LogFree
-        } else {
-            BackendKind::PHash
-        };
-        if backend_kind(&backend) != Some(want) {
-            return Err(Error::Corrupt(format!(
-                "Bullet backend is not the {} its descriptor names",
-                want.name()
-            )));
-        }
-        let r = rec.heap().region();
-        let mut blocks = vec![desc];
-        for i in 0..nlogs {
-            let b: u64 = r.read(desc + crl::LOGS_OFF + i as u64 * crl::LOG_DESC);
-            if b != 0 {
-                blocks.push(b);
-            }
-        }
-        let side_root: u64 = r.read(desc + SIDE_ROOT);
-        let side = if side_root != 0 {
-            Some(PHash::attach(rec.heap(), PPtr::from_raw(side_root))?)
-        } else {
-            None
-        };
-        let blocks = PoolBlocks(blocks);
+        let BulletParts {
+            backend,
+            side,
+            blocks,
+        } = BulletParts::attach(rec.heap(), rec.heap().root())?;
+        let size = blocks.1;
         let mut parts: Vec<&dyn Recoverable> = vec![backend.recoverable(), &blocks];
         if let Some(s) = &side {
             parts.push(s);
@@ -1317,6 +1413,22 @@ fn advancer(sh: Arc<Shared>) {
     g.retire(&sh);
 }
 
+/// The backend's value of `key` (stamp, value), for a frontend miss (None when the
+/// frontend is complete or the backend lacks the key). A free function so that a
+/// session can call it while it borrows its store (no reference-count traffic on
+/// the hot path).
+fn load_backend(sh: &Shared, g: &mut Gleaner, key: &[u8]) -> Result<Option<(u64, Box<[u8]>)>> {
+    if sh.complete.load(Ordering::Acquire) {
+        return Ok(None);
+    }
+    let (s, v) = g.backend_value(key)?;
+    sh.saw_stamp(s);
+    Ok(v.map(|v| {
+        sh.c.loads.fetch_add(1, Ordering::Relaxed);
+        (s, v.into_boxed_slice())
+    }))
+}
+
 /// One thread's session on a Bullet store.
 pub struct BulletSession {
     sh: Arc<Shared>,
@@ -1395,19 +1507,6 @@ impl Store for BulletStore {
 }
 
 impl BulletSession {
-    /// The backend's value of `key` (stamp, value), for a frontend miss.
-    fn load(&mut self, key: &[u8]) -> Result<Option<(u64, Box<[u8]>)>> {
-        if self.sh.complete.load(Ordering::Acquire) {
-            return Ok(None);
-        }
-        let (s, v) = self.g.backend_value(key)?;
-        self.sh.saw_stamp(s);
-        Ok(v.map(|v| {
-            self.sh.c.loads.fetch_add(1, Ordering::Relaxed);
-            (s, v.into_boxed_slice())
-        }))
-    }
-
     /// A log with room for `len` bytes, held by this session (§4.3.1: a writer
     /// keeps its log until it fills, then takes the next free one). When every log
     /// is full, the writer glean itself and advances the heads until one has room.
@@ -1564,7 +1663,7 @@ impl Session for BulletSession {
         // The miss is served under the bucket lock, as a write's is: between an
         // unlocked backend read and the insert, another thread could create,
         // apply and evict the key, and a stale value would be cached.
-        let sh = self.sh.clone();
+        let sh = &*self.sh;
         let mut l = sh.table.lock(hash);
         let found = match l.find(key) {
             Some(n) => match n.value(l.guard()) {
@@ -1574,7 +1673,7 @@ impl Session for BulletSession {
                 }
                 None => false,
             },
-            None => match self.load(key)? {
+            None => match load_backend(sh, &mut self.g, key)? {
                 Some((stamp, v)) => {
                     out.extend_from_slice(&v);
                     l.insert(hash, key, Some(v), FMeta::new(0, stamp));
@@ -1598,10 +1697,10 @@ impl Session for BulletSession {
         };
         let log = self.ensure_space(crl::record_len(key.len(), plen))?;
         let hash = key_hash(key);
-        let sh = self.sh.clone();
+        let sh = &*self.sh;
         let mut l = sh.table.lock(hash);
         if l.find(key).is_none() {
-            if let Some((stamp, v)) = self.load(key)? {
+            if let Some((stamp, v)) = load_backend(sh, &mut self.g, key)? {
                 l.insert(hash, key, Some(v), FMeta::new(0, stamp));
             }
         }
