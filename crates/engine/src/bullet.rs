@@ -3,12 +3,13 @@
 //!
 //! - **Write** (§2.3, §4.1): reserve room in the session's log (before any lock);
 //!   lock the key's frontend bucket; compute the new value; append a record whose
-//!   `prev` is the entry's `lentry` (flush, fence, tail, flush, fence); set the
-//!   entry's value, version and `lentry`; unlock. No backend access unless the key
-//!   is missing from a frontend that is not complete (then the backend is read).
+//!   `prev` is the entry's `lentry` (flush, one fence: the tail is not persisted,
+//!   recovery finds it by checksums); set the entry's value, version and `lentry`;
+//!   unlock. No backend access unless the key is missing from a frontend that is
+//!   not complete (then the backend is read, under the lock).
 //! - **Get** (§4.2): the frontend alone, lock-free (crossbeam-epoch keeps replaced
-//!   values alive); a miss in a frontend that is not complete reads the backend and
-//!   caches the pair.
+//!   values alive); a miss in a frontend that is not complete reads the backend
+//!   under the bucket lock and caches the pair.
 //! - **Glean** (§2.3, §4.4): a gleaner holds a log, walks it from its cursor, and
 //!   for each unapplied record takes the key's gleaner lock (or skips the record:
 //!   whoever holds the key applies it), walks the key's chain from the frontend
@@ -17,9 +18,11 @@
 //!   record it includes (see [`crate::value`]), which makes re-applying a record
 //!   after a crash harmless. With put collapsing (variant `full`), a chain is
 //!   folded in DRAM from its newest idempotent record (or from the backend value
-//!   when it has none) and written once. Then the backend is synced, the records'
-//!   `applied` flags set, and `lentry` released with a compare-and-swap.
-//! - **Epochs** (§2.4): the advancer thread bumps the global epoch, moves each
+//!   when it has none) and written once. At the end of a batch the backend is
+//!   synced once, the records' `applied` flags set and fenced, each chain's
+//!   `lentry` released with a compare-and-swap, and only then the keys' gleaner
+//!   locks given back.
+//! - **Epochs** (§2.4): the advancer thread bumps the version tick, moves each
 //!   log's head past applied records (read boundary, grace period, persist,
 //!   reuse), and once per epoch sets the number of gleaners wanted from the log
 //!   occupancy (§4.3.2: above 60% one more, below 30% one fewer). Frontend memory
