@@ -151,60 +151,50 @@ fn run(kind: Kind) {
     drop(heap);
     // Images taken inside fences (at most eight, spread over the run).
     let step = fence_images.len().div_ceil(8).max(1);
+    // (no acknowledged-count bounds are known for them: 0..=total).
+    let zero = vec![0; COUNTERS];
     for (n, img) in fence_images.iter().step_by(step).enumerate() {
-        check_fence_image(kind, dir.path(), n, img, &total);
+        check_image(
+            kind,
+            dir.path(),
+            &format!("fence image {n}"),
+            img,
+            &zero,
+            &total,
+        );
     }
-    // The crash images.
+    // The crash images, with the acknowledged counts around each.
     for (n, (img, before, after)) in images.into_iter().enumerate() {
-        let p = dir.path().join(format!("img{n}.heap"));
-        pmem::sim::write_image(&p, &img.bytes).unwrap();
-        let (store, heap, clean) = open_sim(kind, &p, Arc::new(CrashSim::new(2, 0)), LOG)
-            .unwrap_or_else(|e| panic!("{}: image {n}: {e}", kind.name()));
-        assert!(!clean);
-        let got = read_counters(&mut *store.session());
-        for c in 0..COUNTERS {
-            assert!(
-                got[c] >= before[c] as i64 && got[c] <= after[c] as i64 + THREADS as i64,
-                "{}: image {n}: counter {c} = {}, acknowledged {} before the image, {} after",
-                kind.name(),
-                got[c],
-                before[c],
-                after[c]
-            );
-        }
-        if let Some(b) = store.bullet() {
-            b.drain().unwrap();
-            b.verify().unwrap();
-            assert_eq!(read_counters(&mut *store.session()), got);
-        }
-        store.close().unwrap();
-        drop(store);
-        drop(heap);
+        let lo: Vec<i64> = before.iter().map(|&b| b as i64).collect();
+        let hi: Vec<i64> = after.iter().map(|&a| a as i64 + THREADS as i64).collect();
+        check_image(kind, dir.path(), &format!("image {n}"), &img, &lo, &hi);
     }
 }
 
-/// An image taken inside a fence (no acknowledged-count bounds known): recovery
-/// succeeds, counters are within what was ever acknowledged, and after draining the
-/// frontend equals the backend.
-fn check_fence_image(
+/// Recovers crash image `img` and checks every counter is within `lo..=hi`; for
+/// Bullet, after draining the frontend equals the backend and the counters hold.
+fn check_image(
     kind: Kind,
     dir: &std::path::Path,
-    n: usize,
+    what: &str,
     img: &pmem::CrashImage,
-    total: &[i64],
+    lo: &[i64],
+    hi: &[i64],
 ) {
-    let p = dir.join(format!("fence{n}.heap"));
+    let p = dir.join(format!("{}.heap", what.replace(' ', "-")));
     pmem::sim::write_image(&p, &img.bytes).unwrap();
-    let (store, heap, _) = open_sim(kind, &p, Arc::new(CrashSim::new(3, 0)), LOG)
-        .unwrap_or_else(|e| panic!("{}: fence image {n}: {e}", kind.name()));
+    let (store, heap, clean) = open_sim(kind, &p, Arc::new(CrashSim::new(3, 0)), LOG)
+        .unwrap_or_else(|e| panic!("{}: {what}: {e}", kind.name()));
+    assert!(!clean, "{}: {what} says clean", kind.name());
     let got = read_counters(&mut *store.session());
     for c in 0..COUNTERS {
         assert!(
-            got[c] >= 0 && got[c] <= total[c],
-            "{}: fence image {n}: counter {c} = {}, total {}",
+            got[c] >= lo[c] && got[c] <= hi[c],
+            "{}: {what}: counter {c} = {}, expected {}..={}",
             kind.name(),
             got[c],
-            total[c]
+            lo[c],
+            hi[c]
         );
     }
     if let Some(b) = store.bullet() {

@@ -791,42 +791,24 @@ pub fn run(args: &EngineArgs) -> BenchResult<()> {
         buckets: plan.buckets,
         ..BackendOptions::default()
     };
+    let run = Run {
+        args,
+        plan: &plan,
+        machine: &machine,
+        p: &p,
+    };
     match args.engine {
         EngineKind::Volatile => {
             let store = VolatileStore::new(plan.buckets as usize);
-            let m = measure(&store, args, &p, plan.workers, None, || {
+            run.store(&store, None, None, || {
                 store.wait_resize();
                 Ok(())
-            })?;
-            let ctx = Context {
-                name: store.name(),
-                durability: store.durability(),
-                heap: None,
-                backend: None,
-            };
-            store.close().map_err(err)?;
-            report(args, &plan, &machine, &ctx, &m)
+            })
         }
         EngineKind::Direct => {
             let tmp = make_heap(args, &plan, 0)?;
             let store = DirectStore::create(&tmp.heap, &backend).map_err(err)?;
-            let m = measure(
-                &store,
-                args,
-                &p,
-                plan.workers,
-                Some(tmp.heap.region()),
-                || Ok(()),
-            )?;
-            let ctx = Context {
-                name: store.name(),
-                durability: store.durability(),
-                heap: Some(&tmp),
-                backend: Some(args.backend),
-            };
-            store.close().map_err(err)?;
-            drop(store);
-            report(args, &plan, &machine, &ctx, &m)
+            run.store(&store, Some(&tmp), Some(args.backend), || Ok(()))
         }
         EngineKind::Bullet(variant) => {
             let log_size = args.log_size * MIB;
@@ -842,24 +824,41 @@ pub fn run(args: &EngineArgs) -> BenchResult<()> {
                 static_gleaners: plan.static_gleaners,
             };
             let store = BulletStore::create(&tmp.heap, &opts).map_err(err)?;
-            let m = measure(
-                &store,
-                args,
-                &p,
-                plan.workers,
-                Some(tmp.heap.region()),
-                || store.drain().map_err(err),
-            )?;
-            let ctx = Context {
-                name: store.name(),
-                durability: store.durability(),
-                heap: Some(&tmp),
-                backend: Some(args.backend),
-            };
-            store.close().map_err(err)?;
-            drop(store);
-            report(args, &plan, &machine, &ctx, &m)
+            run.store(&store, Some(&tmp), Some(args.backend), || {
+                store.drain().map_err(err)
+            })
         }
+    }
+}
+
+/// One benchmark run's fixed inputs.
+struct Run<'a> {
+    args: &'a EngineArgs,
+    plan: &'a Plan,
+    machine: &'a Machine,
+    p: &'a Params,
+}
+
+impl Run<'_> {
+    /// Measures `store` (after `settle` ran on the prefilled store), closes it and
+    /// prints the report.
+    fn store<S: Store>(
+        &self,
+        store: &S,
+        heap: Option<&TempHeap>,
+        backend: Option<BackendKind>,
+        settle: impl FnOnce() -> BenchResult<()>,
+    ) -> BenchResult<()> {
+        let region = heap.map(|t| t.heap.region());
+        let m = measure(store, self.args, self.p, self.plan.workers, region, settle)?;
+        let ctx = Context {
+            name: store.name(),
+            durability: store.durability(),
+            heap,
+            backend,
+        };
+        store.close().map_err(err)?;
+        report(self.args, self.plan, self.machine, &ctx, &m)
     }
 }
 
