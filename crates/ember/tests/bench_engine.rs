@@ -140,3 +140,50 @@ fn rejects_bad_arguments() {
         assert!(!out.status.success(), "{bad:?} was accepted");
     }
 }
+
+/// `--recovery`: a second JSON object with the recovery of the undrained logs.
+#[test]
+fn bullet_recovery_is_timed() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args([
+            "bench",
+            "engine",
+            "--engine",
+            "bullet",
+            "--threads",
+            "2",
+            "--keys",
+            "2000",
+            "--seconds",
+            "0.3",
+            "--warmup",
+            "0",
+            "--put-ratio",
+            "0.5",
+            "--json",
+            "--log-size",
+            "1",
+            "--logs",
+            "4",
+            "--recovery",
+            // No epoch ends: the advancer does not drain the logs before close.
+            "--epoch-ms",
+            "100000",
+        ])
+        .output()
+        .expect("run ember");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    let run: Value = serde_json::from_str(lines[0]).unwrap();
+    assert!(run["ops_per_sec"].as_f64().unwrap() > 0.0);
+    let rec: Value = serde_json::from_str(lines[1]).unwrap();
+    assert_eq!(rec["bench"], "engine-recovery", "{rec}");
+    assert!(rec["recovery_ms"].as_f64().unwrap() > 0.0, "{rec}");
+    assert!(rec["log_records"].as_u64().unwrap() > 0, "{rec}");
+}

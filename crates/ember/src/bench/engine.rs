@@ -46,7 +46,7 @@ use engine::volatile::VolatileStore;
 use engine::{Durability, Op, Session, Store, StoreStats};
 use hdrhistogram::Histogram;
 use pmem::layout::MIB;
-use pmem::{Geometry, HeapOptions, PersistStats, Strategy};
+use pmem::{Geometry, Heap, HeapOptions, PersistStats, Strategy};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::{json, Map, Value};
@@ -158,6 +158,11 @@ pub struct EngineArgs {
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     pub json: bool,
+    /// Bullet only: after the run, close the store without draining its logs,
+    /// reopen the heap and time the recovery (§5: logs replayed into the
+    /// frontend); printed as a second line (a second JSON object with --json).
+    #[arg(long)]
+    pub recovery: bool,
 }
 
 // ---------------------------------------------------------------------------
@@ -826,9 +831,57 @@ pub fn run(args: &EngineArgs) -> BenchResult<()> {
             let store = BulletStore::create(&tmp.heap, &opts).map_err(err)?;
             run.store(&store, Some(&tmp), Some(args.backend), || {
                 store.drain().map_err(err)
-            })
+            })?;
+            if args.recovery {
+                drop(store);
+                time_recovery(args, tmp, &opts)?;
+            }
+            Ok(())
         }
     }
+}
+
+/// Reopens the closed Bullet heap and times its recovery: the heap's open, the
+/// index recovery (leak sweep), and the replay of the logs into the frontend.
+fn time_recovery(args: &EngineArgs, tmp: TempHeap, opts: &BulletOptions) -> BenchResult<()> {
+    let hopts = HeapOptions {
+        strategy: tmp.heap.region().strategy(),
+        fence_ns: args.fence_ns,
+        ..Default::default()
+    };
+    let file = tmp.close();
+    let t = Instant::now();
+    let rec = Heap::open(file.path(), &hopts).map_err(err)?;
+    let (store, r) = BulletStore::open(rec, opts).map_err(err)?;
+    let micros = t.elapsed().as_micros() as u64;
+    let v = json!({
+        "bench": "engine-recovery",
+        "engine": store.name(),
+        "keys": args.keys,
+        "recovery_ms": micros as f64 / 1000.0,
+        "replay_ms": r.replay_micros as f64 / 1000.0,
+        "log_bytes": r.log_bytes,
+        "log_records": r.records,
+        "replayed_records": r.replayed,
+        "frontend_keys": r.keys,
+        "index_slots_examined": r.index.slots,
+        "durability": store.heap().region().strategy().name(),
+    });
+    store.close().map_err(err)?;
+    drop(store);
+    if args.json {
+        println!("{v}");
+    } else {
+        println!(
+            "recovery: {:.1} ms ({:.1} ms replaying {} records, {} of log, into {} frontend keys)",
+            micros as f64 / 1000.0,
+            r.replay_micros as f64 / 1000.0,
+            r.records,
+            crate::util::human_bytes(r.log_bytes),
+            r.keys
+        );
+    }
+    Ok(())
 }
 
 /// One benchmark run's fixed inputs.

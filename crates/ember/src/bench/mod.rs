@@ -185,6 +185,23 @@ impl TempHeap {
     pub fn path(&self) -> &Path {
         &self._file.0
     }
+
+    /// Closes the heap (a clean shutdown) and keeps the file, which is removed
+    /// when the returned value drops (to reopen it, e.g. to time a recovery).
+    pub fn close(self) -> TempFile {
+        let TempHeap { heap, _file } = self;
+        drop(heap);
+        TempFile(_file)
+    }
+}
+
+/// A heap file (closed) that is removed when this value drops.
+pub struct TempFile(RemoveOnDrop);
+
+impl TempFile {
+    pub fn path(&self) -> &Path {
+        &(self.0).0
+    }
 }
 
 #[cfg(test)]
