@@ -556,10 +556,12 @@ impl BulletStore {
     }
 
     /// Applies every record in the logs to the backend and reclaims the logs
-    /// (tests, clean shutdown). Call with no session writing.
+    /// (tests, benchmarks' prefill). Call with no session writing.
     pub fn drain(&self) -> Result<()> {
         let mut g = Gleaner::new(&self.sh)?;
-        self.drain_with(&mut g)
+        let r = self.drain_loop(&mut g);
+        g.retire(&self.sh);
+        r
     }
 
     fn drain_loop(&self, g: &mut Gleaner) -> Result<()> {
@@ -576,15 +578,8 @@ impl BulletStore {
         }
     }
 
-    /// [`Self::drain`] with the gleaner given back on every path.
-    fn drain_with(&self, g: &mut Gleaner) -> Result<()> {
-        let r = self.drain_loop(g);
-        g.retire(&self.sh);
-        r
-    }
-
-    /// Checks the frontend against the backend and the logs (tests, `ember
-    /// check`): every frontend entry without pending records equals the backend.
+    /// Checks the frontend against the backend (tests): every frontend entry
+    /// without pending records equals the backend's value.
     pub fn verify(&self) -> std::result::Result<u64, String> {
         let mut h = self.sh.backend.handle().map_err(|e| e.to_string())?;
         let mut buf = Vec::new();
@@ -1512,7 +1507,7 @@ impl Store for BulletStore {
 impl BulletSession {
     /// A log with room for `len` bytes, held by this session (§4.3.1: a writer
     /// keeps its log until it fills, then takes the next free one). When every log
-    /// is full, the writer glean itself and advances the heads until one has room.
+    /// is full, the writer gleans itself and advances the heads until one has room.
     fn ensure_space(&mut self, len: u64) -> Result<usize> {
         let pool = &self.sh.pool;
         if len > pool.size {
