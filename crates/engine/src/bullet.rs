@@ -637,13 +637,12 @@ struct Replay {
 fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Replay> {
     struct Rec {
         p: RecPtr,
-        opcode: u8,
-        applied: bool,
-        version: u64,
-        payload: Vec<u8>,
+        h: Header,
     }
-    let mut by_key: HashMap<Vec<u8>, Vec<Rec>> = HashMap::new();
+    // Keys are copied once per key, payloads only for the records a fold needs.
+    let mut by_key: HashMap<Box<[u8]>, Vec<Rec>> = HashMap::new();
     let mut max_version = 0;
+    let mut key = Vec::new();
     for (i, l) in pool.logs.iter().enumerate() {
         if l.base.load(Ordering::Acquire) == 0 {
             continue;
@@ -652,7 +651,6 @@ fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Re
         let tail = l.tail.load(Ordering::Acquire);
         st.log_bytes += tail - head;
         let mut pos = head;
-        let (mut key, mut payload) = (Vec::new(), Vec::new());
         loop {
             pos = pool.skip_gap(pos);
             if pos >= tail {
@@ -675,59 +673,74 @@ fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Re
                 )));
             }
             st.records += 1;
-            pool.body(p, &h, &mut key, &mut payload);
+            pool.key(p, &h, &mut key);
             max_version = max_version.max(h.version);
-            by_key.entry(key.clone()).or_default().push(Rec {
-                p,
-                opcode: h.opcode,
-                applied: h.applied,
-                version: h.version,
-                payload: payload.clone(),
-            });
+            match by_key.get_mut(key.as_slice()) {
+                Some(v) => v.push(Rec { p, h }),
+                None => {
+                    by_key.insert(key.as_slice().into(), vec![Rec { p, h }]);
+                }
+            }
         }
     }
-    let mut h = backend.handle()?;
+    let mut bh = backend.handle()?;
     let mut buf = Vec::new();
+    let mut payload = Vec::new();
     let mut entries = Vec::new();
     let mut flagged = false;
     for (key, mut recs) in by_key {
-        recs.sort_by_key(|r| r.version);
+        recs.sort_by_key(|r| r.h.version);
         let maxflag = recs
             .iter()
-            .filter(|r| r.applied)
-            .map(|r| r.version)
+            .filter(|r| r.h.applied)
+            .map(|r| r.h.version)
             .max()
             .unwrap_or(0);
-        let (stamp, mut val): (u64, Option<Vec<u8>>) = if h.get(&key, &mut buf)? {
-            let (s, v) = value::decode(&buf)
-                .ok_or_else(|| Error::Corrupt("backend value without a stamp".into()))?;
-            (s, Some(v.to_vec()))
+        let found = bh.get(&key, &mut buf)?;
+        let stamp = if found {
+            value::decode(&buf)
+                .ok_or_else(|| Error::Corrupt("backend value without a stamp".into()))?
+                .0
         } else {
-            (0, None)
+            0
         };
         let done = maxflag.max(stamp);
-        let mut pending = 0;
-        for r in &recs {
-            if r.version <= done {
-                if !r.applied {
-                    pool.mark_applied(r.p);
-                    flagged = true;
-                }
-                continue;
-            }
-            pending += 1;
-            val = fold(val, r.opcode, &r.payload)?;
+        for r in recs.iter().filter(|r| r.h.version <= done && !r.h.applied) {
+            pool.mark_applied(r.p);
+            flagged = true;
         }
-        if pending == 0 {
+        let first = recs.partition_point(|r| r.h.version <= done);
+        let pending = &recs[first..];
+        if pending.is_empty() {
             continue;
         }
-        st.replayed += pending;
-        let newest = recs.last().expect("a key has records");
+        st.replayed += pending.len() as u64;
+        // Fold from the newest put or remove (everything before it is overwritten),
+        // or from the backend value when there is none.
+        let (mut val, from) = match pending.iter().rposition(|r| r.h.opcode != OPC_INCR) {
+            Some(k) => {
+                pool.payload(pending[k].p, &pending[k].h, &mut payload);
+                (fold(None, pending[k].h.opcode, &payload)?, k + 1)
+            }
+            None => {
+                let v = if found {
+                    value::decode(&buf).map(|(_, v)| v.to_vec())
+                } else {
+                    None
+                };
+                (v, 0)
+            }
+        };
+        for r in &pending[from..] {
+            pool.payload(r.p, &r.h, &mut payload);
+            val = fold(val, r.h.opcode, &payload)?;
+        }
+        let newest = pending.last().expect("non-empty");
         entries.push((
-            key,
+            key.into_vec(),
             val.map(Vec::into_boxed_slice),
             newest.p.0,
-            newest.version,
+            newest.h.version,
         ));
     }
     if flagged {

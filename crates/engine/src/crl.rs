@@ -275,16 +275,15 @@ impl Pool {
         }
         let head = l.head.load(Ordering::Acquire);
         let mut pos = head;
+        let mut buf = Vec::new();
         loop {
             let p = self.skip_gap(pos);
             if p - head >= self.size {
                 return pos;
             }
-            match self.header(RecPtr::new(i, p)) {
-                Ok(h)
-                    if p - head + h.len as u64 <= self.size
-                        && self.checks(RecPtr::new(i, p), &h) =>
-                {
+            let ptr = RecPtr::new(i, p);
+            match self.header(ptr) {
+                Ok(h) if p - head + h.len as u64 <= self.size && self.checks(ptr, &h, &mut buf) => {
                     pos = p + h.len as u64;
                 }
                 _ => return pos,
@@ -292,13 +291,13 @@ impl Pool {
         }
     }
 
-    /// Whether the record at `p` is whole: its checksum matches.
-    fn checks(&self, p: RecPtr, h: &Header) -> bool {
+    /// Whether the record at `p` is whole: its checksum matches (`buf` is scratch).
+    fn checks(&self, p: RecPtr, h: &Header, buf: &mut Vec<u8>) -> bool {
         let at = self.at(p);
-        let mut buf = vec![0u8; h.len as usize];
-        self.r().read_bytes(at, &mut buf);
+        buf.resize(h.len as usize, 0);
+        self.r().read_bytes(at, buf);
         let stored = u32::from_le_bytes(buf[12..16].try_into().expect("4 bytes"));
-        crc(self.salt, &mut buf) == stored
+        crc(self.salt, buf) == stored
     }
 
     /// The heap blocks the pool owns (descriptor and buffers), for the leak sweep.
@@ -493,6 +492,20 @@ impl Pool {
         let plen = self.payload_len(p, h);
         payload.resize(plen, 0);
         r.read_bytes(at + h.klen as u64, payload);
+    }
+
+    /// Copies the key of the record at `p` into `key`.
+    pub fn key(&self, p: RecPtr, h: &Header, key: &mut Vec<u8>) {
+        key.resize(h.klen as usize, 0);
+        self.r().read_bytes(self.at(p) + REC_HDR, key);
+    }
+
+    /// Copies the payload of the record at `p` into `payload`.
+    pub fn payload(&self, p: RecPtr, h: &Header, payload: &mut Vec<u8>) {
+        let plen = self.payload_len(p, h);
+        payload.resize(plen, 0);
+        self.r()
+            .read_bytes(self.at(p) + REC_HDR + h.klen as u64, payload);
     }
 
     fn payload_len(&self, p: RecPtr, h: &Header) -> usize {
