@@ -410,22 +410,8 @@ fn check_structure(rec: Recovery, heap_ok: bool, require: bool) -> Option<Struct
         f.note = Some("the heap has problems: the structure was not recovered".into());
         return Some(f);
     }
-    match quietly(|| index::recover(rec, &[&t])) {
-        Ok(Ok((_, st))) => {
-            f.recovered = true;
-            f.slots = st.slots;
-            f.repaired = st.repaired;
-            f.leaked_freed = st.heap.leaked_freed;
-            f.revived = st.heap.revived;
-        }
-        Ok(Err(e)) => {
-            f.problems.push(format!("{name}: recovery failed: {e}"));
-            return Some(f);
-        }
-        Err(p) => {
-            f.problems.push(format!("{name}: recovery panicked: {p}"));
-            return Some(f);
-        }
+    if !recover_into(&mut f, name, rec, &[&t]) {
+        return Some(f);
     }
     match quietly(|| t.verify(true)) {
         Ok(Ok(v)) => {
@@ -461,6 +447,34 @@ fn check_structure(rec: Recovery, heap_ok: bool, require: bool) -> Option<Struct
         }
     }
     Some(f)
+}
+
+/// Runs index recovery (repair, leak sweep) for `parts` in the private mapping and
+/// records what it did in `f`; false (with the problem recorded) when it failed.
+fn recover_into(
+    f: &mut StructFacts,
+    name: &str,
+    rec: Recovery,
+    parts: &[&dyn index::Recoverable],
+) -> bool {
+    match quietly(|| index::recover(rec, parts)) {
+        Ok(Ok((_, st))) => {
+            f.recovered = true;
+            f.slots = st.slots;
+            f.repaired = st.repaired;
+            f.leaked_freed = st.heap.leaked_freed;
+            f.revived = st.heap.revived;
+            true
+        }
+        Ok(Err(e)) => {
+            f.problems.push(format!("{name}: recovery failed: {e}"));
+            false
+        }
+        Err(p) => {
+            f.problems.push(format!("{name}: recovery panicked: {p}"));
+            false
+        }
+    }
 }
 
 /// Checks a Bullet store: its backend as found, its logs, then recovery (in the
@@ -507,22 +521,8 @@ fn check_bullet(rec: Recovery, heap_ok: bool) -> StructFacts {
         f.note = Some("problems found: the store was not recovered".into());
         return f;
     }
-    match quietly(|| index::recover(rec, &parts.recoverables())) {
-        Ok(Ok((_, st))) => {
-            f.recovered = true;
-            f.slots = st.slots;
-            f.repaired = st.repaired;
-            f.leaked_freed = st.heap.leaked_freed;
-            f.revived = st.heap.revived;
-        }
-        Ok(Err(e)) => {
-            f.problems.push(format!("bullet: recovery failed: {e}"));
-            return f;
-        }
-        Err(p) => {
-            f.problems.push(format!("bullet: recovery panicked: {p}"));
-            return f;
-        }
+    if !recover_into(&mut f, "bullet", rec, &parts.recoverables()) {
+        return f;
     }
     let mut owned = parts.pool_blocks();
     match quietly(|| parts.backend.verify(true)) {
