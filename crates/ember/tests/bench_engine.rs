@@ -39,29 +39,34 @@ const FIELDS: &[&str] = &[
     "put_ops",
 ];
 
-fn run(engine: &str) -> Value {
+/// Runs `ember bench engine` with a tiny load (2 threads, 2,000 keys, 0.3 s, four
+/// 1 MiB logs) plus `extra`; returns its standard output, after checking it
+/// succeeded.
+fn bench(engine: &str, put_ratio: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "bench",
+        "engine",
+        "--engine",
+        engine,
+        "--threads",
+        "2",
+        "--keys",
+        "2000",
+        "--seconds",
+        "0.3",
+        "--warmup",
+        "0",
+        "--put-ratio",
+        put_ratio,
+        "--json",
+        "--log-size",
+        "1",
+        "--logs",
+        "4",
+    ];
+    args.extend_from_slice(extra);
     let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args([
-            "bench",
-            "engine",
-            "--engine",
-            engine,
-            "--threads",
-            "2",
-            "--keys",
-            "2000",
-            "--seconds",
-            "0.3",
-            "--warmup",
-            "0",
-            "--put-ratio",
-            "0.2",
-            "--json",
-            "--log-size",
-            "1",
-            "--logs",
-            "4",
-        ])
+        .args(&args)
         .output()
         .expect("run ember");
     assert!(
@@ -70,7 +75,11 @@ fn run(engine: &str) -> Value {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8(out.stdout).expect("utf-8");
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+fn run(engine: &str) -> Value {
+    let text = bench(engine, "0.2", &[]);
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{engine}: {e}: {text}"))
 }
 
@@ -144,40 +153,8 @@ fn rejects_bad_arguments() {
 /// `--recovery`: a second JSON object with the recovery of the undrained logs.
 #[test]
 fn bullet_recovery_is_timed() {
-    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args([
-            "bench",
-            "engine",
-            "--engine",
-            "bullet",
-            "--threads",
-            "2",
-            "--keys",
-            "2000",
-            "--seconds",
-            "0.3",
-            "--warmup",
-            "0",
-            "--put-ratio",
-            "0.5",
-            "--json",
-            "--log-size",
-            "1",
-            "--logs",
-            "4",
-            "--recovery",
-            // No epoch ends: the advancer does not drain the logs before close.
-            "--epoch-ms",
-            "100000",
-        ])
-        .output()
-        .expect("run ember");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    // No epoch ends: the advancer does not drain the logs before close.
+    let text = bench("bullet", "0.5", &["--recovery", "--epoch-ms", "100000"]);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
     let run: Value = serde_json::from_str(lines[0]).unwrap();
