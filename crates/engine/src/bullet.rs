@@ -940,8 +940,6 @@ struct Gleaner {
     slot: usize,
     log: Option<usize>,
     key: Vec<u8>,
-    payload: Vec<u8>,
-    ckey: Vec<u8>,
     bval: Vec<u8>,
     enc: Vec<u8>,
     chain: Vec<(RecPtr, Header)>,
@@ -974,8 +972,6 @@ impl Gleaner {
             slot,
             log: None,
             key: Vec::new(),
-            payload: Vec::new(),
-            ckey: Vec::new(),
             bval: Vec::new(),
             enc: Vec::new(),
             chain: Vec::new(),
@@ -1095,7 +1091,8 @@ impl Gleaner {
             let next = pos + h.len as u64;
             if h.opcode != OPC_PAD && !h.applied && !self.pending_set.contains(&p.0) {
                 let mut key = std::mem::take(&mut self.key);
-                sh.pool.body(p, &h, &mut key, &mut self.payload);
+                // Only the key: the chain's payloads are read when folded.
+                sh.pool.key(p, &h, &mut key);
                 let r = self.apply_key(sh, p, &key);
                 self.key = key;
                 match r? {
@@ -1206,7 +1203,7 @@ impl Gleaner {
     /// Reads record `k` of the chain's payload into `self.cpay`.
     fn load_payload(&mut self, sh: &Shared, k: usize) {
         let (r, h) = self.chain[k];
-        sh.pool.body(r, &h, &mut self.ckey, &mut self.cpay);
+        sh.pool.payload(r, &h, &mut self.cpay);
     }
 
     /// The backend's value of `key` and its stamp.

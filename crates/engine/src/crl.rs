@@ -483,17 +483,6 @@ impl Pool {
         Ok(h)
     }
 
-    /// Copies the key of the record at `p` into `key` and its payload into `payload`.
-    pub fn body(&self, p: RecPtr, h: &Header, key: &mut Vec<u8>, payload: &mut Vec<u8>) {
-        let r = self.r();
-        let at = self.at(p) + REC_HDR;
-        key.resize(h.klen as usize, 0);
-        r.read_bytes(at, key);
-        let plen = self.payload_len(p, h);
-        payload.resize(plen, 0);
-        r.read_bytes(at + h.klen as u64, payload);
-    }
-
     /// Copies the key of the record at `p` into `key`.
     pub fn key(&self, p: RecPtr, h: &Header, key: &mut Vec<u8>) {
         key.resize(h.klen as usize, 0);
