@@ -1,0 +1,310 @@
+//! Incremental request parser (multibulk and inline), following Redis's
+//! `processMultibulkBuffer` / `processInlineBuffer` semantics.
+//!
+//! The parser is stateless: it looks at the bytes received so far and reports
+//! one complete request, `Incomplete`, or an error. On `Incomplete` the caller
+//! keeps the bytes, reads more and calls again. Nothing is allocated for the
+//! request's arguments until every byte of the request has arrived, so a
+//! client announcing a huge bulk and then sending nothing costs nothing.
+
+use crate::error::ProtoError;
+
+/// `PROTO_INLINE_MAX_SIZE` in Redis.
+pub const DEFAULT_MAX_INLINE_LEN: usize = 64 * 1024;
+/// `proto-max-bulk-len` default (512 MiB).
+pub const DEFAULT_MAX_BULK_LEN: usize = 512 * 1024 * 1024;
+/// Redis refuses a multibulk count above `INT_MAX`.
+pub const DEFAULT_MAX_MULTIBULK_LEN: usize = i32::MAX as usize;
+/// `client-query-buffer-limit` default (1 GiB).
+pub const DEFAULT_MAX_QUERY_BUFFER: usize = 1024 * 1024 * 1024;
+
+/// Most argument slots reserved before the arguments have actually arrived.
+const ARGS_RESERVE_CAP: usize = 64;
+
+/// Limits applied while parsing requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest accepted `$` length (`proto-max-bulk-len`). A larger one is
+    /// `Protocol error: invalid bulk length`.
+    pub max_bulk_len: usize,
+    /// Largest accepted `*` count. A larger one is
+    /// `Protocol error: invalid multibulk length`.
+    pub max_multibulk_len: usize,
+    /// Longest inline request line, and longest pending `*`/`$` header line,
+    /// without a terminator (`PROTO_INLINE_MAX_SIZE`).
+    pub max_inline_len: usize,
+    /// Largest incomplete request that may be buffered
+    /// (`client-query-buffer-limit`).
+    pub max_query_buffer: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_bulk_len: DEFAULT_MAX_BULK_LEN,
+            max_multibulk_len: DEFAULT_MAX_MULTIBULK_LEN,
+            max_inline_len: DEFAULT_MAX_INLINE_LEN,
+            max_query_buffer: DEFAULT_MAX_QUERY_BUFFER,
+        }
+    }
+}
+
+/// The outcome of [`parse_request`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parsed {
+    /// One request was parsed from the front of the buffer; `consumed` bytes
+    /// must be dropped before the next call. `args` is empty for an empty
+    /// request (`*0`, `*-1`, or an empty inline line): skip it.
+    Complete { args: Vec<Vec<u8>>, consumed: usize },
+    /// More bytes are needed.
+    Incomplete,
+    /// The request is malformed; Redis replies `-ERR <error>` and closes the
+    /// connection.
+    Error(ProtoError),
+}
+
+/// Parses the first request in `buf`.
+pub fn parse_request(buf: &[u8], limits: &Limits) -> Parsed {
+    let parsed = if buf.first() == Some(&b'*') {
+        parse_multibulk(buf, limits)
+    } else {
+        parse_inline(buf, limits)
+    };
+    match parsed {
+        Parsed::Incomplete if buf.len() > limits.max_query_buffer => {
+            Parsed::Error(ProtoError::QueryBufferLimit)
+        }
+        other => other,
+    }
+}
+
+fn find(byte: u8, buf: &[u8]) -> Option<usize> {
+    buf.iter().position(|&b| b == byte)
+}
+
+/// Redis's `string2ll`: optional `-`, no `+`, no leading zeros, no spaces,
+/// no overflow.
+pub(crate) fn string2ll(s: &[u8]) -> Option<i64> {
+    if s.is_empty() || s.len() > 20 {
+        return None;
+    }
+    if s == b"0" {
+        return Some(0);
+    }
+    let (neg, digits) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, s),
+    };
+    match digits.first() {
+        Some(b'1'..=b'9') => {}
+        _ => return None,
+    }
+    let mut v: u64 = 0;
+    for &c in digits {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+    }
+    if neg {
+        i64::try_from(-i128::from(v)).ok()
+    } else {
+        i64::try_from(v).ok()
+    }
+}
+
+fn parse_multibulk(buf: &[u8], limits: &Limits) -> Parsed {
+    // Count line: "*<n>\r\n". Like Redis, the byte after '\r' is not checked.
+    let Some(cr) = find(b'\r', buf) else {
+        return if buf.len() > limits.max_inline_len {
+            Parsed::Error(ProtoError::TooBigMbulkCount)
+        } else {
+            Parsed::Incomplete
+        };
+    };
+    if cr + 2 > buf.len() {
+        return Parsed::Incomplete;
+    }
+    let count = match string2ll(&buf[1..cr]) {
+        Some(n) if n <= 0 => {
+            return Parsed::Complete {
+                args: Vec::new(),
+                consumed: cr + 2,
+            }
+        }
+        Some(n) if (n as u64) <= limits.max_multibulk_len as u64 => n as usize,
+        _ => return Parsed::Error(ProtoError::InvalidMultibulkLength),
+    };
+    let mut pos = cr + 2;
+    let mut spans: Vec<(usize, usize)> = Vec::with_capacity(count.min(ARGS_RESERVE_CAP));
+    for _ in 0..count {
+        let rest = &buf[pos..];
+        let Some(cr) = find(b'\r', rest) else {
+            return if rest.len() > limits.max_inline_len {
+                Parsed::Error(ProtoError::TooBigBulkCount)
+            } else {
+                Parsed::Incomplete
+            };
+        };
+        if cr + 2 > rest.len() {
+            return Parsed::Incomplete;
+        }
+        if rest[0] != b'$' {
+            return Parsed::Error(ProtoError::ExpectedDollar(rest[0]));
+        }
+        let len = match string2ll(&rest[1..cr]) {
+            Some(n) if n >= 0 && (n as u64) <= limits.max_bulk_len as u64 => n as usize,
+            _ => return Parsed::Error(ProtoError::InvalidBulkLength),
+        };
+        pos += cr + 2;
+        // Payload plus its trailing two bytes (skipped unchecked, as Redis does).
+        if buf.len() - pos < len.saturating_add(2) {
+            return Parsed::Incomplete;
+        }
+        spans.push((pos, len));
+        pos += len + 2;
+    }
+    let args = spans
+        .into_iter()
+        .map(|(start, len)| buf[start..start + len].to_vec())
+        .collect();
+    Parsed::Complete {
+        args,
+        consumed: pos,
+    }
+}
+
+fn parse_inline(buf: &[u8], limits: &Limits) -> Parsed {
+    let Some(nl) = find(b'\n', buf) else {
+        return if buf.len() > limits.max_inline_len {
+            Parsed::Error(ProtoError::TooBigInline)
+        } else {
+            Parsed::Incomplete
+        };
+    };
+    let end = if nl > 0 && buf[nl - 1] == b'\r' {
+        nl - 1
+    } else {
+        nl
+    };
+    match split_args(&buf[..end]) {
+        Some(args) => Parsed::Complete {
+            args,
+            consumed: nl + 1,
+        },
+        None => Parsed::Error(ProtoError::UnbalancedQuotes),
+    }
+}
+
+fn hex_val(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// C `isspace`.
+fn is_space(c: u8) -> bool {
+    matches!(c, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// Splits an inline line into arguments with Redis's `sdssplitargs` rules.
+/// `None` means unbalanced quotes. The end of the slice plays the part of the
+/// C string's NUL; a NUL byte inside the line is an ordinary byte here.
+pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let mut args = Vec::new();
+    let mut p = 0;
+    loop {
+        while p < line.len() && is_space(line[p]) {
+            p += 1;
+        }
+        if p >= line.len() {
+            return Some(args);
+        }
+        let mut cur = Vec::new();
+        let mut in_dq = false;
+        let mut in_sq = false;
+        loop {
+            let c = line.get(p).copied();
+            let next = line.get(p + 1).copied();
+            if in_dq {
+                match c {
+                    None => return None,
+                    Some(b'\\') if next == Some(b'x') => {
+                        let h = line.get(p + 2).copied().and_then(hex_val);
+                        let l = line.get(p + 3).copied().and_then(hex_val);
+                        if let (Some(h), Some(l)) = (h, l) {
+                            cur.push(h * 16 + l);
+                            p += 3;
+                        } else {
+                            cur.push(b'x');
+                            p += 1;
+                        }
+                    }
+                    Some(b'\\') if next.is_some() => {
+                        let n = next.unwrap_or_default();
+                        cur.push(match n {
+                            b'n' => b'\n',
+                            b'r' => b'\r',
+                            b't' => b'\t',
+                            b'b' => 0x08,
+                            b'a' => 0x07,
+                            other => other,
+                        });
+                        p += 1;
+                    }
+                    Some(b'"') => {
+                        if next.is_some_and(|n| !is_space(n)) {
+                            return None;
+                        }
+                        p += 1;
+                        break;
+                    }
+                    Some(other) => cur.push(other),
+                }
+            } else if in_sq {
+                match c {
+                    None => return None,
+                    Some(b'\\') if next == Some(b'\'') => {
+                        cur.push(b'\'');
+                        p += 1;
+                    }
+                    Some(b'\'') => {
+                        if next.is_some_and(|n| !is_space(n)) {
+                            return None;
+                        }
+                        p += 1;
+                        break;
+                    }
+                    Some(other) => cur.push(other),
+                }
+            } else {
+                match c {
+                    None | Some(b' ' | b'\n' | b'\r' | b'\t') => break,
+                    Some(b'"') => in_dq = true,
+                    Some(b'\'') => in_sq = true,
+                    Some(other) => cur.push(other),
+                }
+            }
+            p += 1;
+        }
+        args.push(cur);
+    }
+}
+
+/// Encodes `args` as a multibulk request (what a client sends).
+pub fn encode_request<A: AsRef<[u8]>>(args: &[A], out: &mut Vec<u8>) {
+    out.push(b'*');
+    out.extend_from_slice(args.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for a in args {
+        let a = a.as_ref();
+        out.push(b'$');
+        out.extend_from_slice(a.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}

@@ -1,0 +1,120 @@
+use proptest::prelude::*;
+use proto::{encode_request, parse_reply, parse_request, Limits, Parsed, Reply, Version};
+
+fn small_limits() -> Limits {
+    Limits {
+        max_bulk_len: 1 << 20,
+        max_multibulk_len: 1 << 16,
+        max_inline_len: 256,
+        max_query_buffer: 1 << 20,
+    }
+}
+
+fn line_text() -> impl Strategy<Value = String> {
+    "[ -~]{0,12}"
+}
+
+fn reply_strategy() -> impl Strategy<Value = Reply> {
+    let leaf = prop_oneof![
+        line_text().prop_map(Reply::Simple),
+        line_text().prop_map(Reply::Error),
+        any::<i64>().prop_map(Reply::Integer),
+        prop::collection::vec(any::<u8>(), 0..16).prop_map(Reply::Bulk),
+        Just(Reply::Null),
+        any::<f64>()
+            .prop_filter("NaN never compares equal", |d| !d.is_nan())
+            .prop_map(Reply::Double),
+        any::<bool>().prop_map(Reply::Boolean),
+        (
+            prop::array::uniform3(b'a'..=b'z'),
+            prop::collection::vec(any::<u8>(), 0..16)
+        )
+            .prop_map(|(format, text)| Reply::Verbatim { format, text }),
+        "-?[1-9][0-9]{0,40}".prop_map(Reply::BigNumber),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Reply::Array),
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Reply::Set),
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Reply::Push),
+            prop::collection::vec((inner.clone(), inner), 0..3).prop_map(Reply::Map),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn request_parser_never_panics(buf in prop::collection::vec(any::<u8>(), 0..300)) {
+        for limits in [Limits::default(), small_limits()] {
+            match parse_request(&buf, &limits) {
+                Parsed::Complete { consumed, .. } => {
+                    prop_assert!(consumed > 0 && consumed <= buf.len());
+                }
+                Parsed::Incomplete | Parsed::Error(_) => {}
+            }
+        }
+    }
+
+    #[test]
+    fn request_parser_never_panics_on_protocol_like_input(
+        parts in prop::collection::vec(
+            prop_oneof![
+                Just(b"*".to_vec()), Just(b"$".to_vec()), Just(b"\r\n".to_vec()),
+                Just(b"\r".to_vec()), Just(b"\n".to_vec()), Just(b"-1".to_vec()),
+                Just(b"\"".to_vec()), Just(b"'".to_vec()), Just(b"\\x".to_vec()),
+                Just(b" ".to_vec()), "[0-9]{1,3}".prop_map(String::into_bytes),
+                prop::collection::vec(any::<u8>(), 0..4),
+            ],
+            0..40,
+        )
+    ) {
+        let buf = parts.concat();
+        if let Parsed::Complete { consumed, .. } = parse_request(&buf, &small_limits()) {
+            prop_assert!(consumed > 0 && consumed <= buf.len());
+        }
+        let _ = parse_reply(&buf);
+    }
+
+    #[test]
+    fn reply_parser_never_panics(buf in prop::collection::vec(any::<u8>(), 0..300)) {
+        if let Ok(Some((_, consumed))) = parse_reply(&buf) {
+            prop_assert!(consumed > 0 && consumed <= buf.len());
+        }
+    }
+
+    #[test]
+    fn multibulk_round_trip(
+        args in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 1..8),
+        tail in prop::collection::vec(any::<u8>(), 0..10),
+    ) {
+        let mut buf = Vec::new();
+        encode_request(&args, &mut buf);
+        let len = buf.len();
+        buf.extend_from_slice(&tail);
+        prop_assert_eq!(
+            parse_request(&buf, &Limits::default()),
+            Parsed::Complete { args: args.clone(), consumed: len }
+        );
+        // Any strict prefix is incomplete.
+        let cut = len / 2;
+        prop_assert_eq!(parse_request(&buf[..cut], &Limits::default()), Parsed::Incomplete);
+    }
+
+    #[test]
+    fn reply_round_trip_resp3(reply in reply_strategy(), tail in prop::collection::vec(any::<u8>(), 0..4)) {
+        let mut buf = reply.to_bytes(Version::Resp3);
+        let len = buf.len();
+        buf.extend_from_slice(&tail);
+        prop_assert_eq!(parse_reply(&buf), Ok(Some((reply, len))));
+        prop_assert_eq!(parse_reply(&buf[..len - 1]), Ok(None));
+    }
+
+    #[test]
+    fn reply_resp2_parses(reply in reply_strategy()) {
+        let buf = reply.to_bytes(Version::Resp2);
+        let parsed = parse_reply(&buf);
+        prop_assert!(matches!(parsed, Ok(Some((_, n))) if n == buf.len()));
+    }
+}
