@@ -10,6 +10,11 @@
 //! - **Get** (§4.2): the frontend alone, lock-free (crossbeam-epoch keeps replaced
 //!   values alive); a miss in a frontend that is not complete reads the backend
 //!   under the bucket lock and caches the pair.
+//! - **Scan** (cursor, [`Session::scan`]): the frontend's buckets covering the
+//!   step (under their shared locks), then the backend index's scan from the same
+//!   cursor; the step ends at the smaller of the two next cursors; frontend
+//!   tombstones hide backend keys. The frontend goes first because a key leaves
+//!   it only after the backend holds it. A complete frontend is scanned alone.
 //! - **Glean** (§2.3, §4.4): a gleaner holds a log, walks it from its cursor, and
 //!   for each unapplied record takes the key's gleaner lock (or skips the record:
 //!   whoever holds the key applies it), walks the key's chain from the frontend
@@ -44,8 +49,8 @@ use crate::crl::{self, Header, Pool, RecPtr, OPC_PAD};
 use crate::direct::{backend_kind, create_backend, BackendKind, BackendOptions};
 use crate::table::Table;
 use crate::{
-    check_op, incr_value, key_hash, lentry, value, Durability, Error, Op, Outcome, Result, Session,
-    Store, StoreStats, OPC_INCR, OPC_PUT, OPC_REMOVE,
+    check_op, incr_value, key_hash, lentry, min_cursor, value, Durability, Error, Op, Outcome,
+    Result, Session, Store, StoreStats, OPC_INCR, OPC_PUT, OPC_REMOVE,
 };
 use index::any::{attach_any, AnyHandle, AnyIndex};
 use index::phash::PHashHandle;
@@ -1693,6 +1698,50 @@ impl Session for BulletSession {
         drop(l);
         self.evict();
         Ok(found)
+    }
+
+    /// The keys are the frontend's live entries and the backend's keys that the
+    /// frontend does not shadow (a tombstone is a removed key). One step scans the
+    /// frontend from `cursor` (about `count` entries, tombstones included), then
+    /// the backend from `cursor`; the next cursor is the smaller of the two (each
+    /// side covers everything below its own), and what either returned past it is
+    /// left for the next step.
+    ///
+    /// The frontend goes first: a key leaves the frontend only once the backend
+    /// holds its value (eviction takes settled entries; a tombstone is reaped after
+    /// the backend remove), so a key present throughout that the frontend step
+    /// missed is in the backend when the backend step runs. When the frontend is
+    /// complete (a full copy: nothing was ever evicted, checked after the frontend
+    /// step) the backend is not read at all.
+    fn scan(&mut self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64> {
+        self.tick();
+        let sh = &*self.sh;
+        let mut front: Vec<(Vec<u8>, bool)> = Vec::new();
+        let fnext = sh.table.scan(cursor, count, |n, g| {
+            front.push((n.key().to_vec(), n.value(g).is_some()))
+        });
+        if sh.complete.load(Ordering::Acquire) {
+            out.extend(front.into_iter().filter(|(_, live)| *live).map(|(k, _)| k));
+            return Ok(fnext);
+        }
+        let mut back = Vec::new();
+        let bnext = self.g.h.scan(cursor, count, &mut back)?;
+        let next = min_cursor(fnext, bnext);
+        let below = |k: &[u8]| next == 0 || index::scan_pos(key_hash(k)) < next;
+        let mut shadowed = std::collections::HashSet::new();
+        for (k, live) in front {
+            if below(&k) {
+                if live {
+                    out.push(k.clone());
+                }
+                shadowed.insert(k);
+            }
+        }
+        out.extend(
+            back.into_iter()
+                .filter(|k| below(k) && !shadowed.contains(k)),
+        );
+        Ok(next)
     }
 
     fn apply(&mut self, key: &[u8], op: Op<'_>) -> Result<Outcome> {

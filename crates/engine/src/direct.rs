@@ -194,6 +194,12 @@ impl Session for DirectSession {
         Ok(self.h.get(key, out)?)
     }
 
+    /// The index's scan (durable keys only: the index returns a key once its
+    /// insertion is durable).
+    fn scan(&mut self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64> {
+        Ok(self.h.scan(cursor, count, out)?)
+    }
+
     fn apply(&mut self, key: &[u8], op: Op<'_>) -> Result<Outcome> {
         check_op(key, &op)?;
         let s = (key_hash(key) >> 40) as usize % STRIPES;

@@ -18,7 +18,9 @@
 //! A [`Session`] is one thread's door into a store: it holds that thread's heap
 //! slot, log and epoch participation. An update is durable when
 //! [`Session::apply`] returns (in the store's durability mode: see
-//! [`Store::durability`]).
+//! [`Store::durability`]). [`Session::scan`] walks the keys with a cursor
+//! (Redis's `SCAN`) that means the same in every store and tier: a split-order
+//! position ([`index::scan_pos`]).
 
 pub mod bullet;
 pub mod crl;
@@ -132,6 +134,21 @@ pub trait Session {
     fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool>;
     /// Applies an update; durable (per [`Store::durability`]) when it returns.
     fn apply(&mut self, key: &[u8], op: Op<'_>) -> Result<Outcome>;
+    /// One step of a cursor scan of the store's keys, Redis's `SCAN` (for `KEYS`,
+    /// `SCAN`, `DBSIZE`, `FLUSHDB`, `RANDOMKEY`, active expiry): appends keys to
+    /// `out` and returns the next cursor; cursor 0 starts a scan and a returned 0
+    /// means it is complete.
+    ///
+    /// The cursor is a split-order position ([`index::scan_pos`] of the key's
+    /// hash, the same at every level): a step returns keys whose position is at
+    /// least `cursor`, and every position below the cursor it returns is covered.
+    /// Any `u64` is accepted. A key present for the whole scan is returned at least
+    /// once; a key may be returned more than once and may have been removed
+    /// meanwhile (re-check with [`Session::get`]). `count` is a hint (a step may
+    /// return more, to finish a bucket or a position, or fewer, even none, after
+    /// visiting about `10 × count` empty buckets); a step costs what it covers,
+    /// never the whole store, and always makes progress.
+    fn scan(&mut self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64>;
     /// Backend work the store wants from this thread between requests (Bullet's
     /// dynamic roles: a worker asked to glean does so here). Returns true when it
     /// did some. Call it between requests; it is cheap when there is nothing to do.
@@ -183,6 +200,16 @@ pub fn parse_i64(v: &[u8]) -> Option<i64> {
 #[inline]
 pub fn key_hash(key: &[u8]) -> u64 {
     index::key_hash(key)
+}
+
+/// The smaller of two scan cursors, where 0 (scan complete) counts as the end of
+/// the position space: the cursor of the union of two steps taken from one cursor.
+#[inline]
+pub(crate) fn min_cursor(a: u64, b: u64) -> u64 {
+    match (a, b) {
+        (0, x) | (x, 0) => x,
+        _ => a.min(b),
+    }
 }
 
 /// Refuses keys and values beyond the index's limits before any work is done.

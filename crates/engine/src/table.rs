@@ -35,6 +35,14 @@
 //! - Lock order is always older array before newer array, so helping, migration
 //!   and [`Table::for_each`] cannot deadlock.
 //!
+//! ## Scan
+//!
+//! [`Table::scan`] walks the table in split order (the bit-reversed hash, the
+//! cursor of every level's scan, [`index::scan_pos`]): bucket `i` of `2^k` holds
+//! one contiguous range of positions, which a doubling splits between buckets `i`
+//! and `i + 2^k`, so a cursor keeps its meaning across doublings. Each bucket is
+//! read under its shared lock from the base array, following migrated buckets.
+//!
 //! Never hold two [`Locked`] buckets at once, nor call into the table from the
 //! closures of [`Table::get_shared`] and [`Table::for_each`] (they hold bucket locks).
 //!
@@ -383,6 +391,28 @@ fn migrate_bucket<V: Clone, M: Clone>(old: &Array<V, M>, i: usize, new: &Array<V
     drop(lo_lock);
 }
 
+/// Calls `f` for every node of bucket `i` of `a` (under its shared lock), or, when
+/// it is migrated, of its two target buckets (the source's lock held, so that no
+/// node is seen twice; lock order is older before newer).
+fn visit<V, M, F: FnMut(&Node<V, M>, &Guard)>(a: &Array<V, M>, i: usize, f: &mut F, g: &Guard) {
+    let b = &a.buckets[i];
+    let _read = b.lock.read();
+    if b.status.load(Ordering::Acquire) == MIGRATED {
+        let next = a.next_array(g);
+        visit(next, i, f, g);
+        visit(next, i + a.len(), f, g);
+        return;
+    }
+    debug_assert_ne!(b.status.load(Ordering::Relaxed), PENDING);
+    let mut cur = b.head.load(Ordering::Acquire, g);
+    // SAFETY: the shared lock keeps the chain stable and its nodes alive; `g` is
+    // pinned.
+    while let Some(n) = unsafe { cur.as_ref() } {
+        f(n, g);
+        cur = n.next.load(Ordering::Acquire, g);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Shared state
 // ---------------------------------------------------------------------------
@@ -674,30 +704,61 @@ impl<V: Clone + Send + Sync + 'static, M: Clone + Send + Sync + 'static> Table<V
     /// concurrent writers; each node exactly once if no writer runs (a background
     /// migration may run: buckets are visited under their shared locks).
     pub fn for_each(&self, mut f: impl FnMut(&Node<V, M>)) {
-        fn visit<V, M, F: FnMut(&Node<V, M>)>(a: &Array<V, M>, i: usize, f: &mut F, g: &Guard) {
-            let b = &a.buckets[i];
-            let _read = b.lock.read();
-            if b.status.load(Ordering::Acquire) == MIGRATED {
-                // Holding the source's lock keeps the targets' contents from
-                // being counted twice; lock order is older before newer.
-                let next = a.next_array(g);
-                visit(next, i, f, g);
-                visit(next, i + a.len(), f, g);
-                return;
-            }
-            debug_assert_ne!(b.status.load(Ordering::Relaxed), PENDING);
-            let mut cur = b.head.load(Ordering::Acquire, g);
-            // SAFETY: the shared lock keeps the chain stable and its nodes alive;
-            // `g` is pinned.
-            while let Some(n) = unsafe { cur.as_ref() } {
-                f(n);
-                cur = n.next.load(Ordering::Acquire, g);
-            }
-        }
         let g = epoch::pin();
         let base = self.inner.base(&g);
         for i in 0..base.len() {
-            visit(base, i, &mut f, &g);
+            visit(base, i, &mut |n, _| f(n), &g);
+        }
+    }
+
+    /// One step of a cursor scan in split order (Redis's `SCAN`; the cursor is an
+    /// [`index::scan_pos`] position of the node's hash, as at every level): calls
+    /// `f` for every node whose position is at least `cursor`, bucket by bucket in
+    /// position order, each bucket under its shared lock (do not call into the
+    /// table from `f`), and returns the next cursor (every position below it is
+    /// covered; 0: the scan is complete).
+    ///
+    /// Bucket `i` of an array of `2^k` holds the positions `[bucket_pos(i),
+    /// bucket_end_pos(i, k))` and a doubling splits that range into buckets `i`
+    /// and `i + 2^k` of the new array, so a position range means the same buckets
+    /// whatever the size: each bucket is visited from the base array, following
+    /// migrated buckets to their targets as [`Table::for_each`] does, and the
+    /// array is looked up again for every bucket (the table may double between
+    /// them). The step stops after a bucket once `f` has seen `count` nodes or
+    /// `10 × count` buckets were visited. A node present for a whole scan is
+    /// visited at least once; a node may be visited twice (a doubling's copy is a
+    /// new node, but positions never move, so only the steps' ranges matter).
+    pub fn scan(&self, cursor: u64, count: usize, mut f: impl FnMut(&Node<V, M>, &Guard)) -> u64 {
+        let count = count.max(1);
+        let budget = count.saturating_mul(10);
+        let (mut from, mut seen, mut visited) = (cursor, 0usize, 0usize);
+        loop {
+            let g = epoch::pin();
+            let base = self.inner.base(&g);
+            let k = base.len().trailing_zeros();
+            let i = index::pos_bucket(from, k) as usize;
+            let lo = from;
+            visit(
+                base,
+                i,
+                &mut |n, g| {
+                    if index::scan_pos(n.hash) >= lo {
+                        seen += 1;
+                        f(n, g);
+                    }
+                },
+                &g,
+            );
+            drop(g);
+            visited += 1;
+            let end = index::bucket_end_pos(i as u64, k);
+            if end == 0 {
+                return 0;
+            }
+            if seen >= count || visited >= budget {
+                return end;
+            }
+            from = end;
         }
     }
 
@@ -1331,6 +1392,74 @@ mod tests {
         t.wait_resize();
         let live = present.iter().filter(|&&p| p).count();
         assert_eq!(t.len(), STABLE as usize + live);
+    }
+
+    /// Full scans (every step checked against its cursor range) while another
+    /// thread inserts enough to double the table several times: every key present
+    /// throughout is visited, and a scan at rest visits each key exactly once.
+    #[test]
+    fn scan_during_doubling() {
+        const STABLE: u64 = 2_000;
+        const ALL: u64 = 60_000;
+        let t: Arc<Table<u64, ()>> = Arc::new(Table::new(16));
+        for k in 0..STABLE {
+            assert!(upsert(&*t, strong_hash(&kb(k)), &kb(k), k, ()));
+        }
+        t.wait_resize();
+        let full = |count: usize, keys: &mut Vec<u64>| {
+            let mut cursor = 0u64;
+            loop {
+                let next = t.scan(cursor, count, |n, g| {
+                    let p = index::scan_pos(n.hash());
+                    assert!(p >= cursor, "{p:#x} below the cursor {cursor:#x}");
+                    assert_eq!(*n.value(g), u64::from_le_bytes(n.key().try_into().unwrap()));
+                    keys.push(*n.value(g));
+                });
+                if next == 0 {
+                    return;
+                }
+                assert!(next > cursor);
+                cursor = next;
+            }
+        };
+        let done = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let t = Arc::clone(&t);
+            let done = Arc::clone(&done);
+            thread::spawn(move || {
+                for k in STABLE..ALL {
+                    upsert(&*t, strong_hash(&kb(k)), &kb(k), k, ());
+                    if k % 2 == 0 && k > STABLE {
+                        t.lock(strong_hash(&kb(k - 1))).remove(&kb(k - 1));
+                    }
+                }
+                done.store(true, Ordering::Release);
+            })
+        };
+        let (mut scans, mut during) = (0, 0);
+        while !done.load(Ordering::Acquire) || scans < 3 {
+            let resizing = t.resizing();
+            let mut keys = Vec::new();
+            full([1, 8, 64][scans % 3], &mut keys);
+            during += (resizing || t.resizing()) as usize;
+            let seen: std::collections::HashSet<u64> = keys.iter().copied().collect();
+            assert!(
+                (0..STABLE).all(|k| seen.contains(&k)),
+                "scan {scans} missed a key"
+            );
+            assert!(keys.iter().all(|&k| k < ALL));
+            scans += 1;
+        }
+        writer.join().unwrap();
+        t.wait_resize();
+        assert!(during > 0, "no scan overlapped a doubling ({scans} scans)");
+        assert!(t.buckets() >= 16_384, "buckets {}", t.buckets());
+        let mut keys = Vec::new();
+        full(10, &mut keys);
+        assert_eq!(keys.len(), t.len(), "each key once at rest");
+        let mut n = 0;
+        t.for_each(|_| n += 1);
+        assert_eq!(n, t.len());
     }
 
     static LIVE: AtomicIsize = AtomicIsize::new(0);

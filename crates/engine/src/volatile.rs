@@ -77,6 +77,12 @@ impl Session for VolatileSession {
         }
     }
 
+    fn scan(&mut self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64> {
+        Ok(self
+            .table
+            .scan(cursor, count, |n, _| out.push(n.key().to_vec())))
+    }
+
     fn apply(&mut self, key: &[u8], op: Op<'_>) -> Result<Outcome> {
         check_op(key, &op)?;
         let hash = key_hash(key);

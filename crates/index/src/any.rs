@@ -219,6 +219,14 @@ impl Ops for AnyHandle {
             AnyHandle::PHash(h) => h.sync(),
         }
     }
+
+    fn scan(&mut self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64> {
+        match self {
+            AnyHandle::Hash(h) => h.scan(cursor, count, out),
+            AnyHandle::Skip(h) => h.scan(cursor, count, out),
+            AnyHandle::PHash(h) => h.scan(cursor, count, out),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -12,6 +12,10 @@ pub enum Error {
     ValueTooLarge(usize),
     #[error("corrupt index structure: {0}")]
     Corrupt(String),
+    /// An operation the structure does not offer (e.g. a hash-order scan of the
+    /// skip list).
+    #[error("{0}")]
+    Unsupported(&'static str),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

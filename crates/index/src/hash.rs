@@ -47,6 +47,13 @@
 //!   unlink waits for the handle's next sync (automatic every 64 operations): the
 //!   handle's cached links are written back (one **fence**), every pending node
 //!   is unlinked (flushes), one **fence**, then they are retired.
+//! - **scan** (cursor, [`Ops::scan`]): the cursor is a split key
+//!   ([`crate::scan_pos`] of a hash: a regular node's split key); start at the
+//!   dummy of the bucket holding it, walk the list in order and collect the live
+//!   regular nodes' keys (settling the links followed, scanning the link cache for
+//!   each key returned, as `get` does); the next cursor is the split key of the
+//!   first node left (0 at the end of the list). No node moves, so growth cannot
+//!   make a scan miss a key.
 //! - A dependency is settled first: an operation that relies on a link scans the
 //!   link cache for the nodes involved and persists any DIRTY link it reads.
 //!
@@ -413,6 +420,54 @@ impl Inner {
             }
         }
         false
+    }
+
+    /// One scan step (see [`Ops::scan`]): the list is in position order, so this
+    /// starts at the dummy of the bucket holding `cursor` (or its nearest
+    /// initialised ancestor), skips the nodes below `cursor` (part of one chain)
+    /// and collects the live regular nodes' keys until it has `count` of them (or
+    /// has passed `10 × count` nodes) and reaches a node of a higher position,
+    /// whose position is the next cursor. Like `get`, it settles the DIRTY links
+    /// it follows and scans the link cache for every key it returns, so a key is
+    /// returned only once its insertion is durable. Nodes never move (growth only
+    /// inserts dummies), so a concurrent doubling changes nothing here.
+    fn scan_keys(&self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> u64 {
+        let r = self.r();
+        let count = count.max(1);
+        let budget = count.saturating_mul(10);
+        let b = crate::pos_bucket(cursor, self.size_log2());
+        let mut prev = self.start_ro(b);
+        let mut curr = ptr(link::load_settled(r, prev + N_NEXT));
+        let (mut got, mut seen) = (0usize, 0usize);
+        // Every position below `floor` is covered; a step may end only at a
+        // higher one (never inside a group of keys of one position).
+        let mut floor = cursor;
+        while curr != 0 {
+            let so: u64 = r.read(curr + N_SO);
+            if so >= cursor {
+                if (got >= count || seen >= budget) && so > floor {
+                    return so;
+                }
+                seen += 1;
+            }
+            let nv = link::load_settled(r, curr + N_NEXT);
+            if so >= cursor && so & 1 == 1 {
+                let v = link::load_settled(r, curr + N_VAL);
+                if v & DEL == 0 && nv & DEL == 0 {
+                    self.scan(prev);
+                    self.scan(curr);
+                    let klen: u32 = r.read(curr + 4);
+                    let mut key = vec![0u8; klen as usize];
+                    r.read_bytes(curr + N_KEY, &mut key);
+                    out.push(key);
+                    got += 1;
+                    floor = so;
+                }
+            }
+            prev = curr;
+            curr = ptr(nv);
+        }
+        0
     }
 
     fn swap_value(
@@ -843,6 +898,12 @@ impl Ops for HashHandle {
     fn sync(&mut self) -> Result<()> {
         self.sync_inner();
         Ok(())
+    }
+
+    fn scan(&mut self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64> {
+        let inner = &*self.t.inner;
+        let _g = self.h.part.pin();
+        Ok(inner.scan_keys(cursor, count, out))
     }
 }
 

@@ -8,6 +8,10 @@
 //! - [`PHash`]: the lock-based baseline of both papers (Bullet's backend table):
 //!   chained buckets under persistent spinlocks, updates in redo-log transactions.
 //!
+//! Every hash structure can be scanned with a cursor ([`Ops::scan`], Redis's
+//! `SCAN` semantics); the cursor is a *split-order position* ([`scan_pos`]), the
+//! same at every level, so a store can merge the scans of two tiers.
+//!
 //! Every structure answers for its own blocks at recovery ([`Recoverable`]): the
 //! heap's leak sweep asks, for every block slot in an active page, whether it is
 //! reachable, and frees what is not (log-free paper §5.5, first approach: search
@@ -81,6 +85,24 @@ pub trait Ops {
     fn remove(&mut self, key: &[u8]) -> Result<bool>;
     /// Makes every operation this handle completed durable.
     fn sync(&mut self) -> Result<()>;
+    /// One step of a cursor scan (Redis's `SCAN`): appends to `out` the keys whose
+    /// position ([`scan_pos`] of their hash) is at least `cursor`, in position
+    /// order as far as the structure keeps one, and returns the next cursor: every
+    /// position below it is covered, and 0 means the scan is complete. Start with
+    /// cursor 0.
+    ///
+    /// Guarantees of a full scan (every step until 0 is returned): a key present
+    /// for the whole scan is returned at least once; a key may be returned more
+    /// than once and may have been removed meanwhile (re-check with `get`).
+    /// `count` is a hint: a step returns about that many keys, more to finish a
+    /// group of keys at one position or one bucket, fewer (even none) when it has
+    /// walked about `10 × count` buckets or list nodes without finding them. A step
+    /// costs what it covers, never the whole structure, and always makes progress.
+    /// A key is returned only if its insertion is durable (as for `get`).
+    ///
+    /// The skip list (ordered by key bytes) has no such order: it returns
+    /// [`Error::Unsupported`].
+    fn scan(&mut self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64>;
 }
 
 pub(crate) fn check_kv(key: &[u8], value: Option<&[u8]>) -> Result<()> {
@@ -93,6 +115,52 @@ pub(crate) fn check_kv(key: &[u8], value: Option<&[u8]>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The split-order position of a key with hash `hash`: `reverse_bits(hash | 2^63)`,
+/// always odd (the regular split key of [`LfHash`]). This is the cursor space of
+/// [`Ops::scan`] at every level (index structures and the engine's stores):
+///
+/// - a scan step returns the keys whose position is `>= cursor`; the cursor it
+///   returns is the position to resume from (every position below it is covered),
+///   0 when the whole position space is covered;
+/// - cursor 0 starts a scan; any `u64` is a valid cursor (a client may send
+///   anything): it simply skips the positions below it.
+///
+/// A table whose bucket of a key is `hash & (2^k - 1)` holds in bucket `b`
+/// exactly the positions whose top `k` bits are those of `reverse_bits(b)`: the
+/// range `[bucket_pos(b), bucket_end_pos(b, k))`, so a cursor range maps to a run
+/// of buckets in bit-reversed order, whatever `k` is, and resizing such a table
+/// (which splits each bucket's range in two halves) moves no key across a cursor.
+#[inline]
+pub fn scan_pos(hash: u64) -> u64 {
+    (hash | 1 << 63).reverse_bits()
+}
+
+/// The bucket of position `pos` in a table of `2^k` buckets (`k < 64`) indexed by
+/// `hash & (2^k - 1)`: `reverse_bits(pos) & (2^k - 1)`.
+#[inline]
+pub fn pos_bucket(pos: u64, k: u32) -> u64 {
+    debug_assert!(k < 64);
+    pos.reverse_bits() & ((1u64 << k) - 1)
+}
+
+/// The first position of bucket `b` (any table size): `reverse_bits(b)`.
+#[inline]
+pub fn bucket_pos(b: u64) -> u64 {
+    b.reverse_bits()
+}
+
+/// The end (exclusive) of bucket `b`'s positions in a table of `2^k` buckets
+/// (`k < 64`, `b < 2^k`): the first position of the next bucket in position
+/// order, or 0 when `b` holds the last positions (the scan is then complete).
+#[inline]
+pub fn bucket_end_pos(b: u64, k: u32) -> u64 {
+    debug_assert!(k < 64 && b >> k == 0);
+    if k == 0 {
+        return 0;
+    }
+    b.reverse_bits().wrapping_add(1u64 << (64 - k))
 }
 
 /// The stable 64-bit hash of a key (xxh3; fixed across versions and restarts, since

@@ -84,6 +84,12 @@
 //!   frees both blocks.
 //! - **get**: takes the lock, searches, copies the value, releases the lock.
 //!   There is no transaction.
+//! - **scan** ([`Ops::scan`], cursor = [`crate::scan_pos`] position): bucket `b`
+//!   holds exactly the positions whose top `log2(nbuckets)` bits are those of
+//!   `reverse_bits(b)`, so a step visits buckets in bit-reversed order from the
+//!   one holding the cursor, each under its lock, copies out the keys at or past
+//!   the cursor (a bucket whole: chains are unordered), and returns the end of the
+//!   last bucket visited as the next cursor. No transaction.
 //!
 //! A crash before the commit point leaves the table as it was. The blocks the
 //! transaction allocated are in active pages and unreachable, so the leak sweep
@@ -384,6 +390,71 @@ impl Inner {
             steps += 1;
         }
         false
+    }
+
+    /// One scan step (see [`Ops::scan`]). Bucket `b` holds exactly the positions
+    /// `[bucket_pos(b), bucket_end_pos(b, k))` (`2^k` buckets, bucket = `hash &
+    /// mask`), so the step visits buckets in bit-reversed order from the one
+    /// holding `cursor`, each under its lock, and returns every key of a bucket
+    /// whose position is at least `cursor` (chains are unordered: a bucket is
+    /// returned whole, so the next cursor is a bucket's end). It stops after a
+    /// bucket once it has `count` keys or has visited `10 × count` buckets. The
+    /// table never resizes.
+    fn scan_keys(&self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64> {
+        let r = self.region();
+        let k = self.nbuckets.trailing_zeros();
+        let count = count.max(1);
+        let budget = count.saturating_mul(10);
+        let limit = walk_limit(r);
+        let (mut from, mut got, mut visited) = (cursor, 0usize, 0usize);
+        loop {
+            let b = crate::pos_bucket(from, k);
+            let bucket = self.array + BUCKET_SIZE * b;
+            {
+                let _guard = pmem::lock::lock(r, bucket + B_LOCK);
+                let mut link = bucket + B_HEAD;
+                let mut cur: u64 = r.read(link);
+                let mut steps = 0u64;
+                while cur != 0 {
+                    steps += 1;
+                    if !node_ok(r, cur) || steps > limit {
+                        return Err(corrupt(format!(
+                            "phash: bucket {bucket:#x}: bad link {cur:#x} at {link:#x}"
+                        )));
+                    }
+                    if r.read::<u32>(cur + N_TAG) != NODE_TAG {
+                        return Err(corrupt(format!("phash: node {cur:#x} has a bad tag")));
+                    }
+                    let hash: u64 = r.read(cur + N_HASH);
+                    if hash & self.mask != b {
+                        return Err(corrupt(format!(
+                            "phash: node {cur:#x} with hash {hash:#x} is in bucket {b}"
+                        )));
+                    }
+                    if crate::scan_pos(hash) >= from {
+                        let klen = r.read::<u32>(cur + N_KLEN) as u64;
+                        if klen > MAX_KEY as u64 || !r.contains(cur + NODE_HDR, klen) {
+                            return Err(corrupt(format!("phash: node {cur:#x} overruns the heap")));
+                        }
+                        let mut key = vec![0u8; klen as usize];
+                        r.read_bytes(cur + NODE_HDR, &mut key);
+                        out.push(key);
+                        got += 1;
+                    }
+                    link = cur + N_NEXT;
+                    cur = r.read(link);
+                }
+            }
+            visited += 1;
+            let end = crate::bucket_end_pos(b, k);
+            if end == 0 {
+                return Ok(0);
+            }
+            if got >= count || visited >= budget {
+                return Ok(end);
+            }
+            from = end;
+        }
     }
 
     /// Writes the volatile count to the descriptor and flushes it. With `fence`,
@@ -841,5 +912,9 @@ impl Ops for PHashHandle {
     /// Nothing to do: every operation is durable when its commit returns.
     fn sync(&mut self) -> Result<()> {
         Ok(())
+    }
+
+    fn scan(&mut self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64> {
+        self.table.inner.scan_keys(cursor, count, out)
     }
 }

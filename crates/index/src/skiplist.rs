@@ -101,7 +101,10 @@
 //!    found: settle the value and `pred0`'s link, scan `pred0` and N; a frozen value
 //!    means absent; else the value is copied. A deleted node with the key that the
 //!    search passes is scanned too (its freeze is what the "absent" depends on).
-//! 10. Every operation runs pinned. **NV-epochs**: without the link cache, a handle
+//! 10. **scan** ([`Ops::scan`]) is not offered: its cursor is a split-order
+//!     (hash) position, which this list, ordered by key bytes, cannot seek to; it
+//!     returns [`crate::Error::Unsupported`]. No store uses the list as a backend.
+//! 11. Every operation runs pinned. **NV-epochs**: without the link cache, a handle
 //!     calls `end_op` after every operation (its new blocks are durably linked by
 //!     then). With the cache, a block linked through the cache is durably linked
 //!     only once its bucket is flushed, so `end_op` is called only by
@@ -978,6 +981,14 @@ impl Ops for SkipHandle {
     fn sync(&mut self) -> Result<()> {
         self.flush_mine();
         Ok(())
+    }
+
+    /// Not offered: the list is ordered by key bytes, and a step in split-order
+    /// positions (the cursor every level shares) would have to walk the whole list.
+    fn scan(&mut self, _cursor: u64, _count: usize, _out: &mut Vec<Vec<u8>>) -> Result<u64> {
+        Err(crate::Error::Unsupported(
+            "scan not supported on the skip list (ordered by key bytes, not by hash)",
+        ))
     }
 }
 
