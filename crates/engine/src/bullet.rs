@@ -131,6 +131,12 @@ pub struct BulletOptions {
     pub epoch: Duration,
     /// Gleaner threads of the static variants (`st`, `lfr`, `opt`).
     pub static_gleaners: usize,
+    /// Group commit: [`Session::apply`] returns once the record is written and
+    /// flushed, without the fence; [`Session::commit`] makes every update of
+    /// the session durable with one fence (with the msync strategy: one msync
+    /// per batch instead of one per write). Other sessions may read an update
+    /// before it is durable, as Redis clients read writes before the AOF fsync.
+    pub group_commit: bool,
 }
 
 impl Default for BulletOptions {
@@ -144,6 +150,7 @@ impl Default for BulletOptions {
             cache_entries: 0,
             epoch: Duration::from_millis(10),
             static_gleaners: 1,
+            group_commit: false,
         }
     }
 }
@@ -496,6 +503,8 @@ impl BulletStore {
         } else {
             None
         };
+        pool.group_commit
+            .store(opts.group_commit, Ordering::Relaxed);
         let sh = Arc::new(Shared {
             heap,
             pool,
@@ -1454,6 +1463,8 @@ pub struct BulletSession {
     appended: u64,
     payload: Vec<u8>,
     rng: u64,
+    /// Group commit: logs appended to since the last commit, and their ends.
+    uncommitted: Vec<(usize, u64)>,
 }
 
 impl Store for BulletStore {
@@ -1471,6 +1482,7 @@ impl Store for BulletStore {
         self.sh.sessions.fetch_add(1, Ordering::AcqRel);
         Ok(BulletSession {
             rng: 0x9e37_79b9_7f4a_7c15 ^ (g.slot as u64 + 1),
+            uncommitted: Vec::new(),
             sh: self.sh.clone(),
             _life: self.life.clone(),
             g,
@@ -1627,6 +1639,7 @@ impl BulletSession {
 
 impl Drop for BulletSession {
     fn drop(&mut self) {
+        let _ = Session::commit(self);
         self.fold_counters();
         if let Some(i) = self.wlog.take() {
             self.sh.pool.logs[i].writer.store(false, Ordering::Release);
@@ -1796,11 +1809,24 @@ impl Session for BulletSession {
             Op::Incr(d) => self.payload.extend_from_slice(&d.to_le_bytes()),
             Op::Remove => {}
         }
+        let group = sh.pool.group_commit.load(Ordering::Relaxed);
+        if group && prev != 0 {
+            // The chain's older record (maybe another writer's, not yet
+            // committed) must be durable before this one can be.
+            sh.pool.make_durable(RecPtr(prev))?;
+        }
         let rec = sh
             .pool
             .append(log, op.code(), key, &self.payload, RecPtr(prev), version)?
             .ok_or_else(|| Error::Corrupt("log space reserved for a record vanished".into()))?;
         self.appended += 1;
+        if group {
+            let end = rec.pos() + crl::record_len(key.len(), self.payload.len());
+            match self.uncommitted.iter_mut().find(|(i, _)| *i == log) {
+                Some(e) => e.1 = e.1.max(end),
+                None => self.uncommitted.push((log, end)),
+            }
+        }
         match node {
             Some(n) => {
                 l.set_value(n, new);
@@ -1826,6 +1852,19 @@ impl Session for BulletSession {
     /// Dynamic roles (§4.3.2): when the advancer wants more gleaners than there
     /// are, this session becomes one (at least one session always serves) and
     /// gleans a batch per call until the advancer wants fewer.
+    fn commit(&mut self) -> Result<()> {
+        if self.uncommitted.is_empty() {
+            return Ok(());
+        }
+        // One fence for the batch: every record this thread flushed is durable.
+        self.sh.pool.fence();
+        self.sh.pool.heap.region().health()?;
+        for (i, end) in self.uncommitted.drain(..) {
+            self.sh.pool.mark_durable(i, end);
+        }
+        Ok(())
+    }
+
     fn maintain(&mut self) -> Result<bool> {
         let sh = &self.sh;
         if !sh.opts.variant.dynamic() {

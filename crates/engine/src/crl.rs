@@ -108,8 +108,12 @@ pub struct LogState {
     pub head: AtomicU64,
     /// Persisted head: writers may reuse space below `free_to + size`.
     pub free_to: AtomicU64,
-    /// Published tail: every record below it is complete and persisted.
+    /// Published tail: every record below it is complete, and persisted unless
+    /// the pool defers fences to a group commit (then up to `durable`).
     pub tail: AtomicU64,
+    /// Group commit: every record below this position is durable (a lower
+    /// bound; equal to `tail` when fences are not deferred).
+    pub durable: AtomicU64,
     /// Held by a writer.
     pub writer: AtomicBool,
     /// Held by a gleaner.
@@ -127,6 +131,10 @@ pub struct Pool {
     /// checks.
     pub salt: u64,
     pub logs: Vec<LogState>,
+    /// Group commit: `append` flushes but does not fence; the writer fences once
+    /// per batch ([`Pool::make_durable`] keeps every chain's older records
+    /// durable before a newer one can be).
+    pub group_commit: AtomicBool,
     alloc_lock: std::sync::Mutex<()>,
 }
 
@@ -247,6 +255,7 @@ impl Pool {
                 head: AtomicU64::new(head),
                 free_to: AtomicU64::new(head),
                 tail: AtomicU64::new(head),
+                durable: AtomicU64::new(head),
                 writer: AtomicBool::new(false),
                 gleaner: AtomicBool::new(false),
                 scan: AtomicU64::new(head),
@@ -258,11 +267,13 @@ impl Pool {
             size,
             salt,
             logs,
+            group_commit: AtomicBool::new(false),
             alloc_lock: std::sync::Mutex::new(()),
         };
         for i in 0..nlogs {
             let t = pool.find_tail(i);
             pool.logs[i].tail.store(t, Ordering::Release);
+            pool.logs[i].durable.store(t, Ordering::Release);
         }
         Ok(pool)
     }
@@ -412,9 +423,46 @@ impl Pool {
             r.fill(at + len - padb as u64, padb as usize, 0);
         }
         r.flush(at, len as usize);
-        r.fence();
+        if !self.group_commit.load(Ordering::Relaxed) {
+            r.fence();
+            l.durable.store(tail + len, Ordering::Release);
+        }
         l.tail.store(tail + len, Ordering::Release);
         Ok(Some(RecPtr::new(i, tail)))
+    }
+
+    /// Group commit: makes log `p.log()` durable up to the end of the record at
+    /// `p` (the whole prefix, so that recovery, which reads each log from its
+    /// head while records check, reaches it). Called before appending a record
+    /// whose `prev` is `p`: a durable record's `prev` is then always durable and
+    /// found by recovery, whichever writer's batch commits first.
+    pub fn make_durable(&self, p: RecPtr) -> Result<()> {
+        let l = &self.logs[p.log()];
+        let h = self.header(p)?;
+        let end = p.pos() + h.len as u64;
+        let from = l.durable.load(Ordering::Acquire);
+        if from >= end {
+            return Ok(());
+        }
+        let from = from.max(end.saturating_sub(self.size));
+        let base = l.base.load(Ordering::Acquire);
+        let r = self.r();
+        let (a, b) = (from % self.size, end % self.size);
+        if a < b || b == 0 {
+            let stop = if b == 0 { self.size } else { b };
+            r.flush(base + a, (stop - a) as usize);
+        } else {
+            r.flush(base + a, (self.size - a) as usize);
+            r.flush(base, b as usize);
+        }
+        r.fence();
+        l.durable.fetch_max(end, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Group commit: the caller fenced its appends to log `i` up to `end`.
+    pub fn mark_durable(&self, i: usize, end: u64) {
+        self.logs[i].durable.fetch_max(end, Ordering::AcqRel);
     }
 
     /// Where the record at or after `pos` starts: a position with fewer than a

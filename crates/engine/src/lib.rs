@@ -155,6 +155,13 @@ pub trait Session {
     fn maintain(&mut self) -> Result<bool> {
         Ok(false)
     }
+    /// Makes every update this session applied durable. Needed only by a store
+    /// opened with group commit (Bullet's `group_commit`), whose `apply`
+    /// returns before the update is durable; elsewhere every `apply` already is,
+    /// and this does nothing.
+    fn commit(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Computes an `Incr` on a stored value: the value must be a decimal signed 64-bit

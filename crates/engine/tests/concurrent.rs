@@ -27,6 +27,8 @@ const COUNTERS: usize = 6;
 const THREADS: usize = 3;
 const OPS: usize = 4000;
 const LOG: u64 = 4096;
+/// Most updates a thread applies before it commits (group commit).
+const SLACK: usize = 8;
 
 fn counter(i: usize) -> Vec<u8> {
     format!("counter:{i}").into_bytes()
@@ -68,7 +70,18 @@ fn run(kind: Kind) {
                 let mut sess = store.session();
                 let mut x = 0x2545_f491_4f6c_dd1du64 ^ (t as u64 + 1);
                 let mut n = 0;
+                // Increments are acknowledged at commit (group commit: one
+                // fence per batch of up to SLACK updates; a no-op otherwise).
+                let mut pending = [0u64; COUNTERS];
+                let mut batch = 0;
                 while n < OPS {
+                    if batch >= 1 + (x % SLACK as u64) as usize || n + 1 == OPS {
+                        sess.commit().unwrap();
+                        for (c, p) in pending.iter_mut().enumerate() {
+                            acked[c].fetch_add(std::mem::take(p), Ordering::SeqCst);
+                        }
+                        batch = 0;
+                    }
                     if sess.maintain().unwrap() {
                         continue;
                     }
@@ -84,9 +97,14 @@ fn run(kind: Kind) {
                             Outcome::Int(_) => {}
                             o => panic!("incr returned {o:?}"),
                         }
-                        acked[c].fetch_add(1, Ordering::SeqCst);
+                        pending[c] += 1;
                     }
                     n += 1;
+                    batch += 1;
+                }
+                sess.commit().unwrap();
+                for (c, p) in pending.iter_mut().enumerate() {
+                    acked[c].fetch_add(std::mem::take(p), Ordering::SeqCst);
                 }
             }));
         }
@@ -166,7 +184,10 @@ fn run(kind: Kind) {
     // The crash images, with the acknowledged counts around each.
     for (n, (img, before, after)) in images.into_iter().enumerate() {
         let lo: Vec<i64> = before.iter().map(|&b| b as i64).collect();
-        let hi: Vec<i64> = after.iter().map(|&a| a as i64 + THREADS as i64).collect();
+        let hi: Vec<i64> = after
+            .iter()
+            .map(|&a| a as i64 + (THREADS * SLACK) as i64)
+            .collect();
         check_image(kind, dir.path(), &format!("image {n}"), &img, &lo, &hi);
     }
 }
@@ -231,6 +252,16 @@ fn bullet_st_phash_counts_exactly() {
 #[test]
 fn direct_logfree_counts_exactly() {
     run(Kind::Direct(BackendKind::LogFree));
+}
+
+#[test]
+fn bullet_full_group_commit_counts_exactly() {
+    run(Kind::BulletGroup(Variant::Full, BackendKind::LogFree));
+}
+
+#[test]
+fn bullet_dyn_phash_group_commit_counts_exactly() {
+    run(Kind::BulletGroup(Variant::Dyn, BackendKind::PHash));
 }
 
 #[test]

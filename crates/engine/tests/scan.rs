@@ -109,6 +109,7 @@ impl Cfg {
                 let h = s.heap().clone();
                 (AnyStore::Bullet(s), h)
             }
+            Kind::BulletGroup(..) => open(self.kind, rec, self.log).unwrap(),
             Kind::Direct(_) => {
                 let (s, _) = DirectStore::open(rec).unwrap();
                 let h = s.heap().clone();

@@ -827,6 +827,7 @@ pub fn run(args: &EngineArgs) -> BenchResult<()> {
                 cache_entries: 0,
                 epoch: Duration::from_millis(args.epoch_ms),
                 static_gleaners: plan.static_gleaners,
+                group_commit: false,
             };
             let store = BulletStore::create(&tmp.heap, &opts).map_err(err)?;
             run.store(&store, Some(&tmp), Some(args.backend), || {

@@ -16,6 +16,8 @@ pub enum Kind {
     Volatile,
     Direct(BackendKind),
     Bullet(Variant, BackendKind),
+    /// Bullet with group commit: `apply` defers its fence to `commit`.
+    BulletGroup(Variant, BackendKind),
 }
 
 impl Kind {
@@ -34,6 +36,7 @@ impl Kind {
             Kind::Volatile => "volatile".into(),
             Kind::Direct(b) => format!("direct-{}", b.name()),
             Kind::Bullet(v, b) => format!("bullet-{}-{}", v.name(), b.name()),
+            Kind::BulletGroup(v, b) => format!("bullet-{}-{}-group-commit", v.name(), b.name()),
         }
     }
 }
@@ -53,6 +56,7 @@ pub fn bullet_opts(v: Variant, b: BackendKind, log_size: u64) -> BulletOptions {
         cache_entries: 0,
         epoch: Duration::from_millis(1),
         static_gleaners: 1,
+        group_commit: false,
     }
 }
 
@@ -130,6 +134,13 @@ pub fn create(kind: Kind, heap: &Heap, log_size: u64) -> engine::Result<AnyStore
         Kind::Bullet(v, b) => {
             AnyStore::Bullet(BulletStore::create(heap, &bullet_opts(v, b, log_size))?)
         }
+        Kind::BulletGroup(v, b) => AnyStore::Bullet(BulletStore::create(
+            heap,
+            &BulletOptions {
+                group_commit: true,
+                ..bullet_opts(v, b, log_size)
+            },
+        )?),
     })
 }
 
@@ -144,6 +155,15 @@ pub fn open(kind: Kind, rec: Recovery, log_size: u64) -> engine::Result<(AnyStor
         }
         Kind::Bullet(v, b) => {
             let (s, _) = BulletStore::open(rec, &bullet_opts(v, b, log_size))?;
+            let h = s.heap().clone();
+            (AnyStore::Bullet(s), h)
+        }
+        Kind::BulletGroup(v, b) => {
+            let o = BulletOptions {
+                group_commit: true,
+                ..bullet_opts(v, b, log_size)
+            };
+            let (s, _) = BulletStore::open(rec, &o)?;
             let h = s.heap().clone();
             (AnyStore::Bullet(s), h)
         }
