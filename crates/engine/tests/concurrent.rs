@@ -75,7 +75,7 @@ fn run(kind: Kind) {
                 let mut pending = [0u64; COUNTERS];
                 let mut batch = 0;
                 while n < OPS {
-                    if batch >= 1 + (x % SLACK as u64) as usize || n + 1 == OPS {
+                    if batch > (x % SLACK as u64) as usize || n + 1 == OPS {
                         sess.commit().unwrap();
                         for (c, p) in pending.iter_mut().enumerate() {
                             acked[c].fetch_add(std::mem::take(p), Ordering::SeqCst);
