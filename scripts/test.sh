@@ -18,6 +18,20 @@ for comp in rustfmt clippy; do
   fi
 done
 
+# The server's differential tests run against a real redis-server, and its
+# end-to-end tests use redis-cli (Debian packages redis-server, redis-tools).
+if ! need redis-server || ! need redis-cli; then
+  if need apt-get; then
+    echo "== installing redis-server and redis-tools (differential tests)"
+    if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
+  else
+    echo "test.sh: redis-server and redis-cli are needed (differential tests); install them" >&2
+    exit 1
+  fi
+fi
+
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 

@@ -21,6 +21,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the Redis-protocol server (defaults: heap file ember.heap in the
+    /// working directory, 127.0.0.1:6379, engine bullet, durability pmem).
+    Serve(Box<server::ServeArgs>),
     /// Verify a heap file offline (read-only: recovery runs in a private copy).
     Check(check::CheckArgs),
     /// Micro-benchmarks of the persistent domain.
@@ -30,6 +33,13 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Serve(args) => match server::serve(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ember serve: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Check(args) => check::run(&args),
         Command::Bench(args) => bench::run(&args),
     }

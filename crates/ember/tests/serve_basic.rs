@@ -1,0 +1,189 @@
+//! `ember serve` end to end: redis-cli and the `redis` crate against the real
+//! binary, restarts, expiry, every engine, and heaps it must refuse.
+
+mod serve_common;
+
+use redis::Commands;
+use serve_common::Server;
+use std::process::Command;
+use std::time::Duration;
+
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .output()
+        .expect("redis-cli is not installed: run the README's test command (scripts/test.sh), which installs redis-tools");
+    assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim_end().to_string()
+}
+
+fn info_field(con: &mut redis::Connection, section: &str, field: &str) -> String {
+    let info: String = redis::cmd("INFO").arg(section).query(con).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("INFO {section} has no {field}:\n{info}"))
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn redis_cli_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(dir.path(), &[]);
+    let p = srv.port;
+    assert_eq!(redis_cli(p, &["ping"]), "PONG");
+    assert_eq!(redis_cli(p, &["set", "greeting", "hello world"]), "OK");
+    assert_eq!(redis_cli(p, &["get", "greeting"]), "hello world");
+    assert_eq!(redis_cli(p, &["incrby", "n", "41"]), "41");
+    assert_eq!(redis_cli(p, &["incr", "n"]), "42");
+    assert_eq!(redis_cli(p, &["exists", "n", "greeting", "nope"]), "2");
+    assert_eq!(redis_cli(p, &["type", "n"]), "string");
+    let mut keys: Vec<String> = redis_cli(p, &["--scan"])
+        .lines()
+        .map(String::from)
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["greeting", "n"]);
+    assert_eq!(redis_cli(p, &["dbsize"]), "2");
+    assert!(redis_cli(p, &["info", "server"]).contains("redis_version:"));
+    // redis-cli speaks RESP3 when asked.
+    assert_eq!(redis_cli(p, &["-3", "get", "greeting"]), "hello world");
+    assert!(redis_cli(p, &["nosuchcommand"]).contains("unknown command"));
+}
+
+#[test]
+fn data_and_ttls_survive_restarts_for_every_durable_engine() {
+    for engine in [
+        "bullet",
+        "bullet-st",
+        "bullet-opt",
+        "direct",
+        "direct-phash",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut srv = Server::start(dir.path(), &["--engine", engine]);
+        {
+            let mut con = srv.client();
+            for i in 0..500 {
+                let _: () = con.set(format!("key:{i}"), format!("value:{i}")).unwrap();
+            }
+            let _: () = con.set_ex("ttl", "x", 1000).unwrap();
+            let _: i64 = con.incr("counter", 7).unwrap();
+            let _: () = redis::cmd("SELECT").arg(3).query(&mut con).unwrap();
+            let _: () = con.set("in-db-3", "three").unwrap();
+            let _: () = redis::cmd("SHUTDOWN").query(&mut con).unwrap_or(());
+        }
+        assert!(srv.wait_exit(), "{engine}: {}", srv.log());
+        assert!(srv.log().contains("shut down"), "{}", srv.log());
+        srv.restart();
+        assert!(srv.log().contains("clean start"), "{engine}: {}", srv.log());
+        let mut con = srv.client();
+        for i in 0..500 {
+            let v: String = con.get(format!("key:{i}")).unwrap();
+            assert_eq!(v, format!("value:{i}"), "{engine}");
+        }
+        let ttl: i64 = con.ttl("ttl").unwrap();
+        assert!((990..=1000).contains(&ttl), "{engine}: ttl {ttl}");
+        let n: i64 = con.get("counter").unwrap();
+        assert_eq!(n, 7);
+        let none: Option<String> = con.get("in-db-3").unwrap();
+        assert_eq!(none, None, "{engine}: databases are separate");
+        let _: () = redis::cmd("SELECT").arg(3).query(&mut con).unwrap();
+        let v: String = con.get("in-db-3").unwrap();
+        assert_eq!(v, "three");
+        assert_eq!(info_field(&mut con, "ember", "engine_durable"), "yes");
+        assert!(srv.terminate());
+    }
+}
+
+#[test]
+fn volatile_engine_says_it_is_not_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut srv = Server::start(dir.path(), &["--engine", "volatile"]);
+    let mut con = srv.client();
+    let _: () = con.set("a", "1").unwrap();
+    assert!(info_field(&mut con, "ember", "engine_durable").starts_with("no"));
+    assert_eq!(info_field(&mut con, "ember", "durability"), "none");
+    assert!(srv.terminate());
+    assert!(
+        !dir.path().join("ember.heap").exists(),
+        "volatile wrote a heap"
+    );
+}
+
+#[test]
+fn expiry_lazy_and_active() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(dir.path(), &["--hz", "50"]);
+    let mut con = srv.client();
+    let _: () = redis::cmd("SET")
+        .arg("short")
+        .arg("v")
+        .arg("PX")
+        .arg(50)
+        .query(&mut con)
+        .unwrap();
+    for i in 0..200 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("bulk:{i}"))
+            .arg("v")
+            .arg("PX")
+            .arg(30)
+            .query(&mut con)
+            .unwrap();
+    }
+    let _: () = con.set("keep", "v").unwrap();
+    std::thread::sleep(Duration::from_millis(120));
+    // Lazy: a read of an expired key finds nothing.
+    let v: Option<String> = con.get("short").unwrap();
+    assert_eq!(v, None);
+    let ttl: i64 = con.ttl("short").unwrap();
+    assert_eq!(ttl, -2);
+    // Active: the keys nobody reads go too.
+    let mut expired = 0;
+    for _ in 0..200 {
+        expired = info_field(&mut con, "stats", "expired_keys")
+            .parse::<u64>()
+            .unwrap();
+        if expired >= 201 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert!(expired >= 201, "active expiry deleted only {expired} keys");
+    let n: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
+    assert_eq!(n, 1);
+}
+
+#[test]
+fn refuses_foreign_heaps_and_other_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut srv = Server::start(dir.path(), &["--engine", "bullet"]);
+    assert!(srv.terminate());
+    let heap = dir.path().join("ember.heap");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ember"))
+            .arg("serve")
+            .arg("--port")
+            .arg("0")
+            .arg("--heap")
+            .arg(&heap)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--engine", "direct"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("holds a Bullet store"), "{err}");
+    // A file that is not a heap.
+    std::fs::write(&heap, vec![0x5a; 1 << 20]).unwrap();
+    let out = run(&[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not an Ember heap"), "{err}");
+    // The file is untouched.
+    assert_eq!(std::fs::read(&heap).unwrap(), vec![0x5a; 1 << 20]);
+}

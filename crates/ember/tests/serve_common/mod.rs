@@ -1,0 +1,206 @@
+//! Starting the real `ember serve` binary for integration tests.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `ember serve` on a free loopback port, its heap in `dir`.
+pub struct Server {
+    child: Option<Child>,
+    pub port: u16,
+    pub dir: PathBuf,
+    args: Vec<String>,
+    starts: u32,
+}
+
+/// Small stores for tests: a 256 MiB heap, 4 logs of 4 MiB.
+pub const SMALL: &[&str] = &["--heap-size", "256mb", "--logs", "4", "--log-size", "4mb"];
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Server {
+    /// Starts a server whose heap is `dir/ember.heap`, with `SMALL` and `extra`.
+    pub fn start(dir: &Path, extra: &[&str]) -> Server {
+        // `extra` overrides the flags of SMALL it repeats.
+        let mut args: Vec<String> = Vec::new();
+        for pair in SMALL.chunks(2) {
+            if !extra.contains(&pair[0]) {
+                args.extend(pair.iter().map(|s| s.to_string()));
+            }
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut s = Server {
+            child: None,
+            port: 0,
+            dir: dir.to_path_buf(),
+            args,
+            starts: 0,
+        };
+        s.launch();
+        s
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join(format!("server-{}.log", self.starts))
+    }
+
+    /// The server's stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn launch(&mut self) {
+        for _attempt in 0..5 {
+            self.starts += 1;
+            self.port = free_port();
+            let log = std::fs::File::create(self.log_path()).unwrap();
+            let child = Command::new(env!("CARGO_BIN_EXE_ember"))
+                .arg("serve")
+                .arg("--port")
+                .arg(self.port.to_string())
+                .arg("--heap")
+                .arg(self.dir.join("ember.heap"))
+                .args(&self.args)
+                .current_dir(&self.dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("spawn ember serve");
+            self.child = Some(child);
+            if self.wait_ready() {
+                return;
+            }
+            let log = self.log();
+            self.kill9();
+            if !log.contains("cannot listen") {
+                panic!("ember serve did not start:\n{log}");
+            }
+        }
+        panic!("ember serve could not find a free port");
+    }
+
+    fn wait_ready(&mut self) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(60) {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return false;
+                }
+            }
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                if s.write_all(b"PING\r\n").is_ok() {
+                    // +PONG, or NOAUTH from a server started with requirepass.
+                    let mut b = [0u8; 7];
+                    if s.read_exact(&mut b).is_ok() && (&b == b"+PONG\r\n" || &b == b"-NOAUTH") {
+                        return true;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// A `redis` crate connection.
+    pub fn client(&self) -> redis::Connection {
+        let c = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).unwrap();
+        let con = c.get_connection().unwrap();
+        con.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        con
+    }
+
+    /// A raw TCP connection.
+    pub fn raw(&self) -> TcpStream {
+        let s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// SIGKILL, then wait for the process.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM; waits for a clean exit and returns the exit status success.
+    pub fn terminate(&mut self) -> bool {
+        if let Some(c) = self.child.as_ref() {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+        }
+        self.wait_exit()
+    }
+
+    /// Waits (at most 60 s, then SIGKILL) for the process to exit by itself
+    /// (after SHUTDOWN or SIGTERM); true when it exited with success.
+    pub fn wait_exit(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return false;
+        };
+        let t = Instant::now();
+        loop {
+            if let Ok(Some(st)) = c.try_wait() {
+                return st.success();
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                let _ = c.kill();
+                let _ = c.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts the server again on the same heap (after kill9/terminate).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "restart while running");
+        self.launch();
+    }
+
+    pub fn running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Sends raw bytes and reads until `want` bytes arrived or the peer closed.
+pub fn roundtrip(s: &mut TcpStream, send: &[u8], want: usize) -> Vec<u8> {
+    s.write_all(send).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while out.len() < want {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+    }
+    out
+}

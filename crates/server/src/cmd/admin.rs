@@ -1,0 +1,355 @@
+//! Server commands: INFO, CONFIG, COMMAND, TIME, persistence, SHUTDOWN.
+
+use super::{eq, Ctx, Spec, R, TABLE};
+use crate::config::{HONOURED, NO_EFFECT};
+use crate::keyspace::glob_match;
+use crate::server::Client;
+use proto::Reply;
+use std::sync::atomic::Ordering;
+
+pub fn info(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let sections: Vec<String> = a[1..]
+        .iter()
+        .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
+        .collect();
+    let text = crate::info::render(ctx, &sections)?;
+    c.reply(&Reply::Verbatim {
+        format: *b"txt",
+        text: text.into_bytes(),
+    });
+    Ok(())
+}
+
+fn bulk(s: &str) -> Reply {
+    Reply::Bulk(s.as_bytes().to_vec())
+}
+
+pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let sub = String::from_utf8_lossy(&a[1]).to_ascii_lowercase();
+    match sub.as_str() {
+        "get" => {
+            if a.len() < 3 {
+                return Err(super::arity_error("config|get"));
+            }
+            let cfg = ctx.sh.cfg();
+            let mut out = Vec::new();
+            let names = HONOURED
+                .iter()
+                .map(|(n, _)| *n)
+                .chain(NO_EFFECT.iter().copied());
+            for n in names {
+                if a[2..].iter().any(|p| glob_match(p, n.as_bytes(), true)) {
+                    if let Some(v) = cfg.get(n) {
+                        out.push((bulk(n), bulk(&v)));
+                    }
+                }
+            }
+            drop(cfg);
+            c.reply(&Reply::Map(out));
+        }
+        "set" => {
+            if a.len() < 4 || !a.len().is_multiple_of(2) {
+                return Err(super::arity_error("config|set"));
+            }
+            let mut next = ctx.sh.cfg().clone();
+            for p in a[2..].chunks(2) {
+                let name = String::from_utf8_lossy(&p[0]).to_ascii_lowercase();
+                let val = String::from_utf8_lossy(&p[1]).into_owned();
+                match HONOURED.iter().find(|(n, _)| *n == name) {
+                    Some((_, false)) => {
+                        return Err(format!(
+                            "ERR CONFIG SET failed (possibly related to argument '{name}') - can't set immutable config"
+                        ))
+                    }
+                    Some((_, true)) => {}
+                    None if NO_EFFECT.contains(&name.as_str()) => {}
+                    None => {
+                        return Err(format!(
+                            "ERR Unknown option or number of arguments for CONFIG SET - '{name}'"
+                        ))
+                    }
+                }
+                next.apply(&name, &[val]).map_err(|e| {
+                    format!("ERR CONFIG SET failed (possibly related to argument '{name}') - {e}")
+                })?;
+                if name == "maxclients" {
+                    // As Redis: raise the open file limit, or refuse.
+                    let room = crate::server::raise_nofile_limit(next.maxclients);
+                    if room < next.maxclients {
+                        return Err(format!(
+                            "ERR CONFIG SET failed (possibly related to argument 'maxclients') - The operating system is not able to handle the specified number of clients, try with {room}"
+                        ));
+                    }
+                }
+            }
+            *ctx.sh.cfg.write().unwrap_or_else(|p| p.into_inner()) = next;
+            ctx.sh.cfg_epoch.fetch_add(1, Ordering::AcqRel);
+            // This client's own settings (requirepass) take effect for its
+            // next command through the worker's reload.
+            c.ok();
+        }
+        "resetstat" => {
+            if a.len() != 2 {
+                return Err(super::arity_error("config|resetstat"));
+            }
+            ctx.sh.stats.reset();
+            c.ok();
+        }
+        "rewrite" => {
+            return Err(
+                "ERR CONFIG REWRITE is not supported by Ember: edit the configuration file".into(),
+            )
+        }
+        "help" => {
+            let lines = [
+                "CONFIG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "GET <pattern>",
+                "    Return parameters matching the glob-like <pattern> and their values.",
+                "SET <directive> <value>",
+                "    Set the configuration <directive> to <value>.",
+                "RESETSTAT",
+                "    Reset statistics reported by the INFO command.",
+                "HELP",
+                "    Print this help.",
+            ];
+            c.reply(&Reply::Array(
+                lines.iter().map(|l| Reply::Simple(l.to_string())).collect(),
+            ));
+        }
+        _ => {
+            return Err(format!(
+                "ERR unknown subcommand '{}'. Try CONFIG HELP.",
+                String::from_utf8_lossy(&a[1])
+            ))
+        }
+    }
+    Ok(())
+}
+
+fn command_info(s: &Spec) -> Reply {
+    let acl = match s.group {
+        "string" => vec!["@string"],
+        "generic" => vec!["@keyspace"],
+        "connection" => vec!["@connection"],
+        _ => vec!["@admin"],
+    };
+    let mut cats: Vec<&str> = acl;
+    if s.flags.contains(&"write") {
+        cats.push("@write");
+    }
+    if s.flags.contains(&"readonly") {
+        cats.push("@read");
+    }
+    if s.flags.contains(&"fast") {
+        cats.push("@fast");
+    } else {
+        cats.push("@slow");
+    }
+    let key_specs = if s.first > 0 {
+        vec![Reply::Map(vec![
+            (
+                bulk("begin_search"),
+                Reply::Map(vec![
+                    (bulk("type"), bulk("index")),
+                    (
+                        bulk("spec"),
+                        Reply::Map(vec![(bulk("index"), Reply::Integer(s.first as i64))]),
+                    ),
+                ]),
+            ),
+            (
+                bulk("find_keys"),
+                Reply::Map(vec![
+                    (bulk("type"), bulk("range")),
+                    (
+                        bulk("spec"),
+                        Reply::Map(vec![
+                            (
+                                bulk("lastkey"),
+                                Reply::Integer(if s.last < 0 {
+                                    s.last as i64
+                                } else {
+                                    (s.last - s.first) as i64
+                                }),
+                            ),
+                            (bulk("keystep"), Reply::Integer(s.step as i64)),
+                            (bulk("limit"), Reply::Integer(0)),
+                        ]),
+                    ),
+                ]),
+            ),
+        ])]
+    } else {
+        vec![]
+    };
+    Reply::Array(vec![
+        bulk(s.name),
+        Reply::Integer(s.arity as i64),
+        Reply::Set(
+            s.flags
+                .iter()
+                .map(|f| Reply::Simple(f.to_string()))
+                .collect(),
+        ),
+        Reply::Integer(s.first as i64),
+        Reply::Integer(s.last as i64),
+        Reply::Integer(s.step as i64),
+        Reply::Set(cats.iter().map(|f| Reply::Simple(f.to_string())).collect()),
+        Reply::Set(vec![]),
+        Reply::Array(key_specs),
+        Reply::Array(vec![]),
+    ])
+}
+
+fn command_docs(s: &Spec) -> Reply {
+    Reply::Map(vec![
+        (bulk("summary"), bulk(s.summary)),
+        (bulk("since"), bulk(s.since)),
+        (bulk("group"), bulk(s.group)),
+    ])
+}
+
+pub fn command(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    if a.len() == 1 {
+        c.reply(&Reply::Array(TABLE.iter().map(command_info).collect()));
+        return Ok(());
+    }
+    let sub = String::from_utf8_lossy(&a[1]).to_ascii_lowercase();
+    match sub.as_str() {
+        "count" => c.int(TABLE.len() as i64),
+        "list" => c.reply(&Reply::Array(TABLE.iter().map(|s| bulk(s.name)).collect())),
+        "info" => {
+            let r = if a.len() == 2 {
+                TABLE.iter().map(command_info).collect()
+            } else {
+                a[2..]
+                    .iter()
+                    .map(|n| super::lookup(n).map_or(Reply::NullArray, |i| command_info(&TABLE[i])))
+                    .collect()
+            };
+            c.reply(&Reply::Array(r));
+        }
+        "docs" => {
+            let r = if a.len() == 2 {
+                TABLE
+                    .iter()
+                    .map(|s| (bulk(s.name), command_docs(s)))
+                    .collect()
+            } else {
+                a[2..]
+                    .iter()
+                    .filter_map(|n| {
+                        super::lookup(n).map(|i| (bulk(TABLE[i].name), command_docs(&TABLE[i])))
+                    })
+                    .collect()
+            };
+            c.reply(&Reply::Map(r));
+        }
+        "getkeys" => {
+            if a.len() < 3 {
+                return Err(super::arity_error("command|getkeys"));
+            }
+            let Some(i) = super::lookup(&a[2]) else {
+                return Err("ERR Invalid command specified".into());
+            };
+            let s = &TABLE[i];
+            let args = &a[2..];
+            let n = args.len() as i32;
+            if (s.arity > 0 && n != s.arity) || (s.arity < 0 && n < -s.arity) {
+                return Err("ERR Invalid number of arguments specified for command".into());
+            }
+            if s.first == 0 {
+                return Err("ERR The command has no key arguments".into());
+            }
+            let last = if s.last < 0 { n + s.last } else { s.last };
+            let mut keys = Vec::new();
+            let mut k = s.first;
+            while k <= last && k < n {
+                keys.push(Reply::Bulk(args[k as usize].clone()));
+                k += s.step.max(1);
+            }
+            c.reply(&Reply::Array(keys));
+        }
+        "help" => {
+            let lines = [
+                "COMMAND <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "(no subcommand)",
+                "    Return details about all commands.",
+                "COUNT",
+                "    Return the total number of commands in this server.",
+                "LIST",
+                "    Return a list of all commands in this server.",
+                "INFO [<command-name> ...]",
+                "    Return details about multiple commands.",
+                "DOCS [<command-name> ...]",
+                "    Return documentation details about multiple commands.",
+                "GETKEYS <full-command>",
+                "    Return the keys from a full command.",
+                "HELP",
+                "    Print this help.",
+            ];
+            c.reply(&Reply::Array(
+                lines.iter().map(|l| Reply::Simple(l.to_string())).collect(),
+            ));
+        }
+        _ => {
+            return Err(format!(
+                "ERR unknown subcommand '{}'. Try COMMAND HELP.",
+                String::from_utf8_lossy(&a[1])
+            ))
+        }
+    }
+    Ok(())
+}
+
+pub fn time(_ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    c.reply(&Reply::Array(vec![
+        bulk(&d.as_secs().to_string()),
+        bulk(&d.subsec_micros().to_string()),
+    ]));
+    Ok(())
+}
+
+/// The heap is always the image: every acknowledged write is already saved,
+/// so the last save is now.
+pub fn lastsave(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
+    c.int(ctx.now / 1000);
+    Ok(())
+}
+
+pub fn save(_ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
+    // Nothing to write: every acknowledged write is already in the heap.
+    c.ok();
+    Ok(())
+}
+
+pub fn bgsave(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    if a.len() > 2 || (a.len() == 2 && !eq(&a[1], "schedule")) {
+        return Err(super::syntax_error());
+    }
+    // As SAVE: the heap is the image, there is no snapshot to take.
+    c.ok();
+    Ok(())
+}
+
+pub fn shutdown(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let mut abort = false;
+    for o in &a[1..] {
+        if eq(o, "abort") {
+            abort = true;
+        } else if !(eq(o, "nosave") || eq(o, "save") || eq(o, "now") || eq(o, "force")) {
+            return Err(super::syntax_error());
+        }
+    }
+    if abort {
+        return Err("ERR No shutdown in progress.".into());
+    }
+    eprintln!("ember: SHUTDOWN requested by client id={}", c.id);
+    ctx.sh.shutdown.store(true, Ordering::Release);
+    // Like Redis, no reply: the connection closes with the server.
+    c.close_after = true;
+    Ok(())
+}

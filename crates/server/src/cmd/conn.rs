@@ -1,0 +1,338 @@
+//! Connection commands.
+
+use super::{eq, int_arg, Ctx, R};
+use crate::server::Client;
+use proto::{Reply, Version};
+use std::sync::atomic::Ordering;
+
+/// The Redis version Ember's command set follows (HELLO, INFO).
+pub const REDIS_COMPAT_VERSION: &str = "7.2.0";
+
+pub fn ping(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    match a.len() {
+        1 => c.simple("PONG"),
+        2 => c.bulk(&a[1]),
+        _ => return Err(super::arity_error("ping")),
+    }
+    Ok(())
+}
+
+pub fn echo(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    c.bulk(&a[1]);
+    Ok(())
+}
+
+pub fn quit(_ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
+    c.ok();
+    c.close_after = true;
+    Ok(())
+}
+
+pub fn select(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let n = int_arg(&a[1])?;
+    // Redis reads the index as a C int first (getIntFromObjectOrReply).
+    if n < i32::MIN as i64 || n > i32::MAX as i64 {
+        return Err(format!(
+            "ERR value is out of range, value must between {} and {}",
+            i32::MIN,
+            i32::MAX
+        ));
+    }
+    if n < 0 || n >= ctx.sh.cfg().databases as i64 {
+        return Err("ERR DB index is out of range".into());
+    }
+    c.db = n as u8;
+    c.meta.db.store(c.db, Ordering::Relaxed);
+    c.ok();
+    Ok(())
+}
+
+fn check_password(ctx: &Ctx, user: Option<&[u8]>, pass: &[u8]) -> bool {
+    if let Some(u) = user {
+        if u != b"default" {
+            return false;
+        }
+    }
+    match ctx.requirepass {
+        Some(p) => p.as_bytes() == pass,
+        // The default user has no password: any password is accepted only
+        // with the explicit user name (Redis's `nopass`).
+        None => user.is_some(),
+    }
+}
+
+const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+
+pub fn auth(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let (user, pass) = match a.len() {
+        2 => (None, &a[1]),
+        3 => (Some(a[1].as_slice()), &a[2]),
+        _ => return Err(super::syntax_error()),
+    };
+    if user.is_none() && ctx.requirepass.is_none() {
+        return Err("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?".into());
+    }
+    if check_password(ctx, user, pass) {
+        c.authed = true;
+        c.ok();
+        Ok(())
+    } else {
+        Err(WRONGPASS.into())
+    }
+}
+
+fn valid_name(n: &[u8]) -> bool {
+    n.iter().all(|&b| (b'!'..=b'~').contains(&b))
+}
+
+pub fn hello(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let mut ver = None;
+    let mut i = 1;
+    if a.len() > 1 {
+        let v = engine::parse_i64(&a[1])
+            .ok_or_else(|| "ERR Protocol version is not an integer or out of range".to_string())?;
+        if !(2..=3).contains(&v) {
+            return Err("NOPROTO unsupported protocol version".into());
+        }
+        ver = Some(v);
+        i = 2;
+    }
+    let mut auth: Option<(&[u8], &[u8])> = None;
+    let mut name: Option<&[u8]> = None;
+    while i < a.len() {
+        if eq(&a[i], "auth") && i + 2 < a.len() {
+            auth = Some((&a[i + 1], &a[i + 2]));
+            i += 3;
+        } else if eq(&a[i], "setname") && i + 1 < a.len() {
+            name = Some(&a[i + 1]);
+            i += 2;
+        } else {
+            return Err(format!(
+                "ERR Syntax error in HELLO option '{}'",
+                String::from_utf8_lossy(&a[i])
+            ));
+        }
+    }
+    if let Some((u, p)) = auth {
+        if !check_password(ctx, Some(u), p) {
+            return Err(WRONGPASS.into());
+        }
+        c.authed = true;
+    }
+    if !c.authed {
+        return Err("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time".into());
+    }
+    if let Some(n) = name {
+        if !valid_name(n) {
+            return Err(
+                "ERR Client names cannot contain spaces, newlines or special characters.".into(),
+            );
+        }
+        *c.meta.name.lock().unwrap_or_else(|p| p.into_inner()) =
+            String::from_utf8_lossy(n).into_owned();
+    }
+    if let Some(v) = ver {
+        c.resp = if v == 3 {
+            Version::Resp3
+        } else {
+            Version::Resp2
+        };
+        c.meta.resp.store(v as u8, Ordering::Relaxed);
+    }
+    let proto = if c.resp == Version::Resp3 { 3 } else { 2 };
+    let s = |x: &str| Reply::Bulk(x.as_bytes().to_vec());
+    c.reply(&Reply::Map(vec![
+        (s("server"), s("redis")),
+        (s("version"), s(REDIS_COMPAT_VERSION)),
+        (s("proto"), Reply::Integer(proto)),
+        (s("id"), Reply::Integer(c.id as i64)),
+        (s("mode"), s("standalone")),
+        (s("role"), s("master")),
+        (s("modules"), Reply::Array(vec![])),
+    ]));
+    Ok(())
+}
+
+pub fn reset(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
+    c.db = 0;
+    c.resp = Version::Resp2;
+    c.authed = ctx.requirepass.is_none();
+    c.meta.db.store(0, Ordering::Relaxed);
+    c.meta.resp.store(2, Ordering::Relaxed);
+    c.meta
+        .name
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+    c.simple("RESET");
+    Ok(())
+}
+
+pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let sub = String::from_utf8_lossy(&a[1]).to_ascii_lowercase();
+    let arity = |n: usize| -> R {
+        if a.len() != n {
+            Err(super::arity_error(&format!("client|{sub}")))
+        } else {
+            Ok(())
+        }
+    };
+    match sub.as_str() {
+        "id" => {
+            arity(2)?;
+            c.int(c.id as i64);
+        }
+        "setname" => {
+            arity(3)?;
+            if !valid_name(&a[2]) {
+                return Err(
+                    "ERR Client names cannot contain spaces, newlines or special characters."
+                        .into(),
+                );
+            }
+            *c.meta.name.lock().unwrap_or_else(|p| p.into_inner()) =
+                String::from_utf8_lossy(&a[2]).into_owned();
+            c.ok();
+        }
+        "getname" => {
+            arity(2)?;
+            let n = c
+                .meta
+                .name
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if n.is_empty() {
+                c.null();
+            } else {
+                c.bulk(n.as_bytes());
+            }
+        }
+        "setinfo" => {
+            arity(4)?;
+            if !valid_name(&a[3]) {
+                return Err(format!(
+                    "ERR {} cannot contain spaces, newlines or special characters.",
+                    String::from_utf8_lossy(&a[2]).to_ascii_lowercase()
+                ));
+            }
+            let v = String::from_utf8_lossy(&a[3]).into_owned();
+            if eq(&a[2], "lib-name") {
+                *c.meta.lib_name.lock().unwrap_or_else(|p| p.into_inner()) = v;
+            } else if eq(&a[2], "lib-ver") {
+                *c.meta.lib_ver.lock().unwrap_or_else(|p| p.into_inner()) = v;
+            } else {
+                return Err(format!(
+                    "ERR Unrecognized option '{}'",
+                    String::from_utf8_lossy(&a[2])
+                ));
+            }
+            c.ok();
+        }
+        "info" => {
+            arity(2)?;
+            let mut l = c.meta.line();
+            l.push('\n');
+            c.reply(&Reply::Verbatim {
+                format: *b"txt",
+                text: l.into_bytes(),
+            });
+        }
+        "list" => {
+            let mut ids: Option<Vec<u64>> = None;
+            let mut i = 2;
+            while i < a.len() {
+                if eq(&a[i], "type") && i + 1 < a.len() {
+                    let t = String::from_utf8_lossy(&a[i + 1]).to_ascii_lowercase();
+                    if !matches!(t.as_str(), "normal" | "master" | "replica" | "pubsub") {
+                        return Err(format!("ERR Unknown client type '{t}'"));
+                    }
+                    if t != "normal" {
+                        ids = Some(vec![]);
+                    }
+                    i += 2;
+                } else if eq(&a[i], "id") && i + 1 < a.len() {
+                    let mut v = Vec::new();
+                    for x in &a[i + 1..] {
+                        let n = engine::parse_i64(x)
+                            .filter(|&n| n > 0)
+                            .ok_or_else(|| "ERR Invalid client ID".to_string())?;
+                        v.push(n as u64);
+                    }
+                    ids = Some(v);
+                    i = a.len();
+                } else {
+                    return Err(super::syntax_error());
+                }
+            }
+            let all: Vec<_> = ctx
+                .sh
+                .clients
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .cloned()
+                .collect();
+            let mut s = String::new();
+            for m in all {
+                if ids.as_ref().is_some_and(|v| !v.contains(&m.id)) {
+                    continue;
+                }
+                s.push_str(&m.line());
+                s.push('\n');
+            }
+            c.reply(&Reply::Verbatim {
+                format: *b"txt",
+                text: s.into_bytes(),
+            });
+        }
+        "no-evict" | "no-touch" => {
+            arity(3)?;
+            if !(eq(&a[2], "on") || eq(&a[2], "off")) {
+                return Err(super::syntax_error());
+            }
+            c.ok();
+        }
+        "help" => {
+            let lines = [
+                "CLIENT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "GETNAME",
+                "    Return the name of the current connection.",
+                "ID",
+                "    Return the ID of the current connection.",
+                "INFO",
+                "    Return information about the current client connection.",
+                "LIST [options ...]",
+                "    Return information about client connections. Options:",
+                "    * TYPE (NORMAL|MASTER|REPLICA|PUBSUB)",
+                "      Return clients of specified type.",
+                "    * ID <client-id> [<client-id> ...]",
+                "      Return clients of specified IDs only.",
+                "SETNAME <name>",
+                "    Assign the name <name> to the current connection.",
+                "SETINFO <option> <value>",
+                "    Set client meta attr. Options are:",
+                "    * LIB-NAME: the client lib name.",
+                "    * LIB-VER: the client lib version.",
+                "NO-EVICT (ON|OFF)",
+                "    Accepted; Ember never evicts keys.",
+                "NO-TOUCH (ON|OFF)",
+                "    Accepted; Ember keeps no access clock.",
+                "HELP",
+                "    Print this help.",
+            ];
+            c.reply(&Reply::Array(
+                lines.iter().map(|l| Reply::Simple(l.to_string())).collect(),
+            ));
+        }
+        "kill" | "pause" | "unpause" | "reply" | "tracking" | "trackinginfo" | "caching"
+        | "getredir" | "unblock" => {
+            return Err(format!(
+                "ERR CLIENT {} is not supported by Ember",
+                sub.to_ascii_uppercase()
+            ))
+        }
+        _ => return Err(super::unknown_subcommand("CLIENT", &a[1])),
+    }
+    Ok(())
+}

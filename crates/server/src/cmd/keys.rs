@@ -1,0 +1,479 @@
+//! Keyspace commands: deletion, existence, iteration, renames, expiry.
+
+use super::{eq, int_arg, syntax_error, Ctx, R};
+use crate::keyspace::{glob_match, skey, type_name, KIND_STRING};
+use crate::server::Client;
+use proto::Reply;
+use std::collections::HashSet;
+
+pub fn del(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let sks: Vec<Vec<u8>> = a[1..].iter().map(|k| skey(c.db, k)).collect();
+    let refs: Vec<&[u8]> = sks.iter().map(|k| k.as_slice()).collect();
+    let sh = ctx.sh;
+    let _g = sh.stripes.lock_many(&refs);
+    let mut n = 0;
+    for sk in &sks {
+        if ctx.ks.delete(sk, ctx.now)? {
+            n += 1;
+        }
+    }
+    c.int(n);
+    Ok(())
+}
+
+pub fn exists(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let mut n = 0;
+    for k in &a[1..] {
+        if ctx.ks.get(&ctx.sh.stripes, c.db, k, ctx.now)?.is_some() {
+            n += 1;
+        }
+    }
+    c.int(n);
+    Ok(())
+}
+
+pub fn touch(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    exists(ctx, c, a)
+}
+
+pub fn type_(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let t = match ctx.ks.get(&ctx.sh.stripes, c.db, &a[1], ctx.now)? {
+        Some(h) => type_name(h.kind),
+        None => "none",
+    };
+    c.simple(t);
+    Ok(())
+}
+
+/// Every live key of database `db`, each once (a full scan).
+fn all_keys(
+    ctx: &mut Ctx,
+    db: u8,
+    mut keep: impl FnMut(&[u8]) -> bool,
+) -> Result<Vec<Vec<u8>>, String> {
+    let mut seen = HashSet::new();
+    let mut cursor = 0;
+    let mut page = Vec::new();
+    loop {
+        page.clear();
+        cursor = ctx.ks.scan_page(db, cursor, 1024, &mut page)?;
+        for k in page.drain(..) {
+            if !seen.contains(&k)
+                && keep(&k)
+                && ctx.ks.get(&ctx.sh.stripes, db, &k, ctx.now)?.is_some()
+            {
+                seen.insert(k);
+            }
+        }
+        if cursor == 0 {
+            break;
+        }
+    }
+    Ok(seen.into_iter().collect())
+}
+
+pub fn keys(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let pat = a[1].clone();
+    let all = pat.as_slice() == b"*";
+    let ks = all_keys(ctx, c.db, |k| all || glob_match(&pat, k, false))?;
+    c.array_header(ks.len());
+    for k in &ks {
+        c.bulk(k);
+    }
+    Ok(())
+}
+
+/// Parses a SCAN cursor as Redis does (`strtoul` on a C string, leading
+/// space refused): an optional sign (a minus wraps around, as in C), decimal
+/// digits up to the first NUL, and the empty string reads as 0.
+fn parse_cursor(a: &[u8]) -> Option<u64> {
+    let a = a.split(|&b| b == 0).next().unwrap_or_default();
+    if a.is_empty() {
+        return Some(0);
+    }
+    if matches!(a[0], b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r') {
+        return None;
+    }
+    let (neg, digits) = match a[0] {
+        b'-' => (true, &a[1..]),
+        b'+' => (false, &a[1..]),
+        _ => (false, a),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &d in digits {
+        n = n.checked_mul(10)?.checked_add((d - b'0') as u64)?;
+    }
+    Some(if neg { n.wrapping_neg() } else { n })
+}
+
+pub fn scan(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let cursor = parse_cursor(&a[1]).ok_or_else(|| "ERR invalid cursor".to_string())?;
+    let mut pat: Option<&[u8]> = None;
+    let mut count = 10usize;
+    let mut typ: Option<String> = None;
+    let mut i = 2;
+    while i < a.len() {
+        let Some(v) = a.get(i + 1) else {
+            return Err(syntax_error());
+        };
+        if eq(&a[i], "match") {
+            pat = Some(v);
+        } else if eq(&a[i], "count") {
+            let n = int_arg(v)?;
+            if n < 1 {
+                return Err(syntax_error());
+            }
+            count = n.min(1 << 20) as usize;
+        } else if eq(&a[i], "type") {
+            typ = Some(String::from_utf8_lossy(v).to_ascii_lowercase());
+        } else {
+            return Err(syntax_error());
+        }
+        i += 2;
+    }
+    // Redis skips matching for the pattern "*" (which alone would not match "").
+    let pat = pat.filter(|p| *p != b"*");
+    let mut page = Vec::new();
+    let next = ctx.ks.scan_page(c.db, cursor, count, &mut page)?;
+    let mut out = Vec::new();
+    for k in page {
+        if let Some(p) = pat {
+            if !glob_match(p, &k, false) {
+                continue;
+            }
+        }
+        let Some(h) = ctx.ks.get(&ctx.sh.stripes, c.db, &k, ctx.now)? else {
+            continue;
+        };
+        if let Some(t) = &typ {
+            if type_name(h.kind) != t {
+                continue;
+            }
+        }
+        out.push(Reply::Bulk(k));
+    }
+    c.reply(&Reply::Array(vec![
+        Reply::Bulk(next.to_string().into_bytes()),
+        Reply::Array(out),
+    ]));
+    Ok(())
+}
+
+fn rename_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], nx: bool) -> R {
+    let src = skey(c.db, &a[1]);
+    let dst = skey(c.db, &a[2]);
+    let sh = ctx.sh;
+    let _g = sh.stripes.lock_many(&[&src, &dst]);
+    if ctx.ks.lookup_locked(&src, ctx.now)?.is_none() {
+        return Err("ERR no such key".into());
+    }
+    let raw = ctx.ks.raw.clone();
+    if src == dst {
+        if nx {
+            c.int(0);
+        } else {
+            c.ok();
+        }
+        return Ok(());
+    }
+    if nx && ctx.ks.lookup_locked(&dst, ctx.now)?.is_some() {
+        c.int(0);
+        return Ok(());
+    }
+    // The destination is written first: a crash in between leaves both keys,
+    // never neither.
+    ctx.ks
+        .sess
+        .apply(&dst, engine::Op::Put(&raw))
+        .map_err(|e| crate::keyspace::store_error_text(&e))?;
+    ctx.ks
+        .sess
+        .apply(&src, engine::Op::Remove)
+        .map_err(|e| crate::keyspace::store_error_text(&e))?;
+    if nx {
+        c.int(1);
+    } else {
+        c.ok();
+    }
+    Ok(())
+}
+
+pub fn rename(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    rename_generic(ctx, c, a, false)
+}
+
+pub fn renamenx(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    rename_generic(ctx, c, a, true)
+}
+
+pub fn dbsize(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
+    let n = all_keys(ctx, c.db, |_| true)?.len();
+    c.int(n as i64);
+    Ok(())
+}
+
+fn flush_db(ctx: &mut Ctx, db: u8) -> R {
+    let keys = all_keys(ctx, db, |_| true)?;
+    for k in keys {
+        let sk = skey(db, &k);
+        let sh = ctx.sh;
+        let _g = sh.stripes.lock(&sk);
+        ctx.ks.delete(&sk, ctx.now)?;
+    }
+    Ok(())
+}
+
+fn flush_args(a: &[Vec<u8>]) -> R {
+    match a.len() {
+        1 => Ok(()),
+        2 if eq(&a[1], "async") || eq(&a[1], "sync") => Ok(()),
+        _ => Err(syntax_error()),
+    }
+}
+
+pub fn flushdb(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    flush_args(a)?;
+    flush_db(ctx, c.db)?;
+    c.ok();
+    Ok(())
+}
+
+pub fn flushall(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    flush_args(a)?;
+    let dbs = ctx.sh.cfg().databases;
+    for db in 0..dbs {
+        flush_db(ctx, db as u8)?;
+    }
+    c.ok();
+    Ok(())
+}
+
+pub fn randomkey(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
+    use rand::RngExt;
+    let start: u64 = rand::rng().random::<u64>() | 1;
+    let mut cursor = start;
+    let mut wrapped = false;
+    let mut page = Vec::new();
+    loop {
+        page.clear();
+        let next = ctx.ks.scan_page(c.db, cursor, 64, &mut page)?;
+        for k in page.drain(..) {
+            if ctx.ks.get(&ctx.sh.stripes, c.db, &k, ctx.now)?.is_some() {
+                c.bulk(&k);
+                return Ok(());
+            }
+        }
+        if next == 0 {
+            if wrapped {
+                break;
+            }
+            wrapped = true;
+            cursor = 0;
+        } else {
+            cursor = next;
+        }
+        if wrapped && cursor >= start {
+            break;
+        }
+    }
+    c.null();
+    Ok(())
+}
+
+/// EXPIRE / PEXPIRE / EXPIREAT / PEXPIREAT with NX, XX, GT, LT (Redis 7).
+fn expire_generic(
+    ctx: &mut Ctx,
+    c: &mut Client,
+    a: &[Vec<u8>],
+    ms: bool,
+    relative: bool,
+    cmd: &str,
+) -> R {
+    let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+    for o in &a[3..] {
+        if eq(o, "nx") {
+            nx = true;
+        } else if eq(o, "xx") {
+            xx = true;
+        } else if eq(o, "gt") {
+            gt = true;
+        } else if eq(o, "lt") {
+            lt = true;
+        } else {
+            return Err(format!(
+                "ERR Unsupported option {}",
+                String::from_utf8_lossy(o)
+            ));
+        }
+    }
+    if nx && (xx || gt || lt) {
+        return Err("ERR NX and XX, GT or LT options at the same time are not compatible".into());
+    }
+    if gt && lt {
+        return Err("ERR GT and LT options at the same time are not compatible".into());
+    }
+    let n = int_arg(&a[2])?;
+    let invalid = || format!("ERR invalid expire time in '{cmd}' command");
+    let mut when = if ms {
+        n
+    } else {
+        n.checked_mul(1000).ok_or_else(invalid)?
+    };
+    if relative {
+        when = when.checked_add(ctx.now).ok_or_else(invalid)?;
+    }
+    let sk = skey(c.db, &a[1]);
+    let sh = ctx.sh;
+    let _g = sh.stripes.lock(&sk);
+    let Some(h) = ctx.ks.lookup_locked(&sk, ctx.now)? else {
+        c.int(0);
+        return Ok(());
+    };
+    let cur = h.expire;
+    let refuse = (nx && cur.is_some())
+        || (xx && cur.is_none())
+        || (gt && cur.is_none_or(|t| when <= t))
+        || (lt && cur.is_some_and(|t| when >= t));
+    if refuse {
+        c.int(0);
+        return Ok(());
+    }
+    if when <= ctx.now {
+        ctx.ks.delete(&sk, ctx.now)?;
+    } else {
+        let v = ctx.ks.raw[h.off..].to_vec();
+        ctx.ks.put(&sk, h.kind, Some(when), &v)?;
+    }
+    c.int(1);
+    Ok(())
+}
+
+pub fn expire(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    expire_generic(ctx, c, a, false, true, "expire")
+}
+pub fn pexpire(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    expire_generic(ctx, c, a, true, true, "pexpire")
+}
+pub fn expireat(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    expire_generic(ctx, c, a, false, false, "expireat")
+}
+pub fn pexpireat(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    expire_generic(ctx, c, a, true, false, "pexpireat")
+}
+
+/// TTL family: -2 missing, -1 no expiry.
+fn ttl_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], ms: bool, abs: bool) -> R {
+    let Some(h) = ctx.ks.get(&ctx.sh.stripes, c.db, &a[1], ctx.now)? else {
+        c.int(-2);
+        return Ok(());
+    };
+    let Some(t) = h.expire else {
+        c.int(-1);
+        return Ok(());
+    };
+    let v = if abs { t } else { (t - ctx.now).max(0) };
+    // Rounded to seconds in i128: an expiry near i64::MAX (PXAT
+    // 9223372036854775807) must not overflow; Redis answers the exact quotient.
+    c.int(if ms {
+        v
+    } else {
+        ((v as i128 + 500) / 1000) as i64
+    });
+    Ok(())
+}
+
+pub fn ttl(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    ttl_generic(ctx, c, a, false, false)
+}
+pub fn pttl(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    ttl_generic(ctx, c, a, true, false)
+}
+pub fn expiretime(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    ttl_generic(ctx, c, a, false, true)
+}
+pub fn pexpiretime(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    ttl_generic(ctx, c, a, true, true)
+}
+
+pub fn persist(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let sk = skey(c.db, &a[1]);
+    let sh = ctx.sh;
+    let _g = sh.stripes.lock(&sk);
+    match ctx.ks.lookup_locked(&sk, ctx.now)? {
+        Some(h) if h.expire.is_some() => {
+            let v = ctx.ks.raw[h.off..].to_vec();
+            ctx.ks.put(&sk, h.kind, None, &v)?;
+            c.int(1);
+        }
+        _ => c.int(0),
+    }
+    Ok(())
+}
+
+/// Redis's encoding name for a string value.
+fn string_encoding(v: &[u8]) -> &'static str {
+    if v.len() <= 20 && engine::parse_i64(v).is_some() {
+        "int"
+    } else if v.len() <= 44 {
+        "embstr"
+    } else {
+        "raw"
+    }
+}
+
+pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let sub = String::from_utf8_lossy(&a[1]).to_ascii_lowercase();
+    if sub == "help" {
+        let lines = [
+            "OBJECT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "ENCODING <key>",
+            "    Return the kind of internal representation used in order to store the value",
+            "    associated with a <key>.",
+            "REFCOUNT <key>",
+            "    Return the number of references of the value associated with the specified",
+            "    <key>.",
+            "HELP",
+            "    Print this help.",
+        ];
+        c.reply(&Reply::Array(
+            lines.iter().map(|l| Reply::Simple(l.to_string())).collect(),
+        ));
+        return Ok(());
+    }
+    if !matches!(sub.as_str(), "encoding" | "refcount" | "freq" | "idletime") {
+        return Err(super::unknown_subcommand("OBJECT", &a[1]));
+    }
+    if a.len() != 3 {
+        return Err(super::arity_error(&format!("object|{sub}")));
+    }
+    let Some(h) = ctx.ks.get(&ctx.sh.stripes, c.db, &a[2], ctx.now)? else {
+        c.null();
+        return Ok(());
+    };
+    let v = &ctx.ks.raw[h.off..];
+    match sub.as_str() {
+        "encoding" => {
+            let e = if h.kind == KIND_STRING {
+                string_encoding(v)
+            } else {
+                "unknown"
+            };
+            c.bulk(e.as_bytes());
+        }
+        "refcount" => {
+            // Redis shares the integers 0..9999 (refcount INT_MAX).
+            let shared = engine::parse_i64(v).is_some_and(|n| (0..10_000).contains(&n));
+            c.int(if shared { i32::MAX as i64 } else { 1 });
+        }
+        s => {
+            return Err(format!(
+                "ERR OBJECT {} is not supported by Ember (it keeps no access clock or counter)",
+                s.to_ascii_uppercase()
+            ))
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,622 @@
+//! Configuration: `ember serve` flags, a redis.conf-syntax file, and the table of
+//! parameters `CONFIG GET/SET` knows.
+//!
+//! Precedence: built-in defaults, then the file (`--config FILE`), then flags.
+//! The file uses redis.conf syntax: one directive per line, arguments split as
+//! Redis splits them (quotes and escapes), `#` comments. Directives Redis has
+//! that only tune its own encodings, snapshots or AOF are accepted and have no
+//! effect here (the heap is always the image); they are listed by
+//! [`NO_EFFECT`], reported by `CONFIG GET` as set, and logged at startup.
+//! Anything else unknown is refused, as Redis refuses it.
+
+use clap::Args;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// `ember serve` flags. Every flag overrides the same directive of `--config`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ServeArgs {
+    /// A configuration file in redis.conf syntax (port, bind, requirepass,
+    /// maxclients, timeout, hz, protected-mode, databases, proto-max-bulk-len,
+    /// client-query-buffer-limit, heap, heap-size, heap-max-size, engine,
+    /// durability, threads, metrics-port, logs, log-size, fence-ns,
+    /// tcp-backlog; Redis's
+    /// snapshot/AOF/encoding directives are accepted and have no effect).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// TCP port [default: 6379].
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Addresses to listen on, space separated [default: 127.0.0.1].
+    #[arg(long)]
+    pub bind: Option<String>,
+    /// Password clients must give with AUTH (or HELLO ... AUTH) [default: none].
+    #[arg(long)]
+    pub requirepass: Option<String>,
+    /// Most connected clients; more are refused with Redis's error [default: 10000].
+    #[arg(long)]
+    pub maxclients: Option<u64>,
+    /// Close a client idle for this many seconds (0 = never) [default: 0].
+    #[arg(long)]
+    pub timeout: Option<u64>,
+    /// Background task frequency per second (active expiry) [default: 10].
+    #[arg(long)]
+    pub hz: Option<u64>,
+    /// Without requirepass, serve only loopback clients (yes|no) [default: yes].
+    #[arg(long, value_name = "yes|no")]
+    pub protected_mode: Option<String>,
+    /// Number of databases for SELECT (1..=256) [default: 16].
+    #[arg(long)]
+    pub databases: Option<u64>,
+    /// Largest bulk argument accepted, e.g. 512mb [default: 512mb].
+    #[arg(long)]
+    pub proto_max_bulk_len: Option<String>,
+    /// Largest pending request per client, e.g. 1gb [default: 1gb].
+    #[arg(long)]
+    pub client_query_buffer_limit: Option<String>,
+    /// The heap file (created when absent) [default: ember.heap in the working
+    /// directory].
+    #[arg(long, value_name = "FILE")]
+    pub heap: Option<PathBuf>,
+    /// Size of a new heap, e.g. 1gb [default: 1gb].
+    #[arg(long)]
+    pub heap_size: Option<String>,
+    /// The heap grows online (doubling) up to this size [default: 64gb].
+    #[arg(long)]
+    pub heap_max_size: Option<String>,
+    /// Store engine: bullet (DRAM frontend + persistent logs + durable backend),
+    /// bullet-st|bullet-lfr|bullet-opt|bullet-dyn (the paper's ablation variants),
+    /// direct (durable hash table only), direct-phash, or volatile (DRAM only,
+    /// NOT durable: for comparison) [default: bullet].
+    #[arg(long)]
+    pub engine: Option<String>,
+    /// When a write is acknowledged: pmem (cache-line flush + fence into the
+    /// mapping; on an ordinary file this survives SIGKILL, not an OS crash) or
+    /// msync (power-safe on an ordinary file; one msync per batch of requests)
+    /// [default: pmem].
+    #[arg(long, value_name = "pmem|msync")]
+    pub durability: Option<String>,
+    /// Worker threads serving clients [default: number of CPUs].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Serve Prometheus metrics on 127.0.0.1:PORT/metrics [default: off].
+    #[arg(long)]
+    pub metrics_port: Option<u16>,
+    /// Bullet: number of persistent logs [default: 8].
+    #[arg(long)]
+    pub logs: Option<usize>,
+    /// Bullet: size of each log, e.g. 32mb (a value must fit in one) [default: 32mb].
+    #[arg(long)]
+    pub log_size: Option<String>,
+    /// Emulated extra latency per fence in ns (always reported in INFO) [default: 0].
+    #[arg(long)]
+    pub fence_ns: Option<u64>,
+    /// Pending connections the kernel queues for accept (capped by
+    /// net.core.somaxconn) [default: 511].
+    #[arg(long)]
+    pub tcp_backlog: Option<u32>,
+}
+
+/// The engine a heap is served with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineChoice {
+    Volatile,
+    Direct(engine::direct::BackendKind),
+    Bullet(engine::bullet::Variant),
+}
+
+impl EngineChoice {
+    pub fn parse(s: &str) -> Result<EngineChoice, String> {
+        use engine::bullet::Variant;
+        use engine::direct::BackendKind;
+        Ok(match s {
+            "volatile" => EngineChoice::Volatile,
+            "direct" | "direct-logfree" => EngineChoice::Direct(BackendKind::LogFree),
+            "direct-phash" => EngineChoice::Direct(BackendKind::PHash),
+            "bullet" | "bullet-full" => EngineChoice::Bullet(Variant::Full),
+            "bullet-st" => EngineChoice::Bullet(Variant::St),
+            "bullet-lfr" => EngineChoice::Bullet(Variant::Lfr),
+            "bullet-opt" => EngineChoice::Bullet(Variant::Opt),
+            "bullet-dyn" => EngineChoice::Bullet(Variant::Dyn),
+            _ => {
+                return Err(format!(
+                    "unknown engine '{s}' (expected bullet, bullet-st, bullet-lfr, bullet-opt, bullet-dyn, direct, direct-phash or volatile)"
+                ))
+            }
+        })
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            EngineChoice::Volatile => "volatile".into(),
+            EngineChoice::Direct(b) => match b {
+                engine::direct::BackendKind::LogFree => "direct".into(),
+                engine::direct::BackendKind::PHash => "direct-phash".into(),
+            },
+            EngineChoice::Bullet(v) => match v {
+                engine::bullet::Variant::Full => "bullet".into(),
+                v => v.name().to_string(),
+            },
+        }
+    }
+}
+
+/// When a write is acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DurabilityMode {
+    /// Flush + fence into the mapping (SIGKILL-safe on an ordinary file).
+    Pmem,
+    /// msync before the reply (power-safe on an ordinary file).
+    Msync,
+}
+
+impl DurabilityMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            DurabilityMode::Pmem => "pmem",
+            DurabilityMode::Msync => "msync",
+        }
+    }
+}
+
+/// The resolved configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub port: u16,
+    pub bind: Vec<String>,
+    pub requirepass: Option<String>,
+    pub maxclients: u64,
+    pub timeout: u64,
+    pub hz: u64,
+    pub protected_mode: bool,
+    pub databases: u64,
+    pub proto_max_bulk_len: u64,
+    pub client_query_buffer_limit: u64,
+    pub heap: PathBuf,
+    pub heap_size: u64,
+    pub heap_max_size: u64,
+    pub engine: EngineChoice,
+    pub durability: DurabilityMode,
+    pub threads: usize,
+    pub metrics_port: Option<u16>,
+    pub logs: usize,
+    pub log_size: u64,
+    pub fence_ns: u64,
+    pub tcp_backlog: u32,
+    /// Redis directives accepted with no effect here (name → value as given).
+    pub no_effect: BTreeMap<String, String>,
+    /// The file the configuration was read from.
+    pub config_file: Option<PathBuf>,
+}
+
+const MB: u64 = 1024 * 1024;
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            port: 6379,
+            bind: vec!["127.0.0.1".into()],
+            requirepass: None,
+            maxclients: 10_000,
+            timeout: 0,
+            hz: 10,
+            protected_mode: true,
+            databases: 16,
+            proto_max_bulk_len: 512 * MB,
+            client_query_buffer_limit: 1024 * MB,
+            heap: PathBuf::from("ember.heap"),
+            heap_size: 1024 * MB,
+            heap_max_size: 64 * 1024 * MB,
+            engine: EngineChoice::Bullet(engine::bullet::Variant::Full),
+            durability: DurabilityMode::Pmem,
+            threads: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2),
+            metrics_port: None,
+            logs: 8,
+            log_size: 32 * MB,
+            fence_ns: 0,
+            tcp_backlog: 511,
+            no_effect: BTreeMap::new(),
+            config_file: None,
+        }
+    }
+}
+
+/// Redis directives accepted with no effect: they tune Redis's own encodings,
+/// snapshots, AOF, or process management that Ember does differently (the heap
+/// is always the image; data types have one encoding each).
+pub const NO_EFFECT: &[&str] = &[
+    "save",
+    "appendonly",
+    "appendfsync",
+    "appendfilename",
+    "appenddirname",
+    "dbfilename",
+    "dir",
+    "rdbcompression",
+    "rdbchecksum",
+    "rdb-del-sync-files",
+    "stop-writes-on-bgsave-error",
+    "no-appendfsync-on-rewrite",
+    "auto-aof-rewrite-percentage",
+    "auto-aof-rewrite-min-size",
+    "aof-load-truncated",
+    "aof-use-rdb-preamble",
+    "aof-rewrite-incremental-fsync",
+    "aof-timestamp-enabled",
+    "rdb-save-incremental-fsync",
+    "list-max-ziplist-size",
+    "list-max-listpack-size",
+    "list-compress-depth",
+    "hash-max-ziplist-entries",
+    "hash-max-ziplist-value",
+    "hash-max-listpack-entries",
+    "hash-max-listpack-value",
+    "set-max-intset-entries",
+    "set-max-listpack-entries",
+    "set-max-listpack-value",
+    "zset-max-ziplist-entries",
+    "zset-max-ziplist-value",
+    "zset-max-listpack-entries",
+    "zset-max-listpack-value",
+    "stream-node-max-bytes",
+    "stream-node-max-entries",
+    "hll-sparse-max-bytes",
+    "activerehashing",
+    "activedefrag",
+    "lazyfree-lazy-eviction",
+    "lazyfree-lazy-expire",
+    "lazyfree-lazy-server-del",
+    "lazyfree-lazy-user-del",
+    "lazyfree-lazy-user-flush",
+    "replica-lazy-flush",
+    "dynamic-hz",
+    "daemonize",
+    "supervised",
+    "pidfile",
+    "loglevel",
+    "logfile",
+    "syslog-enabled",
+    "always-show-logo",
+    "set-proc-title",
+    "tcp-keepalive",
+    "io-threads",
+    "io-threads-do-reads",
+    "jemalloc-bg-thread",
+    "oom-score-adj",
+    "latency-tracking",
+];
+
+/// Parameters Ember honours (CONFIG GET shows them; `mutable` ones CONFIG SET
+/// changes at runtime).
+pub const HONOURED: &[(&str, bool)] = &[
+    ("port", false),
+    ("bind", false),
+    ("requirepass", true),
+    ("maxclients", true),
+    ("timeout", true),
+    ("hz", true),
+    ("protected-mode", true),
+    ("databases", false),
+    ("proto-max-bulk-len", true),
+    ("client-query-buffer-limit", true),
+    ("heap", false),
+    ("heap-size", false),
+    ("heap-max-size", false),
+    ("engine", false),
+    ("durability", false),
+    ("threads", false),
+    ("metrics-port", false),
+    ("logs", false),
+    ("log-size", false),
+    ("fence-ns", false),
+    ("tcp-backlog", false),
+];
+
+/// Parses a size the way Redis's `memtoll` does: `k`/`m`/`g` are powers of
+/// 1000, `kb`/`mb`/`gb` powers of 1024, case-insensitive.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let l = s.to_ascii_lowercase();
+    let (num, mul) = [
+        ("gb", 1u64 << 30),
+        ("mb", 1 << 20),
+        ("kb", 1 << 10),
+        ("g", 1_000_000_000),
+        ("m", 1_000_000),
+        ("k", 1_000),
+        ("b", 1),
+    ]
+    .iter()
+    .find_map(|(suf, m)| l.strip_suffix(suf).map(|n| (n, *m)))
+    .unwrap_or((&l, 1));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid size '{s}' (e.g. 1024, 100kb, 512mb, 2gb)"))?;
+    n.checked_mul(mul)
+        .ok_or_else(|| format!("size '{s}' is too large"))
+}
+
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        _ => Err(format!("argument must be 'yes' or 'no', got '{s}'")),
+    }
+}
+
+fn parse_u64(s: &str) -> Result<u64, String> {
+    s.parse()
+        .map_err(|_| format!("argument couldn't be parsed into an integer: '{s}'"))
+}
+
+impl Config {
+    /// Applies one directive (file line, flag, or CONFIG SET at startup-only
+    /// parameters). `args` are the directive's arguments.
+    pub fn apply(&mut self, name: &str, args: &[String]) -> Result<(), String> {
+        let name = name.to_ascii_lowercase();
+        let one = || -> Result<&str, String> {
+            match args {
+                [a] => Ok(a.as_str()),
+                _ => Err("wrong number of arguments".into()),
+            }
+        };
+        match name.as_str() {
+            "port" => {
+                self.port = one()?
+                    .parse()
+                    .map_err(|_| format!("invalid port '{}'", one().unwrap_or("")))?
+            }
+            "bind" => {
+                if args.is_empty() {
+                    return Err("wrong number of arguments".into());
+                }
+                self.bind = args
+                    .iter()
+                    .flat_map(|a| a.split_whitespace())
+                    .map(|a| a.trim_start_matches('-').to_string())
+                    .collect();
+            }
+            "requirepass" => {
+                let p = one()?;
+                self.requirepass = if p.is_empty() {
+                    None
+                } else {
+                    Some(p.to_string())
+                };
+            }
+            "maxclients" => {
+                let n = parse_u64(one()?)?;
+                if n == 0 {
+                    return Err("maxclients must be at least 1".into());
+                }
+                self.maxclients = n;
+            }
+            "timeout" => self.timeout = parse_u64(one()?)?,
+            "hz" => self.hz = parse_u64(one()?)?.clamp(1, 500),
+            "protected-mode" => self.protected_mode = parse_bool(one()?)?,
+            "databases" => {
+                let n = parse_u64(one()?)?;
+                if !(1..=256).contains(&n) {
+                    return Err("databases must be between 1 and 256".into());
+                }
+                self.databases = n;
+            }
+            "proto-max-bulk-len" => {
+                let n = parse_size(one()?)?;
+                if n < 1024 * 1024 {
+                    return Err("proto-max-bulk-len must be at least 1mb".into());
+                }
+                self.proto_max_bulk_len = n;
+            }
+            "client-query-buffer-limit" => {
+                let n = parse_size(one()?)?;
+                if n < 1024 * 1024 {
+                    return Err("client-query-buffer-limit must be at least 1mb".into());
+                }
+                self.client_query_buffer_limit = n;
+            }
+            "heap" => self.heap = PathBuf::from(one()?),
+            "heap-size" => self.heap_size = parse_size(one()?)?,
+            "heap-max-size" => self.heap_max_size = parse_size(one()?)?,
+            "engine" => self.engine = EngineChoice::parse(one()?)?,
+            "durability" => {
+                self.durability = match one()? {
+                    "pmem" => DurabilityMode::Pmem,
+                    "msync" => DurabilityMode::Msync,
+                    d => return Err(format!("unknown durability '{d}' (expected pmem or msync)")),
+                }
+            }
+            "threads" => {
+                let n = parse_u64(one()?)?;
+                if !(1..=64).contains(&n) {
+                    return Err("threads must be between 1 and 64".into());
+                }
+                self.threads = n as usize;
+            }
+            "metrics-port" => {
+                let p: u16 = one()?.parse().map_err(|_| "invalid port".to_string())?;
+                self.metrics_port = (p != 0).then_some(p);
+            }
+            "logs" => {
+                let n = parse_u64(one()?)?;
+                if !(2..=1024).contains(&n) {
+                    return Err("logs must be between 2 and 1024".into());
+                }
+                self.logs = n as usize;
+            }
+            "log-size" => self.log_size = parse_size(one()?)?,
+            "fence-ns" => self.fence_ns = parse_u64(one()?)?,
+            "tcp-backlog" => {
+                let n = parse_u64(one()?)?;
+                if !(1..=65535).contains(&n) {
+                    return Err("tcp-backlog must be between 1 and 65535".into());
+                }
+                self.tcp_backlog = n as u32;
+            }
+            n if NO_EFFECT.contains(&n) => {
+                self.no_effect.insert(n.to_string(), args.join(" "));
+            }
+            _ => return Err("Bad directive or wrong number of arguments".into()),
+        }
+        Ok(())
+    }
+
+    /// Reads a redis.conf-syntax file on top of `self`.
+    pub fn apply_file(&mut self, path: &std::path::Path) -> Result<(), String> {
+        let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        for (i, line) in text.split(|&b| b == b'\n').enumerate() {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let trimmed = line.trim_ascii();
+            if trimmed.is_empty() || trimmed[0] == b'#' {
+                continue;
+            }
+            let words = proto::split_args(trimmed).ok_or_else(|| {
+                format!(
+                    "{}:{}: unbalanced quotes in configuration line",
+                    path.display(),
+                    i + 1
+                )
+            })?;
+            let Some((name, rest)) = words.split_first() else {
+                continue;
+            };
+            let name = String::from_utf8_lossy(name).to_string();
+            let rest: Vec<String> = rest
+                .iter()
+                .map(|w| String::from_utf8_lossy(w).to_string())
+                .collect();
+            if name.eq_ignore_ascii_case("include") {
+                for f in &rest {
+                    self.apply_file(std::path::Path::new(f))?;
+                }
+                continue;
+            }
+            self.apply(&name, &rest).map_err(|e| {
+                format!(
+                    "{}:{}: '{}': {e}",
+                    path.display(),
+                    i + 1,
+                    String::from_utf8_lossy(trimmed)
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Defaults, then `--config`, then flags.
+    pub fn load(a: &ServeArgs) -> Result<Config, String> {
+        let mut c = Config::default();
+        if let Some(f) = &a.config {
+            c.apply_file(f)?;
+            c.config_file = Some(f.clone());
+        }
+        let mut set = |name: &str, v: Option<String>| -> Result<(), String> {
+            match v {
+                Some(v) => c
+                    .apply(name, std::slice::from_ref(&v))
+                    .map_err(|e| format!("--{name} {v}: {e}")),
+                None => Ok(()),
+            }
+        };
+        set("port", a.port.map(|v| v.to_string()))?;
+        set("bind", a.bind.clone())?;
+        set("requirepass", a.requirepass.clone())?;
+        set("maxclients", a.maxclients.map(|v| v.to_string()))?;
+        set("timeout", a.timeout.map(|v| v.to_string()))?;
+        set("hz", a.hz.map(|v| v.to_string()))?;
+        set("protected-mode", a.protected_mode.clone())?;
+        set("databases", a.databases.map(|v| v.to_string()))?;
+        set("proto-max-bulk-len", a.proto_max_bulk_len.clone())?;
+        set(
+            "client-query-buffer-limit",
+            a.client_query_buffer_limit.clone(),
+        )?;
+        set("heap", a.heap.as_ref().map(|p| p.display().to_string()))?;
+        set("heap-size", a.heap_size.clone())?;
+        set("heap-max-size", a.heap_max_size.clone())?;
+        set("engine", a.engine.clone())?;
+        set("durability", a.durability.clone())?;
+        set("threads", a.threads.map(|v| v.to_string()))?;
+        set("metrics-port", a.metrics_port.map(|v| v.to_string()))?;
+        set("logs", a.logs.map(|v| v.to_string()))?;
+        set("log-size", a.log_size.clone())?;
+        set("fence-ns", a.fence_ns.map(|v| v.to_string()))?;
+        set("tcp-backlog", a.tcp_backlog.map(|v| v.to_string()))?;
+        if c.heap_max_size < c.heap_size {
+            c.heap_max_size = c.heap_size;
+        }
+        Ok(c)
+    }
+
+    /// The value of an honoured parameter as CONFIG GET shows it.
+    pub fn get(&self, name: &str) -> Option<String> {
+        Some(match name {
+            "port" => self.port.to_string(),
+            "bind" => self.bind.join(" "),
+            "requirepass" => self.requirepass.clone().unwrap_or_default(),
+            "maxclients" => self.maxclients.to_string(),
+            "timeout" => self.timeout.to_string(),
+            "hz" => self.hz.to_string(),
+            "protected-mode" => if self.protected_mode { "yes" } else { "no" }.into(),
+            "databases" => self.databases.to_string(),
+            "proto-max-bulk-len" => self.proto_max_bulk_len.to_string(),
+            "client-query-buffer-limit" => self.client_query_buffer_limit.to_string(),
+            "heap" => self.heap.display().to_string(),
+            "heap-size" => self.heap_size.to_string(),
+            "heap-max-size" => self.heap_max_size.to_string(),
+            "engine" => self.engine.name(),
+            "durability" => self.durability.name().into(),
+            "threads" => self.threads.to_string(),
+            "metrics-port" => self.metrics_port.unwrap_or(0).to_string(),
+            "logs" => self.logs.to_string(),
+            "log-size" => self.log_size.to_string(),
+            "fence-ns" => self.fence_ns.to_string(),
+            "tcp-backlog" => self.tcp_backlog.to_string(),
+            n if NO_EFFECT.contains(&n) => self.no_effect.get(n).cloned().unwrap_or_default(),
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_like_redis() {
+        assert_eq!(parse_size("1024").unwrap(), 1024);
+        assert_eq!(parse_size("1k").unwrap(), 1000);
+        assert_eq!(parse_size("1kb").unwrap(), 1024);
+        assert_eq!(parse_size("2GB").unwrap(), 2 << 30);
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("99999999999gb").is_err());
+    }
+
+    #[test]
+    fn file_then_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("e.conf");
+        std::fs::write(
+            &f,
+            "# comment\nport 7000\nbind 127.0.0.1 ::1\nrequirepass \"p w\"\nsave 900 1\nappendonly yes\nengine direct\n",
+        )
+        .unwrap();
+        let a = ServeArgs {
+            config: Some(f.clone()),
+            port: Some(7001),
+            ..Default::default()
+        };
+        let c = Config::load(&a).unwrap();
+        assert_eq!(c.port, 7001);
+        assert_eq!(c.bind, ["127.0.0.1", "::1"]);
+        assert_eq!(c.requirepass.as_deref(), Some("p w"));
+        assert_eq!(c.get("save").unwrap(), "900 1");
+        assert_eq!(c.engine.name(), "direct");
+        std::fs::write(&f, "port 1\nbogus-directive 3\n").unwrap();
+        let e = Config::load(&a).unwrap_err();
+        assert!(e.contains(":2:") && e.contains("Bad directive"), "{e}");
+        std::fs::write(&f, "maxclients x\n").unwrap();
+        assert!(Config::load(&a).is_err());
+    }
+}

@@ -1,0 +1,284 @@
+//! INFO: Redis's sections and field names, plus an `ember` section.
+
+use crate::cmd::{Ctx, TABLE};
+use crate::server::Shared;
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+/// How writes are made durable, in words (logs, INFO).
+pub fn strategy_note(sh: &Shared) -> String {
+    match sh.store.heap() {
+        None => "no persistence: DRAM only, NOT durable".into(),
+        Some(h) => {
+            let s = h.region().strategy();
+            if s.power_safe_on_ordinary_file() {
+                format!("{}: power-safe on an ordinary file", s.name())
+            } else {
+                format!(
+                    "{}: survives SIGKILL, not an OS crash, on an ordinary file",
+                    s.name()
+                )
+            }
+        }
+    }
+}
+
+fn rusage() -> (f64, f64) {
+    // SAFETY: getrusage writes only into the struct we pass.
+    unsafe {
+        let mut r: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut r) != 0 {
+            return (0.0, 0.0);
+        }
+        let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+        (t(r.ru_stime), t(r.ru_utime))
+    }
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map(|p| p * 4096)
+        .unwrap_or(0)
+}
+
+fn human(n: u64) -> String {
+    let f = n as f64;
+    if f >= 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.2}G", f / (1024.0 * 1024.0 * 1024.0))
+    } else if f >= 1024.0 * 1024.0 {
+        format!("{:.2}M", f / (1024.0 * 1024.0))
+    } else if f >= 1024.0 {
+        format!("{:.2}K", f / 1024.0)
+    } else {
+        format!("{n}B")
+    }
+}
+
+const DEFAULT: &[&str] = &[
+    "server",
+    "clients",
+    "memory",
+    "persistence",
+    "stats",
+    "replication",
+    "cpu",
+    "cluster",
+    "keyspace",
+    "ember",
+];
+
+/// Renders the requested sections (none = Redis's default set plus `ember`).
+pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
+    let all = want.iter().any(|s| s == "all" || s == "everything");
+    let default = want.is_empty() || want.iter().any(|s| s == "default");
+    let on =
+        |name: &str| all || (default && DEFAULT.contains(&name)) || want.iter().any(|s| s == name);
+    let sh = ctx.sh;
+    let cfg = sh.cfg().clone();
+    let mut o = String::new();
+    let uptime = sh.started.elapsed().as_secs();
+    let tot = sh.stats.totals();
+    if on("server") {
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_micros();
+        let _ = write!(
+            o,
+            "# Server\r\nredis_version:{}\r\nember_version:{}\r\nredis_git_sha1:00000000\r\nredis_git_dirty:0\r\nredis_build_id:0\r\nredis_mode:standalone\r\nos:{} {}\r\narch_bits:64\r\nmultiplexing_api:epoll\r\nprocess_id:{}\r\nrun_id:{}\r\ntcp_port:{}\r\nserver_time_usec:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\nhz:{}\r\nexecutable:{}\r\nconfig_file:{}\r\nio_threads_active:{}\r\n\r\n",
+            crate::cmd::REDIS_COMPAT_VERSION,
+            env!("CARGO_PKG_VERSION"),
+            std::env::consts::OS,
+            std::env::consts::ARCH,
+            std::process::id(),
+            sh.run_id,
+            sh.tcp_port,
+            now_us,
+            uptime,
+            uptime / 86400,
+            cfg.hz,
+            std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
+            cfg.config_file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+            cfg.threads,
+        );
+    }
+    if on("clients") {
+        let _ = write!(
+            o,
+            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\ntracking_clients:0\r\n\r\n",
+            sh.connected.load(Ordering::Relaxed),
+            cfg.maxclients
+        );
+    }
+    let heap = sh.store.heap();
+    if on("memory") {
+        let rss = rss_bytes();
+        let used = heap
+            .map(|h| h.alloc_stats().chunks * h.region().geometry().chunk_size())
+            .unwrap_or(rss);
+        let _ = write!(
+            o,
+            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{}\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{}\r\nmaxmemory:0\r\nmaxmemory_human:0B\r\nmaxmemory_policy:noeviction\r\nmem_allocator:ember-heap\r\n\r\n",
+            human(used),
+            human(rss),
+        );
+    }
+    if on("persistence") {
+        let _ = write!(
+            o,
+            "# Persistence\r\nloading:0\r\nasync_loading:0\r\nrdb_changes_since_last_save:0\r\nrdb_bgsave_in_progress:0\r\nrdb_last_save_time:{}\r\nrdb_last_bgsave_status:ok\r\naof_enabled:0\r\naof_rewrite_in_progress:0\r\naof_last_write_status:ok\r\npersistence_model:{}\r\n\r\n",
+            ctx.now / 1000,
+            if heap.is_some() { "the heap is the image (every acknowledged write is in it)" } else { "none (volatile engine)" },
+        );
+    }
+    if on("stats") {
+        let _ = write!(
+            o,
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_error_replies:{}\r\n\r\n",
+            sh.stats.total_connections.load(Ordering::Relaxed),
+            tot.commands,
+            tot.net_in,
+            tot.net_out,
+            sh.stats.rejected.load(Ordering::Relaxed),
+            tot.expired_keys,
+            tot.hits,
+            tot.misses,
+            tot.errors,
+        );
+    }
+    if on("replication") {
+        let _ = write!(
+            o,
+            "# Replication\r\nrole:master\r\nconnected_slaves:0\r\nmaster_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_repl_offset:0\r\n\r\n",
+            sh.run_id
+        );
+    }
+    if on("cpu") {
+        let (sys, user) = rusage();
+        let _ = write!(
+            o,
+            "# CPU\r\nused_cpu_sys:{sys:.6}\r\nused_cpu_user:{user:.6}\r\n\r\n"
+        );
+    }
+    if on("commandstats") {
+        o.push_str("# Commandstats\r\n");
+        for (i, s) in TABLE.iter().enumerate() {
+            let (calls, usec, failed, rejected) = tot.per_cmd[i];
+            if calls + rejected == 0 {
+                continue;
+            }
+            let per = if calls > 0 {
+                usec as f64 / calls as f64
+            } else {
+                0.0
+            };
+            let _ = write!(
+                o,
+                "cmdstat_{}:calls={calls},usec={usec},usec_per_call={per:.2},rejected_calls={rejected},failed_calls={failed}\r\n",
+                s.name
+            );
+        }
+        o.push_str("\r\n");
+    }
+    if on("cluster") {
+        o.push_str("# Cluster\r\ncluster_enabled:0\r\n\r\n");
+    }
+    if on("keyspace") {
+        o.push_str("# Keyspace\r\n");
+        for (db, (keys, expires)) in count_all(ctx, cfg.databases as usize)?
+            .into_iter()
+            .enumerate()
+        {
+            if keys > 0 {
+                let _ = write!(o, "db{db}:keys={keys},expires={expires},avg_ttl=0\r\n");
+            }
+        }
+        o.push_str("\r\n");
+    }
+    if on("ember") {
+        let st = sh.store.stats();
+        let s = &sh.startup;
+        let _ = write!(
+            o,
+            "# Ember\r\nengine:{}\r\nengine_durable:{}\r\ndurability:{}\r\npersistence_strategy:{}\r\n",
+            sh.store.name(),
+            if heap.is_some() { "yes" } else { "no (volatile engine: for comparison only, nothing survives a restart)" },
+            if heap.is_some() { cfg.durability.name() } else { "none" },
+            strategy_note(sh),
+        );
+        if let Some(h) = heap {
+            let ps = h.region().persist_stats();
+            let used = h.alloc_stats().chunks * h.region().geometry().chunk_size();
+            let _ = write!(
+                o,
+                "fence_ns_emulated:{}\r\nheap_path:{}\r\nheap_size:{}\r\nheap_used:{used}\r\nheap_max_size:{}\r\nflushes:{}\r\nfences:{}\r\nmsyncs:{}\r\n",
+                h.region().fence_ns(),
+                cfg.heap.display(),
+                h.region().size(),
+                cfg.heap_max_size,
+                ps.flushes,
+                ps.fences,
+                ps.msyncs,
+            );
+        }
+        let _ = write!(
+            o,
+            "store_keys_estimate:{}\r\nfrontend_entries:{}\r\nlog_occupancy:{:.4}\r\ngleaners:{}\r\nrecords_appended:{}\r\nrecords_applied:{}\r\nrecords_collapsed:{}\r\nbackend_loads:{}\r\nlog_full_waits:{}\r\nepochs:{}\r\nlast_start_clean:{}\r\nlast_start_ms:{:.3}\r\nlast_start_log_records:{}\r\nlast_start_log_replayed:{}\r\nlast_start_leaked_freed:{}\r\nignored_config:{}\r\n\r\n",
+            st.keys,
+            st.frontend_entries,
+            st.log_occupancy,
+            st.gleaners,
+            st.records_appended,
+            st.records_applied,
+            st.records_collapsed,
+            st.backend_loads,
+            st.log_full_waits,
+            st.epochs,
+            if s.was_clean { 1 } else { 0 },
+            s.open_ms,
+            s.log_records,
+            s.log_replayed,
+            s.leaked_freed,
+            cfg.no_effect.keys().cloned().collect::<Vec<_>>().join(","),
+        );
+    }
+    if o.ends_with("\r\n\r\n") {
+        o.truncate(o.len() - 2);
+    }
+    Ok(o)
+}
+
+/// Keys and keys with a TTL per database (one full scan of the keyspace).
+fn count_all(ctx: &mut Ctx, dbs: usize) -> Result<Vec<(u64, u64)>, String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut counts = vec![(0u64, 0u64); dbs];
+    let mut cursor = 0;
+    let mut page = Vec::new();
+    loop {
+        page.clear();
+        cursor = ctx
+            .ks
+            .sess
+            .scan(cursor, 1024, &mut page)
+            .map_err(|e| crate::keyspace::store_error_text(&e))?;
+        for sk in page.drain(..) {
+            let Some(&db) = sk.first() else { continue };
+            if db as usize >= dbs || seen.contains(&sk) {
+                continue;
+            }
+            if let (Some(h), _) = ctx.ks.lookup_raw(&sk, ctx.now)? {
+                counts[db as usize].0 += 1;
+                if h.expire.is_some() {
+                    counts[db as usize].1 += 1;
+                }
+                seen.insert(sk);
+            }
+        }
+        if cursor == 0 {
+            break;
+        }
+    }
+    Ok(counts)
+}

@@ -1,0 +1,495 @@
+//! How Redis keys and values are laid out in a store, and the keyspace
+//! operations every command is built from.
+//!
+//! # Persistent format (stable: it is what the heap holds)
+//! - **store key** = database number (1 byte) ‖ the client's key.
+//! - **store value** = tag byte ‖ \[expiry\] ‖ payload. The tag's low 7 bits are
+//!   the type ([`KIND_STRING`] = 1; the data-type work adds more); bit 7 set
+//!   means an 8-byte little-endian expiry follows (absolute Unix time in ms).
+//!   A string's payload is its bytes.
+//!
+//! A TTL therefore lives in the same heap value as the data: it is written by
+//! the same durable operation and kept across restarts.
+//!
+//! # Atomicity
+//! Gets take no lock. Every command that writes takes the stripe locks of its
+//! keys (sorted, so multi-key commands cannot deadlock) around its
+//! read-modify-write, so commands on one key are linearizable as in Redis.
+//! Each store operation is durable on its own; a multi-key command (MSET,
+//! RENAME, FLUSHDB) is atomic for clients of this server but not across a
+//! crash: a crash in the middle leaves a prefix of its keys written.
+
+use engine::{Op, Session};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The string type.
+pub const KIND_STRING: u8 = 1;
+const EXPIRY_BIT: u8 = 0x80;
+
+/// Bytes a store value adds to the payload at most.
+pub const VALUE_OVERHEAD: usize = 9;
+
+/// Now, in Unix milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A decoded value header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub kind: u8,
+    /// Absolute expiry (Unix ms).
+    pub expire: Option<i64>,
+    /// Offset of the payload in the raw value.
+    pub off: usize,
+}
+
+/// Decodes a raw store value's header; `None` when it is not a value this
+/// version wrote (the caller reports corruption, never panics).
+pub fn decode(raw: &[u8]) -> Option<Header> {
+    let tag = *raw.first()?;
+    let kind = tag & !EXPIRY_BIT;
+    if kind != KIND_STRING {
+        return None;
+    }
+    if tag & EXPIRY_BIT != 0 {
+        let b: [u8; 8] = raw.get(1..9)?.try_into().ok()?;
+        Some(Header {
+            kind,
+            expire: Some(i64::from_le_bytes(b)),
+            off: 9,
+        })
+    } else {
+        Some(Header {
+            kind,
+            expire: None,
+            off: 1,
+        })
+    }
+}
+
+/// Encodes a value into `out` (cleared first).
+pub fn encode(kind: u8, expire: Option<i64>, payload: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(payload.len() + VALUE_OVERHEAD);
+    match expire {
+        Some(t) => {
+            out.push(kind | EXPIRY_BIT);
+            out.extend_from_slice(&t.to_le_bytes());
+        }
+        None => out.push(kind),
+    }
+    out.extend_from_slice(payload);
+}
+
+/// The Redis type name of a kind.
+pub fn type_name(kind: u8) -> &'static str {
+    match kind {
+        KIND_STRING => "string",
+        _ => "unknown",
+    }
+}
+
+/// Why a keyspace operation failed: each maps to one reply.
+#[derive(Debug)]
+pub enum KsError {
+    /// A value in the heap that this version cannot read.
+    Corrupt,
+    Store(engine::Error),
+}
+
+impl From<engine::Error> for KsError {
+    fn from(e: engine::Error) -> Self {
+        KsError::Store(e)
+    }
+}
+
+impl KsError {
+    /// The error reply (without the leading `-`).
+    pub fn reply_text(&self) -> String {
+        match self {
+            KsError::Corrupt => "ERR corrupt value in the heap (run `ember check`)".into(),
+            KsError::Store(e) => store_error_text(e),
+        }
+    }
+}
+
+/// Maps a store error to Redis's wording where Redis has one.
+pub fn store_error_text(e: &engine::Error) -> String {
+    use engine::Error as E;
+    fn heap_full(e: &pmem::Error) -> bool {
+        matches!(e, pmem::Error::HeapFull { .. } | pmem::Error::TooLarge(_))
+    }
+    match e {
+        E::Heap(h) | E::Index(index::Error::Heap(h)) if heap_full(h) => {
+            format!("OOM command not allowed when the heap is full ({h})")
+        }
+        E::KeyTooLarge(n) | E::Index(index::Error::KeyTooLarge(n)) => format!(
+            "ERR key of {n} bytes is too large (Ember's limit is {} bytes)",
+            index::MAX_KEY - 1
+        ),
+        E::ValueTooLarge(_) | E::Index(index::Error::ValueTooLarge(_)) => {
+            "ERR string exceeds maximum allowed size (proto-max-bulk-len)".into()
+        }
+        E::RecordTooLarge(n, l) => format!(
+            "ERR write of {n} bytes does not fit in a persistent log of {l} bytes (raise --log-size)"
+        ),
+        E::NotInteger => "ERR value is not an integer or out of range".into(),
+        E::Overflow => "ERR increment or decrement would overflow".into(),
+        e => format!("ERR internal error: {e}"),
+    }
+}
+
+pub type KsResult<T> = Result<T, KsError>;
+
+/// Stripe locks serialising writers of the same key.
+pub struct Stripes {
+    locks: Vec<Mutex<()>>,
+}
+
+impl Stripes {
+    pub fn new(n: usize) -> Stripes {
+        Stripes {
+            locks: (0..n.next_power_of_two()).map(|_| Mutex::new(())).collect(),
+        }
+    }
+
+    fn index(&self, skey: &[u8]) -> usize {
+        (engine::key_hash(skey) as usize) & (self.locks.len() - 1)
+    }
+
+    /// Locks the stripes of every key (deduplicated, in index order).
+    pub fn lock_many<'a>(&'a self, skeys: &[&[u8]]) -> Vec<MutexGuard<'a, ()>> {
+        let mut ix: Vec<usize> = skeys.iter().map(|k| self.index(k)).collect();
+        ix.sort_unstable();
+        ix.dedup();
+        ix.into_iter()
+            .map(|i| self.locks[i].lock().unwrap_or_else(|p| p.into_inner()))
+            .collect()
+    }
+
+    pub fn lock(&self, skey: &[u8]) -> MutexGuard<'_, ()> {
+        self.locks[self.index(skey)]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The store key of `key` in database `db`.
+pub fn skey(db: u8, key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.push(db);
+    k.extend_from_slice(key);
+    k
+}
+
+/// One worker's door into the keyspace: its store session and scratch buffers.
+pub struct Keyspace {
+    pub sess: Box<dyn Session>,
+    /// The raw value of the last lookup.
+    pub raw: Vec<u8>,
+    kbuf: Vec<u8>,
+    enc: Vec<u8>,
+    /// Keys deleted because they had expired (INFO `expired_keys`).
+    pub expired: u64,
+}
+
+/// A live value found by [`Keyspace::lookup`]; the payload is
+/// `ks.raw[h.off..]`.
+pub type Found = Option<Header>;
+
+impl Keyspace {
+    pub fn new(sess: Box<dyn Session>) -> Keyspace {
+        Keyspace {
+            sess,
+            raw: Vec::new(),
+            kbuf: Vec::new(),
+            enc: Vec::new(),
+            expired: 0,
+        }
+    }
+
+    fn set_key(&mut self, db: u8, key: &[u8]) {
+        self.kbuf.clear();
+        self.kbuf.push(db);
+        self.kbuf.extend_from_slice(key);
+    }
+
+    /// Reads `key` into `self.raw`; an expired key is absent (and is deleted when
+    /// `delete_expired`: the caller must then hold the key's stripe lock).
+    pub fn lookup_raw(&mut self, skey: &[u8], now: i64) -> KsResult<(Found, bool)> {
+        if !self.sess.get(skey, &mut self.raw)? {
+            return Ok((None, false));
+        }
+        let h = decode(&self.raw).ok_or(KsError::Corrupt)?;
+        if let Some(t) = h.expire {
+            if t <= now {
+                return Ok((None, true));
+            }
+        }
+        Ok((Some(h), false))
+    }
+
+    /// Looks `key` up for a reader (no lock held). An expired key found here is
+    /// deleted under its stripe lock, after checking again.
+    pub fn get(&mut self, stripes: &Stripes, db: u8, key: &[u8], now: i64) -> KsResult<Found> {
+        self.set_key(db, key);
+        let sk = std::mem::take(&mut self.kbuf);
+        let r = self.get_sk(stripes, &sk, now);
+        self.kbuf = sk;
+        r
+    }
+
+    fn get_sk(&mut self, stripes: &Stripes, sk: &[u8], now: i64) -> KsResult<Found> {
+        let (f, expired) = self.lookup_raw(sk, now)?;
+        if expired {
+            let _g = stripes.lock(sk);
+            return self.lookup_locked(sk, now);
+        }
+        Ok(f)
+    }
+
+    /// Looks up with the stripe lock held: an expired key is removed.
+    pub fn lookup_locked(&mut self, skey: &[u8], now: i64) -> KsResult<Found> {
+        let (f, expired) = self.lookup_raw(skey, now)?;
+        if expired {
+            self.sess.apply(skey, Op::Remove)?;
+            self.expired += 1;
+        }
+        Ok(f)
+    }
+
+    /// Writes a value (stripe lock held by the caller).
+    pub fn put(
+        &mut self,
+        skey: &[u8],
+        kind: u8,
+        expire: Option<i64>,
+        payload: &[u8],
+    ) -> KsResult<()> {
+        let mut enc = std::mem::take(&mut self.enc);
+        encode(kind, expire, payload, &mut enc);
+        let r = self.sess.apply(skey, Op::Put(&enc));
+        self.enc = enc;
+        r?;
+        Ok(())
+    }
+
+    /// Deletes (stripe lock held by the caller); true when it was live.
+    pub fn delete(&mut self, skey: &[u8], now: i64) -> KsResult<bool> {
+        let (f, expired) = self.lookup_raw(skey, now)?;
+        if f.is_none() && !expired {
+            return Ok(false);
+        }
+        self.sess.apply(skey, Op::Remove)?;
+        if expired {
+            self.expired += 1;
+        }
+        Ok(f.is_some())
+    }
+
+    /// Makes every write of this worker's batch durable (group commit; see
+    /// `Session::commit`).
+    pub fn commit(&mut self) -> KsResult<()> {
+        self.sess.commit()?;
+        Ok(())
+    }
+
+    /// One page of a keyspace scan over every database: keys of `db` (prefix
+    /// stripped), deduplicated within the page, not checked for liveness.
+    pub fn scan_page(
+        &mut self,
+        db: u8,
+        cursor: u64,
+        count: usize,
+        out: &mut Vec<Vec<u8>>,
+    ) -> KsResult<u64> {
+        let mut raw = Vec::new();
+        let next = self.sess.scan(cursor, count, &mut raw)?;
+        raw.sort_unstable();
+        raw.dedup();
+        out.extend(
+            raw.into_iter()
+                .filter(|k| k.first() == Some(&db))
+                .map(|mut k| {
+                    k.remove(0);
+                    k
+                }),
+        );
+        Ok(next)
+    }
+}
+
+/// Redis's glob matching (`stringmatchlen`): `*`, `?`, `[abc]`, `[^a]`,
+/// `[a-z]`, and `\` escapes; `nocase` folds ASCII case. Redis's quirks are
+/// kept: an empty string matches only the empty pattern (so `**` does not
+/// match the key ""; KEYS and SCAN treat the pattern `*` apart), and range
+/// ends compare as C `char`s, which are signed.
+pub fn glob_match(pat: &[u8], s: &[u8], nocase: bool) -> bool {
+    if s.is_empty() {
+        return pat.is_empty();
+    }
+    glob_rec(pat, s, nocase, 0)
+}
+
+fn glob_rec(mut p: &[u8], mut s: &[u8], nocase: bool, depth: u32) -> bool {
+    // Redis caps nesting to avoid stack exhaustion on patterns like "*****...".
+    if depth > 1000 {
+        return false;
+    }
+    let eq = |a: u8, b: u8| {
+        if nocase {
+            a.eq_ignore_ascii_case(&b)
+        } else {
+            a == b
+        }
+    };
+    while !p.is_empty() && !s.is_empty() {
+        match p[0] {
+            b'*' => {
+                while p.len() > 1 && p[1] == b'*' {
+                    p = &p[1..];
+                }
+                if p.len() == 1 {
+                    return true;
+                }
+                for i in 0..s.len() {
+                    if glob_rec(&p[1..], &s[i..], nocase, depth + 1) {
+                        return true;
+                    }
+                }
+                return false;
+            }
+            b'?' => {
+                s = &s[1..];
+            }
+            b'[' => {
+                p = &p[1..];
+                let not = p.first() == Some(&b'^');
+                if not {
+                    p = &p[1..];
+                }
+                let mut matched = false;
+                loop {
+                    if p.is_empty() {
+                        // Unterminated class: Redis treats the end as closing it.
+                        break;
+                    }
+                    if p[0] == b'\\' && p.len() >= 2 {
+                        p = &p[1..];
+                        if eq(p[0], s[0]) {
+                            matched = true;
+                        }
+                    } else if p[0] == b']' {
+                        break;
+                    } else if p.len() >= 3 && p[1] == b'-' {
+                        // C chars: bytes >= 0x80 are negative.
+                        let (mut a, mut b) = (p[0] as i8, p[2] as i8);
+                        if a > b {
+                            std::mem::swap(&mut a, &mut b);
+                        }
+                        let c = s[0] as i8;
+                        let low = |x: i8| (x as u8).to_ascii_lowercase() as i8;
+                        let (a2, b2, c2) = if nocase {
+                            (low(a), low(b), low(c))
+                        } else {
+                            (a, b, c)
+                        };
+                        if c2 >= a2 && c2 <= b2 {
+                            matched = true;
+                        }
+                        p = &p[2..];
+                    } else if eq(p[0], s[0]) {
+                        matched = true;
+                    }
+                    p = &p[1..];
+                }
+                if not {
+                    matched = !matched;
+                }
+                if !matched {
+                    return false;
+                }
+                s = &s[1..];
+                if p.is_empty() {
+                    // Pattern ended inside the class.
+                    return s.is_empty();
+                }
+            }
+            b'\\' if p.len() >= 2 => {
+                p = &p[1..];
+                if !eq(p[0], s[0]) {
+                    return false;
+                }
+                s = &s[1..];
+            }
+            c => {
+                if !eq(c, s[0]) {
+                    return false;
+                }
+                s = &s[1..];
+            }
+        }
+        p = &p[1..];
+    }
+    if s.is_empty() {
+        while p.first() == Some(&b'*') {
+            p = &p[1..];
+        }
+    }
+    p.is_empty() && s.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip() {
+        let mut out = Vec::new();
+        encode(KIND_STRING, None, b"abc", &mut out);
+        let h = decode(&out).unwrap();
+        assert_eq!((h.kind, h.expire, &out[h.off..]), (1, None, &b"abc"[..]));
+        encode(KIND_STRING, Some(-5), b"", &mut out);
+        let h = decode(&out).unwrap();
+        assert_eq!((h.expire, out.len()), (Some(-5), 9));
+        assert!(decode(b"").is_none());
+        assert!(decode(&[0x81, 1, 2]).is_none());
+        assert!(decode(&[7, 1]).is_none());
+    }
+
+    #[test]
+    fn globs_like_redis() {
+        let m = |p: &str, s: &str| glob_match(p.as_bytes(), s.as_bytes(), false);
+        assert!(m("*", "abc"));
+        assert!(m("a*c", "abbbc"));
+        assert!(!m("a*c", "abbb"));
+        assert!(m("h?llo", "hello"));
+        assert!(!m("h?llo", "hllo"));
+        assert!(m("h[ae]llo", "hallo"));
+        assert!(!m("h[ae]llo", "hillo"));
+        assert!(m("h[^e]llo", "hallo"));
+        assert!(!m("h[^e]llo", "hello"));
+        assert!(m("h[a-b]llo", "hbllo"));
+        assert!(m("h[b-a]llo", "hallo"));
+        assert!(m("a\\*b", "a*b"));
+        assert!(!m("a\\*b", "axb"));
+        assert!(m("key:*:x", "key:12:x"));
+        assert!(glob_match(b"HeLLo", b"hello", true));
+        assert!(!m("abc", "abcd"));
+        assert!(m("a**", "a"));
+        assert!(!m("**", ""));
+        assert!(!m("*", ""));
+        assert!(m("", ""));
+        assert!(!glob_match(b"[a-\xff]", b"\x80", false));
+        assert!(glob_match(b"[\x80-a]", b"\xff", false));
+        assert!(!m(
+            &"*".repeat(2000).replace("**", "*a"),
+            "b".repeat(10).as_str()
+        ));
+    }
+}

@@ -1,0 +1,33 @@
+//! # server — `ember serve`
+//!
+//! A Redis-protocol server on Ember's persistent stores: RESP2/RESP3 over TCP
+//! (the [`proto`] codec), strings, counters, keyspace and expiry commands, the
+//! server commands tools need (INFO, CONFIG, COMMAND, CLIENT), a Prometheus
+//! endpoint, and instant restart: opening an existing heap runs the store's
+//! recovery (milliseconds; Bullet also replays its unapplied log records into
+//! DRAM) and no pass over the keys.
+//!
+//! - [`config`]: flags, redis.conf-syntax file, CONFIG parameters.
+//! - [`store`]: opens the configured store on the heap file.
+//! - [`keyspace`]: the persistent key/value format (database byte, type tag,
+//!   expiry) and the operations commands are built from.
+//! - [`server`]: acceptor, worker event loops, shutdown.
+//! - [`cmd`]: the command table and handlers.
+//! - [`info`], [`metrics`], [`stats`]: observability.
+
+pub mod cmd;
+pub mod config;
+pub mod info;
+pub mod keyspace;
+pub mod metrics;
+pub mod server;
+pub mod stats;
+pub mod store;
+
+pub use config::{Config, ServeArgs};
+
+/// `ember serve`: loads the configuration and serves until shut down.
+pub fn serve(args: &ServeArgs) -> Result<(), String> {
+    let cfg = Config::load(args)?;
+    server::run(cfg)
+}

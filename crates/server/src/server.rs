@@ -1,0 +1,1356 @@
+//! Networking: one acceptor thread, N worker threads each running a mio event
+//! loop over its own connections with its own store session, and shutdown.
+//!
+//! # A batch
+//! A worker wakes with a set of ready connections. For each it reads what the
+//! socket has, parses every complete request and executes it; replies go to the
+//! connection's output buffer. Every write is durable before its command
+//! returns (the store's apply persists it), so by the time the worker writes
+//! the output buffers at the end of the batch, everything they acknowledge is
+//! durable. Then it runs the session's maintenance (Bullet's gleaning role) and
+//! periodic tasks (active expiry on worker 0, idle timeouts).
+
+use crate::cmd::{self, Ctx};
+use crate::config::Config;
+use crate::keyspace::{Keyspace, Stripes};
+use crate::stats::{Stats, WorkerStats};
+use crate::store::{AnyStore, Startup};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use proto::{Limits, Parsed, Reply, Version};
+use std::collections::{BTreeMap, HashMap};
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+const WAKER: Token = Token(0);
+/// An accepted connection on its way from the acceptor to a worker.
+type NewConn = (std::net::TcpStream, SocketAddr);
+/// Output buffered for one client before the worker stops executing its
+/// pipelined requests until the socket drains.
+const OUT_HIGH_WATER: usize = 64 << 20;
+/// Bytes read from one socket per batch before moving to the next client.
+const READ_BUDGET: usize = 1 << 20;
+/// One socket read: into the worker's scratch buffer, then appended to the
+/// client's query buffer. An idle client holds no query buffer at all.
+const READ_CHUNK: usize = 64 * 1024;
+/// Buffers larger than this are freed, not kept, once empty: ten thousand idle
+/// clients must not hold what their busiest moment needed.
+const KEEP_BUF: usize = 16 * 1024;
+/// File descriptors kept beyond maxclients (listeners, heap, logs, metrics).
+const RESERVED_FDS: u64 = 64;
+/// Redis 7's limits for a client that has not authenticated yet (when a
+/// password is required): `*` counts above 10 and `$` lengths above 16384 are
+/// refused, so that an anonymous peer cannot make the server buffer much.
+const UNAUTH_MAX_MULTIBULK: usize = 10;
+const UNAUTH_MAX_BULK: usize = 16384;
+
+/// What every thread shares.
+pub struct Shared {
+    pub cfg: RwLock<Config>,
+    /// Bumped by CONFIG SET so workers reload their cached settings.
+    pub cfg_epoch: AtomicU64,
+    pub store: AnyStore,
+    pub startup: Startup,
+    pub stripes: Stripes,
+    pub shutdown: AtomicBool,
+    pub clients: Mutex<BTreeMap<u64, Arc<ClientMeta>>>,
+    pub next_client_id: AtomicU64,
+    pub connected: AtomicU64,
+    pub stats: Stats,
+    pub started: Instant,
+    pub run_id: String,
+    pub tcp_port: u16,
+}
+
+impl Shared {
+    pub fn cfg(&self) -> std::sync::RwLockReadGuard<'_, Config> {
+        self.cfg.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A client as other threads see it (CLIENT LIST, INFO clients).
+pub struct ClientMeta {
+    pub id: u64,
+    pub addr: String,
+    pub laddr: String,
+    pub fd: i32,
+    pub created: Instant,
+    pub name: Mutex<String>,
+    pub lib_name: Mutex<String>,
+    pub lib_ver: Mutex<String>,
+    pub db: AtomicU8,
+    pub resp: AtomicU8,
+    /// Milliseconds since `created` of the last command.
+    pub last_ms: AtomicU64,
+    /// Index of the last command in the command table (+1; 0 = none).
+    pub last_cmd: AtomicU64,
+}
+
+impl ClientMeta {
+    /// One line of CLIENT LIST / CLIENT INFO (Redis's field order).
+    pub fn line(&self) -> String {
+        let age = self.created.elapsed();
+        let idle = age
+            .as_millis()
+            .saturating_sub(self.last_ms.load(Ordering::Relaxed) as u128)
+            / 1000;
+        let cmd = match self.last_cmd.load(Ordering::Relaxed) {
+            0 => "NULL".to_string(),
+            i => cmd::TABLE
+                .get(i as usize - 1)
+                .map(|c| c.name.to_string())
+                .unwrap_or_default(),
+        };
+        format!(
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags=N db={} sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user=default redir=-1 resp={} lib-name={} lib-ver={}",
+            self.id,
+            self.addr,
+            self.laddr,
+            self.fd,
+            self.name.lock().unwrap_or_else(|p| p.into_inner()),
+            age.as_secs(),
+            idle,
+            self.db.load(Ordering::Relaxed),
+            cmd,
+            self.resp.load(Ordering::Relaxed),
+            self.lib_name.lock().unwrap_or_else(|p| p.into_inner()),
+            self.lib_ver.lock().unwrap_or_else(|p| p.into_inner()),
+        )
+    }
+}
+
+/// One connection, owned by its worker.
+pub struct Client {
+    pub id: u64,
+    sock: TcpStream,
+    inbuf: Vec<u8>,
+    inpos: usize,
+    pub out: Vec<u8>,
+    outpos: usize,
+    pub db: u8,
+    pub resp: Version,
+    pub authed: bool,
+    /// Close once the output is written (QUIT, protocol error).
+    pub close_after: bool,
+    /// Close now, without writing (query buffer limit).
+    kill: bool,
+    /// The peer shut down its side: run what is buffered, answer, then close.
+    eof: bool,
+    /// Stopped at the output high water with input left; resumes (through
+    /// `pending`) once a flush brings the output below it.
+    stalled: bool,
+    /// Progress through a pending multibulk request (see [`Resume`]).
+    resume: Resume,
+    pub meta: Arc<ClientMeta>,
+    last_active: Instant,
+    want_write: bool,
+}
+
+impl Client {
+    pub fn reply(&mut self, r: &Reply) {
+        r.encode(self.resp, &mut self.out);
+    }
+    pub fn ok(&mut self) {
+        self.out.extend_from_slice(b"+OK\r\n");
+    }
+    pub fn simple(&mut self, s: &str) {
+        self.reply(&Reply::Simple(s.into()));
+    }
+    pub fn err(&mut self, s: &str) {
+        self.reply(&Reply::Error(s.into()));
+    }
+    pub fn int(&mut self, n: i64) {
+        self.out.push(b':');
+        self.out.extend_from_slice(n.to_string().as_bytes());
+        self.out.extend_from_slice(b"\r\n");
+    }
+    pub fn bulk(&mut self, b: &[u8]) {
+        self.out.push(b'$');
+        self.out.extend_from_slice(b.len().to_string().as_bytes());
+        self.out.extend_from_slice(b"\r\n");
+        self.out.extend_from_slice(b);
+        self.out.extend_from_slice(b"\r\n");
+    }
+    pub fn null(&mut self) {
+        self.reply(&Reply::Null);
+    }
+    pub fn array_header(&mut self, n: usize) {
+        self.out.push(b'*');
+        self.out.extend_from_slice(n.to_string().as_bytes());
+        self.out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// A worker's cached copy of the settings it checks per request.
+struct Settings {
+    epoch: u64,
+    limits: Limits,
+    /// `limits` tightened for clients that still have to authenticate.
+    unauth_limits: Limits,
+    requirepass: Option<String>,
+    timeout: u64,
+    hz: u64,
+}
+
+impl Settings {
+    fn load(sh: &Shared) -> Settings {
+        let epoch = sh.cfg_epoch.load(Ordering::Acquire);
+        let c = sh.cfg();
+        let limits = Limits {
+            max_bulk_len: c.proto_max_bulk_len as usize,
+            max_query_buffer: c.client_query_buffer_limit as usize,
+            ..Limits::default()
+        };
+        Settings {
+            epoch,
+            limits,
+            unauth_limits: Limits {
+                max_multibulk_len: UNAUTH_MAX_MULTIBULK,
+                max_bulk_len: UNAUTH_MAX_BULK.min(limits.max_bulk_len),
+                ..limits
+            },
+            requirepass: c.requirepass.clone(),
+            timeout: c.timeout,
+            hz: c.hz,
+        }
+    }
+}
+
+struct Worker {
+    id: usize,
+    sh: Arc<Shared>,
+    poll: Poll,
+    rx: Receiver<NewConn>,
+    clients: HashMap<Token, Client>,
+    next_token: usize,
+    ks: Keyspace,
+    ws: Arc<WorkerStats>,
+    settings: Settings,
+    /// Active expiry: the scan cursor of the running pass.
+    expire_cursor: u64,
+    /// Clients with input left unprocessed (read budget, or output that fell
+    /// back below the high water).
+    pending: Vec<Token>,
+    /// Scratch buffer every socket read goes through.
+    rbuf: Vec<u8>,
+}
+
+impl Worker {
+    fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        let mut last_tick = Instant::now();
+        let mut busy_maint = false;
+        let mut ready: Vec<Token> = Vec::new();
+        while !self.sh.shutdown.load(Ordering::Acquire) {
+            let period = Duration::from_millis(1000 / self.settings.hz.max(1));
+            let timeout = if busy_maint || !self.pending.is_empty() {
+                Duration::ZERO
+            } else {
+                period
+            };
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != ErrorKind::Interrupted {
+                    eprintln!("ember: worker {} poll failed: {e}", self.id);
+                    break;
+                }
+            }
+            self.reload_settings();
+            self.adopt_new();
+            ready.clear();
+            ready.append(&mut self.pending);
+            for ev in events.iter() {
+                if ev.token() == WAKER {
+                    continue;
+                }
+                ready.push(ev.token());
+            }
+            ready.sort_unstable();
+            ready.dedup();
+            for &t in &ready {
+                self.serve(t);
+            }
+            // Group commit: in msync mode the batch's log appends become durable
+            // here, with one msync, before any reply of the batch is written.
+            if let Err(e) = self.ks.commit() {
+                eprintln!(
+                    "ember: commit failed, closing the batch's clients unacknowledged: {}",
+                    e.reply_text()
+                );
+                for &t in &ready {
+                    if let Some(c) = self.clients.get_mut(&t) {
+                        c.kill = true;
+                    }
+                }
+            }
+            for &t in &ready {
+                self.flush(t);
+            }
+            busy_maint = match self.ks.sess.maintain() {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("ember: background store work failed: {e}");
+                    false
+                }
+            };
+            if last_tick.elapsed() >= period {
+                last_tick = Instant::now();
+                self.tick();
+            }
+        }
+        // Shutdown: close every connection of this worker.
+        let tokens: Vec<Token> = self.clients.keys().copied().collect();
+        for t in tokens {
+            self.flush(t);
+            self.drop_client(t);
+        }
+    }
+
+    /// Picks up CONFIG SET changes. When the password is removed, clients
+    /// that had not authenticated no longer need to (Redis: the default user
+    /// becomes `nopass`).
+    fn reload_settings(&mut self) {
+        if self.sh.cfg_epoch.load(Ordering::Acquire) == self.settings.epoch {
+            return;
+        }
+        self.settings = Settings::load(&self.sh);
+        if self.settings.requirepass.is_none() {
+            for c in self.clients.values_mut() {
+                c.authed = true;
+            }
+        }
+    }
+
+    fn adopt_new(&mut self) {
+        while let Ok((s, peer)) = self.rx.try_recv() {
+            let _ = s.set_nodelay(true);
+            let laddr = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            let fd = {
+                use std::os::fd::AsRawFd;
+                s.as_raw_fd()
+            };
+            let mut sock = TcpStream::from_std(s);
+            self.next_token += 1;
+            let token = Token(self.next_token);
+            if self
+                .poll
+                .registry()
+                .register(&mut sock, token, Interest::READABLE)
+                .is_err()
+            {
+                self.sh.connected.fetch_sub(1, Ordering::AcqRel);
+                continue;
+            }
+            let id = self.sh.next_client_id.fetch_add(1, Ordering::Relaxed);
+            let meta = Arc::new(ClientMeta {
+                id,
+                addr: peer.to_string(),
+                laddr,
+                fd,
+                created: Instant::now(),
+                name: Mutex::new(String::new()),
+                lib_name: Mutex::new(String::new()),
+                lib_ver: Mutex::new(String::new()),
+                db: AtomicU8::new(0),
+                resp: AtomicU8::new(2),
+                last_ms: AtomicU64::new(0),
+                last_cmd: AtomicU64::new(0),
+            });
+            self.sh
+                .clients
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, meta.clone());
+            let authed = self.settings.requirepass.is_none();
+            self.clients.insert(
+                token,
+                Client {
+                    id,
+                    sock,
+                    inbuf: Vec::new(),
+                    inpos: 0,
+                    out: Vec::new(),
+                    outpos: 0,
+                    db: 0,
+                    resp: Version::Resp2,
+                    authed,
+                    close_after: false,
+                    kill: false,
+                    eof: false,
+                    stalled: false,
+                    resume: Resume::default(),
+                    meta,
+                    last_active: Instant::now(),
+                    want_write: false,
+                },
+            );
+            // Data may have arrived before registration: look once.
+            self.pending.push(token);
+        }
+    }
+
+    /// Reads what the socket has and executes every complete request.
+    fn serve(&mut self, t: Token) {
+        let Some(mut c) = self.clients.remove(&t) else {
+            return;
+        };
+        if !c.close_after && !c.kill {
+            self.read_and_run(&mut c, t);
+        }
+        self.clients.insert(t, c);
+    }
+
+    fn read_and_run(&mut self, c: &mut Client, t: Token) {
+        // Execute what is already buffered first (a client left pending).
+        c.stalled = false;
+        let mut read_total = 0usize;
+        loop {
+            if !self.run_requests(c) {
+                // Output high water: stop reading and executing until a flush
+                // drains the output (the WRITABLE event brings the client
+                // back; see `flush`). Nothing spins meanwhile.
+                c.stalled = true;
+                return;
+            }
+            if c.close_after || c.kill {
+                break;
+            }
+            if c.eof {
+                // Every complete request has run; what is left is a truncated
+                // request nobody will finish. Answer, then close.
+                c.close_after = true;
+                break;
+            }
+            if read_total >= READ_BUDGET {
+                self.pending.push(t);
+                return;
+            }
+            if c.inbuf.len() - c.inpos > self.settings.limits.max_query_buffer {
+                self.query_buffer_limit(c);
+                break;
+            }
+            match c.sock.read(&mut self.rbuf) {
+                Ok(0) => c.eof = true,
+                Ok(n) => {
+                    c.inbuf.extend_from_slice(&self.rbuf[..n]);
+                    read_total += n;
+                    self.ws.net_in.fetch_add(n as u64, Ordering::Relaxed);
+                    c.last_active = Instant::now();
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => {
+                    c.kill = true;
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Redis closes such a client without a reply, and logs it.
+    fn query_buffer_limit(&mut self, c: &mut Client) {
+        eprintln!(
+            "ember: closing client id={} addr={} that reached the query buffer limit ({} bytes pending, client-query-buffer-limit {})",
+            c.id,
+            c.meta.addr,
+            c.inbuf.len() - c.inpos,
+            self.settings.limits.max_query_buffer
+        );
+        c.kill = true;
+        c.inbuf = Vec::new();
+        c.inpos = 0;
+        c.resume = Resume::default();
+    }
+
+    /// Runs buffered requests; false when stopped at the output high water.
+    fn run_requests(&mut self, c: &mut Client) -> bool {
+        loop {
+            if c.close_after || c.kill {
+                return true;
+            }
+            if c.out.len() - c.outpos > OUT_HIGH_WATER {
+                return false;
+            }
+            if c.inpos == c.inbuf.len() {
+                if c.inbuf.capacity() > KEEP_BUF {
+                    c.inbuf = Vec::new();
+                } else {
+                    c.inbuf.clear();
+                }
+                c.inpos = 0;
+                return true;
+            }
+            let limits = if c.authed {
+                &self.settings.limits
+            } else {
+                &self.settings.unauth_limits
+            };
+            if c.resume.active && !c.resume.advance(&c.inbuf[c.inpos..], limits) {
+                // Still incomplete: not worth a full parse.
+                if c.inpos > 0 {
+                    c.inbuf.drain(..c.inpos);
+                    c.inpos = 0;
+                }
+                return true;
+            }
+            c.resume = Resume::default();
+            match proto::parse_request(&c.inbuf[c.inpos..], limits) {
+                Parsed::Complete { args, consumed } => {
+                    c.inpos += consumed;
+                    if args.is_empty() {
+                        continue;
+                    }
+                    if is_http_attack(&args[0]) {
+                        eprintln!("ember: possible SECURITY ATTACK detected from {}: a POST or Host: command (cross protocol scripting?); connection aborted", c.meta.addr);
+                        c.kill = true;
+                        return true;
+                    }
+                    // A CONFIG SET earlier in this batch (requirepass, limits)
+                    // applies from the next command on.
+                    self.reload_settings();
+                    if self.settings.requirepass.is_none() {
+                        c.authed = true;
+                    }
+                    let now = crate::keyspace::now_ms();
+                    let mut ctx = Ctx {
+                        sh: &self.sh,
+                        ks: &mut self.ks,
+                        ws: &self.ws,
+                        now,
+                        requirepass: self.settings.requirepass.as_deref(),
+                    };
+                    cmd::execute(&mut ctx, c, &args);
+                }
+                Parsed::Incomplete => {
+                    if c.inpos > 0 {
+                        c.inbuf.drain(..c.inpos);
+                        c.inpos = 0;
+                    }
+                    // Track the request from here on, so that each read
+                    // costs what it brought, not a parse of all that came
+                    // before it.
+                    c.resume = Resume::start(&c.inbuf, limits);
+                    return true;
+                }
+                Parsed::Error(e) => {
+                    if e == proto::ProtoError::QueryBufferLimit {
+                        self.query_buffer_limit(c);
+                        return true;
+                    }
+                    let unauth = !c.authed
+                        && matches!(
+                            e,
+                            proto::ProtoError::InvalidMultibulkLength
+                                | proto::ProtoError::InvalidBulkLength
+                        )
+                        && !matches!(
+                            proto::parse_request(&c.inbuf[c.inpos..], &self.settings.limits),
+                            Parsed::Error(_)
+                        );
+                    if unauth {
+                        let what = if e == proto::ProtoError::InvalidMultibulkLength {
+                            "multibulk"
+                        } else {
+                            "bulk"
+                        };
+                        c.err(&format!(
+                            "ERR Protocol error: unauthenticated {what} length"
+                        ));
+                    } else {
+                        c.reply(&e.to_reply());
+                    }
+                    c.close_after = true;
+                    c.inbuf = Vec::new();
+                    c.inpos = 0;
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// Writes buffered output; closes clients that are done.
+    fn flush(&mut self, t: Token) {
+        let Some(c) = self.clients.get_mut(&t) else {
+            return;
+        };
+        if !c.kill {
+            while c.outpos < c.out.len() {
+                match c.sock.write(&c.out[c.outpos..]) {
+                    Ok(0) => {
+                        c.kill = true;
+                        break;
+                    }
+                    Ok(n) => {
+                        c.outpos += n;
+                        self.ws.net_out.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        c.kill = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if c.outpos == c.out.len() {
+            if c.out.capacity() > KEEP_BUF {
+                c.out = Vec::new();
+            } else {
+                c.out.clear();
+            }
+            c.outpos = 0;
+        } else if c.outpos > 1 << 20 && c.outpos >= c.out.len() / 2 {
+            // Drop what was written once it is at least half the buffer, so
+            // the copying stays linear in the bytes sent.
+            c.out.drain(..c.outpos);
+            c.outpos = 0;
+        }
+        let done = c.kill || (c.close_after && c.out.is_empty());
+        if done {
+            self.drop_client(t);
+            return;
+        }
+        if c.stalled && c.out.len() - c.outpos <= OUT_HIGH_WATER {
+            // Back below the high water: execute the rest of its pipeline
+            // (and read more) in the next round.
+            c.stalled = false;
+            self.pending.push(t);
+        }
+        let want = !c.out.is_empty();
+        if want != c.want_write {
+            c.want_write = want;
+            let interest = if want {
+                Interest::READABLE | Interest::WRITABLE
+            } else {
+                Interest::READABLE
+            };
+            let _ = self.poll.registry().reregister(&mut c.sock, t, interest);
+        }
+    }
+
+    fn drop_client(&mut self, t: Token) {
+        if let Some(mut c) = self.clients.remove(&t) {
+            let _ = self.poll.registry().deregister(&mut c.sock);
+            self.sh
+                .clients
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&c.id);
+            self.sh.connected.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Periodic work: idle timeouts, and (worker 0) one active-expiry step.
+    fn tick(&mut self) {
+        if self.settings.timeout > 0 {
+            let limit = Duration::from_secs(self.settings.timeout);
+            let idle: Vec<Token> = self
+                .clients
+                .iter()
+                .filter(|(_, c)| c.last_active.elapsed() > limit && c.out.is_empty())
+                .map(|(t, _)| *t)
+                .collect();
+            for t in idle {
+                self.drop_client(t);
+            }
+        }
+        if self.id == 0 {
+            self.active_expire();
+        }
+        self.ws
+            .expired_keys
+            .store(self.ks.expired, Ordering::Relaxed);
+    }
+
+    /// Redis's active expiry, adapted: keys with a TTL are not indexed
+    /// separately, so each tick walks the next slice of the keyspace (a scan
+    /// cursor that wraps around) and deletes what has expired, for at most
+    /// ~25% of the tick period; a slice where a quarter or more of the keys had
+    /// expired is followed at once by another.
+    fn active_expire(&mut self) {
+        let budget = Duration::from_millis(250 / self.settings.hz.max(1));
+        let t0 = Instant::now();
+        let mut keys = Vec::new();
+        loop {
+            keys.clear();
+            let next = match self.ks.sess.scan(self.expire_cursor, 200, &mut keys) {
+                Ok(n) => n,
+                Err(e) => {
+                    eprintln!("ember: active expiry scan failed: {e}");
+                    return;
+                }
+            };
+            self.expire_cursor = next;
+            let now = crate::keyspace::now_ms();
+            let mut expired = 0;
+            let seen = keys.len();
+            for k in &keys {
+                if let Ok((None, true)) = self.ks.lookup_raw(k, now) {
+                    let _g = self.sh.stripes.lock(k);
+                    if let Ok((None, true)) = self.ks.lookup_raw(k, now) {
+                        if self.ks.lookup_locked(k, now).is_ok() {
+                            expired += 1;
+                        }
+                    }
+                }
+            }
+            if next == 0 || seen == 0 || expired * 4 < seen || t0.elapsed() >= budget {
+                return;
+            }
+        }
+    }
+}
+
+/// Where the scan of a pending (incomplete) multibulk request stands.
+///
+/// The request parser is stateless: given an incomplete request it starts
+/// over from its first byte each time. A request of many arguments arriving
+/// in many reads would be re-parsed once per read, quadratic in its size (a
+/// 4 MB MSET took 0.7 s of a worker). `Resume` walks the frame structure
+/// incrementally, as far as the bytes go, and says when the parser might have
+/// something other than `Incomplete` to say: the request looks complete, or
+/// something in it is not plainly well-formed (the parser then reports the
+/// error with its exact text). It only decides when to parse, never what a
+/// request means, and it errs towards parsing: whenever it reports "still
+/// incomplete", [`proto::parse_request`] would too (a unit test checks this
+/// on every prefix of a set of requests).
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
+struct Resume {
+    active: bool,
+    /// Arguments not yet complete.
+    args_left: usize,
+    /// Offset (from the request's start) of the first incomplete argument.
+    pos: usize,
+}
+
+impl Resume {
+    /// Starts tracking the request at the front of `buf`, which the parser
+    /// found incomplete. Inactive unless it is a multibulk request whose
+    /// count line is complete and positive.
+    fn start(buf: &[u8], limits: &Limits) -> Resume {
+        if buf.first() != Some(&b'*') {
+            return Resume::default();
+        }
+        let Some(cr) = buf.iter().position(|&b| b == b'\r') else {
+            return Resume::default();
+        };
+        if cr + 2 > buf.len() {
+            return Resume::default();
+        }
+        let Some(n) = digits(&buf[1..cr]) else {
+            return Resume::default();
+        };
+        if n == 0 || n > limits.max_multibulk_len as u64 {
+            return Resume::default();
+        }
+        let mut r = Resume {
+            active: true,
+            args_left: n as usize,
+            pos: cr + 2,
+        };
+        if r.advance(buf, limits) {
+            // Disagrees with the parser's Incomplete: just parse next time.
+            r = Resume::default();
+        }
+        r
+    }
+
+    /// Walks the arguments that arrived; true when the parser must run (the
+    /// request may be complete, or may be malformed).
+    fn advance(&mut self, buf: &[u8], limits: &Limits) -> bool {
+        if buf.len() > limits.max_query_buffer {
+            return true;
+        }
+        while self.args_left > 0 {
+            let Some(rest) = buf.get(self.pos..) else {
+                return true;
+            };
+            let Some(cr) = rest.iter().position(|&b| b == b'\r') else {
+                return rest.len() > limits.max_inline_len;
+            };
+            if cr + 2 > rest.len() {
+                return false;
+            }
+            if rest[0] != b'$' {
+                return true;
+            }
+            let Some(len) = digits(&rest[1..cr]) else {
+                return true;
+            };
+            if len > limits.max_bulk_len as u64 {
+                return true;
+            }
+            let need = (cr + 2) as u64 + len + 2;
+            if (rest.len() as u64) < need {
+                return false;
+            }
+            self.pos += need as usize;
+            self.args_left -= 1;
+        }
+        true
+    }
+}
+
+/// A non-negative integer as Redis's `string2ll` accepts it: digits only, no
+/// sign, no leading zero, no overflow.
+fn digits(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 19 || (s[0] == b'0' && s.len() > 1) {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &c in s {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+    }
+    Some(v)
+}
+
+/// The acceptor: accepts, enforces maxclients and protected mode, and hands
+/// connections to workers round-robin.
+fn accept_loop(
+    sh: Arc<Shared>,
+    mut listeners: Vec<TcpListener>,
+    workers: Vec<(Sender<NewConn>, Arc<Waker>)>,
+) {
+    let mut poll = match Poll::new() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("ember: acceptor: {e}");
+            sh.shutdown.store(true, Ordering::Release);
+            return;
+        }
+    };
+    for (i, l) in listeners.iter_mut().enumerate() {
+        if let Err(e) = poll.registry().register(l, Token(i), Interest::READABLE) {
+            eprintln!("ember: acceptor: {e}");
+            sh.shutdown.store(true, Ordering::Release);
+            return;
+        }
+    }
+    let mut events = Events::with_capacity(64);
+    let mut rr = 0usize;
+    // After an accept error (EMFILE, ENFILE, ENOBUFS) the connections left in
+    // the backlog raise no new edge: retry every listener shortly.
+    let mut retry = false;
+    let mut last_error_log: Option<Instant> = None;
+    let mut todo: Vec<usize> = Vec::new();
+    while !sh.shutdown.load(Ordering::Acquire) {
+        let timeout = Duration::from_millis(if retry { 10 } else { 100 });
+        if let Err(e) = poll.poll(&mut events, Some(timeout)) {
+            if e.kind() != ErrorKind::Interrupted {
+                eprintln!("ember: acceptor poll: {e}");
+                break;
+            }
+        }
+        todo.clear();
+        if retry {
+            todo.extend(0..listeners.len());
+            retry = false;
+        } else {
+            todo.extend(events.iter().map(|ev| ev.token().0));
+        }
+        for &i in &todo {
+            let l = &listeners[i];
+            loop {
+                match l.accept() {
+                    Ok((s, peer)) => {
+                        // mio hands out nonblocking sockets; go back to std to
+                        // pass it across threads.
+                        let s: std::net::TcpStream = {
+                            use std::os::fd::{FromRawFd, IntoRawFd};
+                            // SAFETY: the fd was just taken from a live socket
+                            // we own; ownership moves to the std type.
+                            unsafe { std::net::TcpStream::from_raw_fd(s.into_raw_fd()) }
+                        };
+                        sh.stats.total_connections.fetch_add(1, Ordering::Relaxed);
+                        let refusal = {
+                            let c = sh.cfg();
+                            admission(
+                                sh.connected.load(Ordering::Acquire),
+                                c.maxclients,
+                                c.protected_mode,
+                                c.requirepass.is_some(),
+                                peer.ip(),
+                            )
+                        };
+                        if let Some(msg) = refusal {
+                            sh.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                            refuse(s, msg);
+                            continue;
+                        }
+                        sh.connected.fetch_add(1, Ordering::AcqRel);
+                        let (tx, waker) = &workers[rr % workers.len()];
+                        rr += 1;
+                        if tx.send((s, peer)).is_err() {
+                            sh.connected.fetch_sub(1, Ordering::AcqRel);
+                            continue;
+                        }
+                        let _ = waker.wake();
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        // EMFILE and friends: log (once a second at most),
+                        // keep serving, retry soon.
+                        if last_error_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                            eprintln!("ember: accept failed: {e}");
+                            last_error_log = Some(Instant::now());
+                        }
+                        retry = true;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    for l in &mut listeners {
+        let _ = poll.registry().deregister(l);
+    }
+}
+
+/// Whether a new connection is served: `None`, or the error it gets before
+/// being closed (maxclients; protected mode: no password and not loopback).
+fn admission(
+    connected: u64,
+    maxclients: u64,
+    protected: bool,
+    has_password: bool,
+    peer: std::net::IpAddr,
+) -> Option<&'static str> {
+    if connected >= maxclients {
+        return Some("-ERR max number of clients reached\r\n");
+    }
+    let loopback = match peer {
+        std::net::IpAddr::V4(a) => a.is_loopback(),
+        // An IPv4 client on a dual-stack socket (::ffff:127.0.0.1).
+        std::net::IpAddr::V6(a) => {
+            a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    };
+    if protected && !has_password && !loopback {
+        return Some(PROTECTED_MSG);
+    }
+    None
+}
+
+/// Redis's answer to a cross-protocol attack: an HTTP request sent to the
+/// Redis port parses as the commands `POST` or `Host:`.
+fn is_http_attack(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"post") || name.eq_ignore_ascii_case(b"host:")
+}
+
+/// Raises the soft RLIMIT_NOFILE towards `maxclients` + a reserve (never
+/// lowers it, never above the hard limit). Returns how many clients the limit
+/// allows. Called at startup and by CONFIG SET maxclients.
+pub fn raise_nofile_limit(maxclients: u64) -> u64 {
+    let want = maxclients.saturating_add(RESERVED_FDS);
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        eprintln!(
+            "ember: cannot read the open file limit: {}",
+            std::io::Error::last_os_error()
+        );
+        return maxclients;
+    }
+    let cur = r.rlim_cur as u64;
+    if r.rlim_cur == libc::RLIM_INFINITY || cur >= want {
+        return maxclients.max(cur.saturating_sub(RESERVED_FDS));
+    }
+    let target = if r.rlim_max == libc::RLIM_INFINITY {
+        want
+    } else {
+        want.min(r.rlim_max as u64)
+    };
+    let mut got = cur;
+    if target > cur {
+        r.rlim_cur = target as libc::rlim_t;
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } == 0 {
+            got = target;
+        } else {
+            eprintln!(
+                "ember: cannot raise the open file limit from {cur} to {target}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    got.saturating_sub(RESERVED_FDS)
+}
+
+/// mio listens with the standard library's backlog (128): a burst of
+/// connects overflows it while the acceptor is descheduled, and each dropped
+/// SYN costs that client a one-second retransmit. `listen` again with
+/// `tcp-backlog` (Linux takes a new backlog on a listening socket).
+fn set_backlog(l: &TcpListener, backlog: u32) {
+    use std::os::fd::AsRawFd;
+    let n = backlog.min(i32::MAX as u32) as i32;
+    // SAFETY: listen(2) on a socket we own; no memory is passed.
+    if unsafe { libc::listen(l.as_raw_fd(), n) } != 0 {
+        eprintln!(
+            "ember: cannot set tcp-backlog {backlog}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    if let Some(max) = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+    {
+        if max < backlog {
+            eprintln!("ember: tcp-backlog {backlog} cannot be enforced: /proc/sys/net/core/somaxconn is {max}");
+        }
+    }
+}
+
+const PROTECTED_MSG: &str = "-DENIED Ember is running in protected mode because protected mode is enabled and no password is set for the default user. In this mode connections are only accepted from the loopback interface. If you want to connect from external computers to Ember you may adopt one of the following solutions: 1) Disable protected mode with 'CONFIG SET protected-mode no' from the loopback interface. 2) Set a password with --requirepass or 'requirepass' in the configuration file. 3) Bind to the loopback interface only (the default).\r\n";
+
+fn refuse(mut s: std::net::TcpStream, msg: &str) {
+    let _ = s.set_nonblocking(true);
+    let _ = s.write(msg.as_bytes());
+}
+
+/// Runs the server until SHUTDOWN, SIGTERM or SIGINT; returns after a clean
+/// shutdown (the store closed, the heap marked clean).
+pub fn run(cfg: Config) -> Result<(), String> {
+    for (k, v) in &cfg.no_effect {
+        eprintln!("ember: config '{k} {v}' accepted; it has no effect in Ember (the heap is always the image)");
+    }
+    let room = raise_nofile_limit(cfg.maxclients);
+    if room < cfg.maxclients {
+        eprintln!(
+            "ember: the open file limit allows about {room} clients, fewer than maxclients {}; raise it (ulimit -n) to serve that many",
+            cfg.maxclients
+        );
+    }
+    let mut listeners = Vec::new();
+    for b in &cfg.bind {
+        let ip: std::net::IpAddr = b
+            .parse()
+            .map_err(|_| format!("bind: '{b}' is not an IP address"))?;
+        let addr = SocketAddr::new(ip, cfg.port);
+        let l = TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        set_backlog(&l, cfg.tcp_backlog);
+        listeners.push(l);
+    }
+    let tcp_port = listeners
+        .first()
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| a.port())
+        .unwrap_or(cfg.port);
+    let (store, startup) = crate::store::open(&cfg)?;
+    let threads = cfg.threads;
+    let metrics_port = cfg.metrics_port;
+    let sh = Arc::new(Shared {
+        cfg: RwLock::new(cfg),
+        cfg_epoch: AtomicU64::new(0),
+        store,
+        startup,
+        stripes: Stripes::new(4096),
+        shutdown: AtomicBool::new(false),
+        clients: Mutex::new(BTreeMap::new()),
+        next_client_id: AtomicU64::new(1),
+        connected: AtomicU64::new(0),
+        stats: Stats::new(threads),
+        started: Instant::now(),
+        run_id: run_id(),
+        tcp_port,
+    });
+    let mut aux = Vec::new();
+    {
+        let term = Arc::new(AtomicBool::new(false));
+        for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+            signal_hook::flag::register(sig, term.clone()).map_err(|e| e.to_string())?;
+        }
+        let sh2 = sh.clone();
+        aux.push(
+            std::thread::Builder::new()
+                .name("ember-signal".into())
+                .spawn(move || {
+                    while !term.load(Ordering::Acquire) && !sh2.shutdown.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    if term.load(Ordering::Acquire) {
+                        eprintln!("ember: received SIGTERM/SIGINT: shutting down");
+                    }
+                    sh2.shutdown.store(true, Ordering::Release);
+                })
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    if let Some(p) = metrics_port {
+        aux.push(crate::metrics::spawn(sh.clone(), p)?);
+    }
+    let mut handles = Vec::new();
+    let mut doors = Vec::new();
+    for id in 0..threads {
+        let poll = Poll::new().map_err(|e| e.to_string())?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(|e| e.to_string())?);
+        let (tx, rx) = channel();
+        doors.push((tx, waker));
+        let sh2 = sh.clone();
+        let ws = sh.stats.workers[id].clone();
+        let h = std::thread::Builder::new()
+            .name(format!("ember-worker-{id}"))
+            .spawn(move || {
+                // A session stays on the thread that made it.
+                let sess = match sh2.store.session() {
+                    Ok(s) => s,
+                    Err(e) => {
+                        eprintln!("ember: worker {id}: cannot open a store session: {e}");
+                        sh2.shutdown.store(true, Ordering::Release);
+                        return;
+                    }
+                };
+                let settings = Settings::load(&sh2);
+                Worker {
+                    id,
+                    sh: sh2,
+                    poll,
+                    rx,
+                    clients: HashMap::new(),
+                    next_token: 0,
+                    ks: Keyspace::new(sess),
+                    ws,
+                    settings,
+                    expire_cursor: 0,
+                    pending: Vec::new(),
+                    rbuf: vec![0; READ_CHUNK],
+                }
+                .run()
+            })
+            .map_err(|e| e.to_string())?;
+        handles.push(h);
+    }
+    {
+        let c = sh.cfg();
+        let st = &sh.startup;
+        eprintln!(
+            "ember: serving {} on {} port {} ({} workers): engine {}, durability {} ({}), heap {}; {} in {:.1} ms{}",
+            if st.existed { "existing heap" } else { "new heap" },
+            c.bind.join(" "),
+            tcp_port,
+            threads,
+            sh.store.name(),
+            c.durability.name(),
+            crate::info::strategy_note(&sh),
+            c.heap.display(),
+            if st.was_clean { "clean start" } else { "recovered after a crash" },
+            st.open_ms,
+            if st.log_records > 0 {
+                format!(
+                    ", {} log records read ({} bytes), {} replayed",
+                    st.log_records, st.log_bytes, st.log_replayed
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    let sh2 = sh.clone();
+    let acceptor = std::thread::Builder::new()
+        .name("ember-accept".into())
+        .spawn(move || accept_loop(sh2, listeners, doors))
+        .map_err(|e| e.to_string())?;
+    let _ = acceptor.join();
+    for h in handles.into_iter().chain(aux) {
+        let _ = h.join();
+    }
+    let t = Instant::now();
+    let r = sh.store.close().map_err(|e| e.to_string());
+    eprintln!(
+        "ember: shut down in {:.1} ms{}",
+        t.elapsed().as_secs_f64() * 1e3,
+        match &r {
+            Ok(()) => String::new(),
+            Err(e) => format!(" with an error: {e}"),
+        }
+    );
+    // Every thread is joined: this is the last reference to the store, and
+    // dropping the heap with it marks the heap clean.
+    match Arc::try_unwrap(sh) {
+        Ok(sh) => drop(sh),
+        Err(_) => eprintln!("ember: the store is still referenced at exit; the next start recovers as after a crash"),
+    }
+    r
+}
+
+fn run_id() -> String {
+    use rand::RngExt;
+    let mut rng = rand::rng();
+    (0..40)
+        .map(|_| char::from_digit(rng.random_range(0..16), 16).unwrap_or('0'))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::IpAddr;
+
+    #[test]
+    fn admission_maxclients_and_protected_mode() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let lo6: IpAddr = "::1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        let far: IpAddr = "10.1.2.3".parse().unwrap();
+        let far6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(admission(0, 10, true, false, lo), None);
+        assert_eq!(admission(9, 10, true, false, lo6), None);
+        assert_eq!(admission(9, 10, true, false, mapped), None);
+        assert_eq!(
+            admission(10, 10, true, false, lo),
+            Some("-ERR max number of clients reached\r\n")
+        );
+        // Protected mode: remote peers only with a password or mode off.
+        assert_eq!(admission(0, 10, true, false, far), Some(PROTECTED_MSG));
+        assert_eq!(admission(0, 10, true, false, far6), Some(PROTECTED_MSG));
+        assert_eq!(admission(0, 10, true, true, far), None);
+        assert_eq!(admission(0, 10, false, false, far), None);
+        // maxclients first, as Redis checks it first.
+        assert_eq!(
+            admission(10, 10, true, false, far),
+            Some("-ERR max number of clients reached\r\n")
+        );
+        assert!(PROTECTED_MSG.starts_with("-DENIED ") && PROTECTED_MSG.ends_with("\r\n"));
+        assert!(!PROTECTED_MSG[..PROTECTED_MSG.len() - 2].contains(['\r', '\n']));
+    }
+
+    fn enc(args: &[&[u8]]) -> Vec<u8> {
+        let mut o = Vec::new();
+        proto::encode_request(args, &mut o);
+        o
+    }
+
+    /// Whenever `Resume` says "still incomplete", the parser says so too;
+    /// and fed a request piece by piece it finds the end.
+    #[test]
+    fn resume_never_hides_a_parse_result() {
+        let limits = Limits {
+            max_bulk_len: 1 << 20,
+            max_query_buffer: 1 << 22,
+            ..Limits::default()
+        };
+        let unauth = Limits {
+            max_multibulk_len: 10,
+            max_bulk_len: 16384,
+            ..limits
+        };
+        let big = vec![b'v'; 70_000];
+        let mut reqs: Vec<Vec<u8>> = vec![
+            enc(&[b"SET".as_slice(), b"k", b"value"]),
+            enc(&[b"SET".as_slice(), b"k", &big]),
+            enc(&[b"MSET".as_slice(), b"a", b"1", b"b", b"\r\n\r\n", b"", b"x"]),
+            b"*2\r\n$3\r\nGET\r\n$-1\r\n".to_vec(),
+            b"*2\r\n$3\r\nGET\r\n$+1\r\nk\r\n".to_vec(),
+            b"*2\r\n$3\r\nGET\r\n$01\r\nk\r\n".to_vec(),
+            b"*2\r\n$3\r\nGET\r\nx1\r\nk\r\n".to_vec(),
+            b"*2\r\n$3\r\nGET\r\n$2000000\r\nk\r\n".to_vec(),
+            b"*2\r\n$3\r\nGET\r\n$20000\r\nk\r\n".to_vec(),
+            b"*12\r\n$3\r\nGET\r\n".to_vec(),
+            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nvXY*1\r\n$4\r\nPING\r\n".to_vec(),
+            b"*1\r$4\r\nPING\r\n".to_vec(),
+        ];
+        let mut header_run = b"*2\r\n$3\r\nGET\r\n$".to_vec();
+        header_run.extend_from_slice(&[b'1'; 70_000]);
+        reqs.push(header_run);
+        let mut skipped = 0;
+        for lim in [&limits, &unauth] {
+            for req in &reqs {
+                let mut r = Resume::default();
+                let step = if req.len() > 1000 { 997 } else { 1 };
+                let mut n = 1;
+                while n <= req.len() {
+                    let buf = &req[..n];
+                    if r.active {
+                        if !r.advance(buf, lim) {
+                            assert_eq!(
+                                proto::parse_request(buf, lim),
+                                Parsed::Incomplete,
+                                "Resume hid a result at {n} of {:?}",
+                                String::from_utf8_lossy(&req[..req.len().min(80)])
+                            );
+                            skipped += 1;
+                            n += step;
+                            continue;
+                        }
+                        r = Resume::default();
+                    }
+                    if proto::parse_request(buf, lim) == Parsed::Incomplete {
+                        r = Resume::start(buf, lim);
+                    }
+                    n += step;
+                }
+                // The whole request: whatever the parser says, Resume lets it.
+                let whole = proto::parse_request(req, lim);
+                if whole != Parsed::Incomplete {
+                    let mut r = Resume::start(&req[..req.len() - 1], lim);
+                    if r.active {
+                        assert!(r.advance(req, lim));
+                    }
+                }
+            }
+        }
+        assert!(skipped > 100, "Resume never engaged ({skipped})");
+        // A pipeline: the first request's end is found incrementally.
+        let mut p = enc(&[b"SET".as_slice(), b"k", &big]);
+        let one = p.len();
+        p.extend_from_slice(&enc(&[b"GET".as_slice(), b"k"]));
+        let mut r = Resume::start(&p[..100], &limits);
+        assert!(r.active);
+        assert!(!r.advance(&p[..one - 1], &limits));
+        assert!(r.advance(&p[..one], &limits));
+        assert!(
+            matches!(proto::parse_request(&p, &limits), Parsed::Complete { consumed, .. } if consumed == one)
+        );
+    }
+
+    #[test]
+    fn digits_like_string2ll() {
+        assert_eq!(digits(b"0"), Some(0));
+        assert_eq!(digits(b"123"), Some(123));
+        for bad in [
+            &b""[..],
+            b"01",
+            b"+1",
+            b"-1",
+            b" 1",
+            b"1 ",
+            b"99999999999999999999",
+            b"1a",
+        ] {
+            assert_eq!(digits(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn http_requests_are_attacks() {
+        assert!(is_http_attack(b"POST"));
+        assert!(is_http_attack(b"Host:"));
+        assert!(!is_http_attack(b"GET"));
+        assert!(!is_http_attack(b"host"));
+    }
+
+    #[test]
+    fn nofile_limit_is_raised_not_lowered() {
+        let get = || {
+            // SAFETY: getrlimit writes only the struct passed.
+            let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+            assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
+            r
+        };
+        let before = get();
+        assert!(raise_nofile_limit(16) >= 16);
+        assert_eq!(get().rlim_cur, before.rlim_cur, "lowered");
+        raise_nofile_limit(u64::MAX);
+        let after = get();
+        assert!(after.rlim_cur >= before.rlim_cur);
+        assert_eq!(after.rlim_max, before.rlim_max);
+    }
+}

@@ -1,0 +1,189 @@
+//! Opening the configured store on the heap file, and one type for all three.
+
+use crate::config::{Config, DurabilityMode, EngineChoice};
+use engine::bullet::{is_bullet_root, BulletOptions, BulletStore};
+use engine::direct::{backend_kind, BackendOptions, DirectStore};
+use engine::volatile::VolatileStore;
+use engine::{Session, Store, StoreStats};
+use pmem::{Heap, HeapOptions, Strategy};
+use std::time::Instant;
+
+/// The store a server runs on.
+pub enum AnyStore {
+    Volatile(VolatileStore),
+    Direct(DirectStore),
+    Bullet(BulletStore),
+}
+
+/// What opening the heap found and did (INFO, logs).
+#[derive(Clone, Debug, Default)]
+pub struct Startup {
+    /// Whether the heap existed (false: created now).
+    pub existed: bool,
+    /// Whether the previous run shut down cleanly.
+    pub was_clean: bool,
+    /// Time from opening the file to serving, ms.
+    pub open_ms: f64,
+    /// Committed heap transactions replayed.
+    pub txs_replayed: u64,
+    /// Blocks freed by the leak sweep.
+    pub leaked_freed: u64,
+    /// Bullet: log records found / replayed into the frontend, bytes of log read.
+    pub log_records: u64,
+    pub log_replayed: u64,
+    pub log_bytes: u64,
+}
+
+impl AnyStore {
+    pub fn session(&self) -> engine::Result<Box<dyn Session>> {
+        Ok(match self {
+            AnyStore::Volatile(s) => Box::new(s.session()?),
+            AnyStore::Direct(s) => Box::new(s.session()?),
+            AnyStore::Bullet(s) => Box::new(s.session()?),
+        })
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            AnyStore::Volatile(s) => s.name(),
+            AnyStore::Direct(s) => s.name(),
+            AnyStore::Bullet(s) => s.name(),
+        }
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        match self {
+            AnyStore::Volatile(s) => s.stats(),
+            AnyStore::Direct(s) => s.stats(),
+            AnyStore::Bullet(s) => s.stats(),
+        }
+    }
+
+    pub fn heap(&self) -> Option<&Heap> {
+        match self {
+            AnyStore::Volatile(_) => None,
+            AnyStore::Direct(s) => Some(s.heap()),
+            AnyStore::Bullet(s) => Some(s.heap()),
+        }
+    }
+
+    /// Clean shutdown: Bullet applies every log record to the backend first (so
+    /// the next start replays nothing), then background threads stop and the
+    /// structures write their exact counters. Sessions must be gone.
+    pub fn close(&self) -> engine::Result<()> {
+        match self {
+            AnyStore::Volatile(s) => s.close(),
+            AnyStore::Direct(s) => s.close(),
+            AnyStore::Bullet(s) => {
+                s.drain()?;
+                s.close()
+            }
+        }
+    }
+}
+
+/// Opens (or creates) the heap and the store the configuration names.
+pub fn open(cfg: &Config) -> Result<(AnyStore, Startup), String> {
+    let t0 = Instant::now();
+    let mut st = Startup::default();
+    if cfg.engine == EngineChoice::Volatile {
+        st.was_clean = true;
+        st.open_ms = t0.elapsed().as_secs_f64() * 1e3;
+        return Ok((AnyStore::Volatile(VolatileStore::new(1 << 16)), st));
+    }
+    let strategy = match cfg.durability {
+        DurabilityMode::Pmem => Strategy::detect(),
+        DurabilityMode::Msync => Strategy::Msync,
+    };
+    let hopts = HeapOptions {
+        size: cfg.heap_size,
+        max_size: cfg.heap_max_size,
+        strategy,
+        fence_ns: cfg.fence_ns,
+        ..Default::default()
+    };
+    st.existed = cfg.heap.exists();
+    let rec = Heap::open_or_create(&cfg.heap, &hopts).map_err(|e| e.to_string())?;
+    st.was_clean = rec.report().was_clean;
+    st.txs_replayed = rec.report().txs_replayed;
+    let root = rec.heap().root();
+    let backend = |kind| BackendOptions {
+        kind,
+        buckets: 1 << 16,
+        link_cache: true,
+    };
+    let store = if root.is_null() {
+        // A new heap (or one created but never given a store): make the store.
+        let (heap, _) = rec.finish(|_| false).map_err(|e| e.to_string())?;
+        match &cfg.engine {
+            EngineChoice::Direct(k) => AnyStore::Direct(
+                DirectStore::create(&heap, &backend(*k)).map_err(|e| e.to_string())?,
+            ),
+            EngineChoice::Bullet(v) => {
+                let o = bullet_options(cfg, *v);
+                AnyStore::Bullet(BulletStore::create(&heap, &o).map_err(|e| e.to_string())?)
+            }
+            EngineChoice::Volatile => unreachable!("handled above"),
+        }
+    } else if is_bullet_root(rec.heap(), root) {
+        let EngineChoice::Bullet(v) = cfg.engine else {
+            return Err(format!(
+                "{} holds a Bullet store; start with --engine bullet (or a bullet-* variant)",
+                cfg.heap.display()
+            ));
+        };
+        let (s, r) = BulletStore::open(rec, &bullet_options(cfg, v)).map_err(|e| e.to_string())?;
+        st.leaked_freed = r.index.heap.leaked_freed;
+        st.log_records = r.records;
+        st.log_replayed = r.replayed;
+        st.log_bytes = r.log_bytes;
+        AnyStore::Bullet(s)
+    } else {
+        let index = index::any::attach_any(rec.heap(), root).map_err(|e| {
+            format!(
+                "{}: the heap's root is not an Ember store: {e}",
+                cfg.heap.display()
+            )
+        })?;
+        let kind = backend_kind(&index).ok_or_else(|| {
+            format!(
+                "{}: the heap's root is a skip list, not a key-value store",
+                cfg.heap.display()
+            )
+        })?;
+        match cfg.engine {
+            EngineChoice::Direct(k) if k == kind => {}
+            _ => {
+                return Err(format!(
+                    "{} holds a direct store on {}; start with --engine {}",
+                    cfg.heap.display(),
+                    kind.name(),
+                    if kind == engine::direct::BackendKind::PHash {
+                        "direct-phash"
+                    } else {
+                        "direct"
+                    }
+                ))
+            }
+        }
+        drop(index);
+        let (s, r) = DirectStore::open(rec).map_err(|e| e.to_string())?;
+        st.leaked_freed = r.heap.leaked_freed;
+        AnyStore::Direct(s)
+    };
+    st.open_ms = t0.elapsed().as_secs_f64() * 1e3;
+    Ok((store, st))
+}
+
+fn bullet_options(cfg: &Config, variant: engine::bullet::Variant) -> BulletOptions {
+    BulletOptions {
+        variant,
+        logs: cfg.logs,
+        log_size: cfg.log_size,
+        backend: BackendOptions::default(),
+        // msync mode: one msync per batch of requests (the worker commits
+        // before it writes the batch's replies) instead of one per write.
+        group_commit: cfg.durability == DurabilityMode::Msync,
+        ..Default::default()
+    }
+}
