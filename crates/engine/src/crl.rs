@@ -438,12 +438,15 @@ impl Pool {
     /// found by recovery, whichever writer's batch commits first.
     pub fn make_durable(&self, p: RecPtr) -> Result<()> {
         let l = &self.logs[p.log()];
-        let h = self.header(p)?;
-        let end = p.pos() + h.len as u64;
         let from = l.durable.load(Ordering::Acquire);
-        if from >= end {
+        // The watermark only ever lands on record ends (a published tail or a
+        // record's end), so one past the record's start means past its end:
+        // the common case costs no header read.
+        if from > p.pos() {
             return Ok(());
         }
+        let h = self.header(p)?;
+        let end = p.pos() + h.len as u64;
         let from = from.max(end.saturating_sub(self.size));
         let base = l.base.load(Ordering::Acquire);
         let r = self.r();
