@@ -252,33 +252,13 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
 
 /// Keys and keys with a TTL per database (one full scan of the keyspace).
 fn count_all(ctx: &mut Ctx, dbs: usize) -> Result<Vec<(u64, u64)>, String> {
-    let mut seen = std::collections::HashSet::new();
     let mut counts = vec![(0u64, 0u64); dbs];
-    let mut cursor = 0;
-    let mut page = Vec::new();
-    loop {
-        page.clear();
-        cursor = ctx
-            .ks
-            .sess
-            .scan(cursor, 1024, &mut page)
-            .map_err(|e| crate::keyspace::store_error_text(&e))?;
-        for sk in page.drain(..) {
-            let Some(&db) = sk.first() else { continue };
-            if db as usize >= dbs || seen.contains(&sk) {
-                continue;
-            }
-            if let (Some(h), _) = ctx.ks.lookup_raw(&sk, ctx.now)? {
-                counts[db as usize].0 += 1;
-                if h.expire.is_some() {
-                    counts[db as usize].1 += 1;
-                }
-                seen.insert(sk);
-            }
+    let sh = ctx.sh;
+    ctx.ks.for_each_live(&sh.stripes, ctx.now, |sk, h| {
+        if let Some(c) = sk.first().and_then(|&db| counts.get_mut(db as usize)) {
+            c.0 += 1;
+            c.1 += u64::from(h.expire.is_some());
         }
-        if cursor == 0 {
-            break;
-        }
-    }
+    })?;
     Ok(counts)
 }

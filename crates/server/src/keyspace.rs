@@ -299,6 +299,36 @@ impl Keyspace {
         Ok(())
     }
 
+    /// Visits every live key of every database once, with its header: a full
+    /// scan (the store's scan may return a key twice, so keys are deduplicated
+    /// here; expired keys met on the way are deleted, as a read would).
+    pub fn for_each_live(
+        &mut self,
+        stripes: &Stripes,
+        now: i64,
+        mut f: impl FnMut(&[u8], Header),
+    ) -> KsResult<()> {
+        let mut seen = std::collections::HashSet::new();
+        let mut cursor = 0;
+        let mut page = Vec::new();
+        loop {
+            page.clear();
+            cursor = self.sess.scan(cursor, 1024, &mut page)?;
+            for sk in page.drain(..) {
+                if seen.contains(&sk) {
+                    continue;
+                }
+                if let Some(h) = self.get_sk(stripes, &sk, now)? {
+                    f(&sk, h);
+                    seen.insert(sk);
+                }
+            }
+            if cursor == 0 {
+                return Ok(());
+            }
+        }
+    }
+
     /// One page of a keyspace scan over every database: keys of `db` (prefix
     /// stripped), deduplicated within the page, not checked for liveness.
     pub fn scan_page(

@@ -4,7 +4,6 @@ use super::{eq, int_arg, syntax_error, Ctx, R};
 use crate::keyspace::{glob_match, skey, type_name, KIND_STRING};
 use crate::server::Client;
 use proto::Reply;
-use std::collections::HashSet;
 
 pub fn del(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sks: Vec<Vec<u8>> = a[1..].iter().map(|k| skey(c.db, k)).collect();
@@ -45,31 +44,20 @@ pub fn type_(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     Ok(())
 }
 
-/// Every live key of database `db`, each once (a full scan).
+/// Every live key of database `db` that `keep` accepts (a full scan).
 fn all_keys(
     ctx: &mut Ctx,
     db: u8,
     mut keep: impl FnMut(&[u8]) -> bool,
 ) -> Result<Vec<Vec<u8>>, String> {
-    let mut seen = HashSet::new();
-    let mut cursor = 0;
-    let mut page = Vec::new();
-    loop {
-        page.clear();
-        cursor = ctx.ks.scan_page(db, cursor, 1024, &mut page)?;
-        for k in page.drain(..) {
-            if !seen.contains(&k)
-                && keep(&k)
-                && ctx.ks.get(&ctx.sh.stripes, db, &k, ctx.now)?.is_some()
-            {
-                seen.insert(k);
-            }
+    let sh = ctx.sh;
+    let mut out = Vec::new();
+    ctx.ks.for_each_live(&sh.stripes, ctx.now, |sk, _| {
+        if sk.first() == Some(&db) && keep(&sk[1..]) {
+            out.push(sk[1..].to_vec());
         }
-        if cursor == 0 {
-            break;
-        }
-    }
-    Ok(seen.into_iter().collect())
+    })?;
+    Ok(out)
 }
 
 pub fn keys(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
