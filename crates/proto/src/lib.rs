@@ -61,5 +61,7 @@ pub mod parse;
 pub mod reply;
 
 pub use error::ProtoError;
-pub use parse::{encode_request, parse_request, split_args, Limits, Parsed};
+pub use parse::{
+    encode_request, parse_request, parse_request_into, split_args, Args, Limits, Parsed,
+};
 pub use reply::{format_double, parse_reply, Reply, Version};

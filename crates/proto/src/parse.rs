@@ -18,9 +18,6 @@ pub const DEFAULT_MAX_MULTIBULK_LEN: usize = i32::MAX as usize;
 /// `client-query-buffer-limit` default (1 GiB).
 pub const DEFAULT_MAX_QUERY_BUFFER: usize = 1024 * 1024 * 1024;
 
-/// Most argument slots reserved before the arguments have actually arrived.
-const ARGS_RESERVE_CAP: usize = 64;
-
 /// Limits applied while parsing requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -63,18 +60,97 @@ pub enum Parsed {
     Error(ProtoError),
 }
 
-/// Parses the first request in `buf`.
-pub fn parse_request(buf: &[u8], limits: &Limits) -> Parsed {
+/// The arguments of the last request [`parse_request_into`] parsed, in slots
+/// whose allocations are kept for the next request (a server parsing millions
+/// of requests a second allocates nothing per argument in the steady state).
+#[derive(Debug, Default)]
+pub struct Args {
+    slots: Vec<Vec<u8>>,
+    len: usize,
+}
+
+/// Slots whose capacity exceeds this are freed rather than kept for reuse.
+const KEEP_SLOT: usize = 64 * 1024;
+/// Slots kept beyond the current request's count.
+const KEEP_SLOTS: usize = 64;
+
+impl Args {
+    /// The arguments (empty for an empty request).
+    #[inline]
+    pub fn as_slice(&self) -> &[Vec<u8>] {
+        &self.slots[..self.len]
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        if self.len == self.slots.len() {
+            self.slots.push(Vec::new());
+        }
+        let slot = &mut self.slots[self.len];
+        if slot.capacity() > KEEP_SLOT {
+            *slot = Vec::new();
+        }
+        slot.clear();
+        slot.extend_from_slice(bytes);
+        self.len += 1;
+    }
+
+    /// Gives back the memory of slots no request is using: any slot past
+    /// [`KEEP_SLOTS`] and any large one.
+    pub fn trim(&mut self) {
+        self.slots.truncate(self.len.max(KEEP_SLOTS));
+        for s in &mut self.slots[self.len..] {
+            if s.capacity() > KEEP_SLOT {
+                *s = Vec::new();
+            }
+        }
+    }
+}
+
+/// Parses the first request in `buf` into `args`: `Ok(Some(consumed))` when
+/// a whole request was there (`args` holds it, empty for an empty request;
+/// drop `consumed` bytes before the next call), `Ok(None)` when more bytes are
+/// needed (`args` is then empty), or the protocol error.
+pub fn parse_request_into(
+    buf: &[u8],
+    limits: &Limits,
+    args: &mut Args,
+) -> Result<Option<usize>, ProtoError> {
+    args.clear();
     let parsed = if buf.first() == Some(&b'*') {
-        parse_multibulk(buf, limits)
+        parse_multibulk(buf, limits, args)
     } else {
-        parse_inline(buf, limits)
+        parse_inline(buf, limits, args)
     };
     match parsed {
-        Parsed::Incomplete if buf.len() > limits.max_query_buffer => {
-            Parsed::Error(ProtoError::QueryBufferLimit)
+        Ok(None) if buf.len() > limits.max_query_buffer => Err(ProtoError::QueryBufferLimit),
+        other => {
+            if !matches!(other, Ok(Some(_))) {
+                args.clear();
+            }
+            other
         }
-        other => other,
+    }
+}
+
+/// Parses the first request in `buf` (allocating its arguments; a server
+/// reuses an [`Args`] with [`parse_request_into`] instead).
+pub fn parse_request(buf: &[u8], limits: &Limits) -> Parsed {
+    let mut args = Args::default();
+    match parse_request_into(buf, limits, &mut args) {
+        Ok(Some(consumed)) => {
+            let n = args.len;
+            args.slots.truncate(n);
+            Parsed::Complete {
+                args: args.slots,
+                consumed,
+            }
+        }
+        Ok(None) => Parsed::Incomplete,
+        Err(e) => Parsed::Error(e),
     }
 }
 
@@ -113,73 +189,76 @@ pub(crate) fn string2ll(s: &[u8]) -> Option<i64> {
     }
 }
 
-fn parse_multibulk(buf: &[u8], limits: &Limits) -> Parsed {
+fn parse_multibulk(
+    buf: &[u8],
+    limits: &Limits,
+    args: &mut Args,
+) -> Result<Option<usize>, ProtoError> {
     // Count line: "*<n>\r\n". Like Redis, the byte after '\r' is not checked.
     let Some(cr) = find(b'\r', buf) else {
         return if buf.len() > limits.max_inline_len {
-            Parsed::Error(ProtoError::TooBigMbulkCount)
+            Err(ProtoError::TooBigMbulkCount)
         } else {
-            Parsed::Incomplete
+            Ok(None)
         };
     };
     if cr + 2 > buf.len() {
-        return Parsed::Incomplete;
+        return Ok(None);
     }
     let count = match string2ll(&buf[1..cr]) {
-        Some(n) if n <= 0 => {
-            return Parsed::Complete {
-                args: Vec::new(),
-                consumed: cr + 2,
-            }
-        }
+        Some(n) if n <= 0 => return Ok(Some(cr + 2)),
         Some(n) if (n as u64) <= limits.max_multibulk_len as u64 => n as usize,
-        _ => return Parsed::Error(ProtoError::InvalidMultibulkLength),
+        _ => return Err(ProtoError::InvalidMultibulkLength),
     };
     let mut pos = cr + 2;
-    let mut spans: Vec<(usize, usize)> = Vec::with_capacity(count.min(ARGS_RESERVE_CAP));
+    // Arguments are copied out only once the whole request is there: first
+    // walk it, then copy (a huge announced count or length costs nothing).
+    let first = pos;
     for _ in 0..count {
         let rest = &buf[pos..];
         let Some(cr) = find(b'\r', rest) else {
             return if rest.len() > limits.max_inline_len {
-                Parsed::Error(ProtoError::TooBigBulkCount)
+                Err(ProtoError::TooBigBulkCount)
             } else {
-                Parsed::Incomplete
+                Ok(None)
             };
         };
         if cr + 2 > rest.len() {
-            return Parsed::Incomplete;
+            return Ok(None);
         }
         if rest[0] != b'$' {
-            return Parsed::Error(ProtoError::ExpectedDollar(rest[0]));
+            return Err(ProtoError::ExpectedDollar(rest[0]));
         }
         let len = match string2ll(&rest[1..cr]) {
             Some(n) if n >= 0 && (n as u64) <= limits.max_bulk_len as u64 => n as usize,
-            _ => return Parsed::Error(ProtoError::InvalidBulkLength),
+            _ => return Err(ProtoError::InvalidBulkLength),
         };
         pos += cr + 2;
         // Payload plus its trailing two bytes (skipped unchecked, as Redis does).
         if buf.len() - pos < len.saturating_add(2) {
-            return Parsed::Incomplete;
+            return Ok(None);
         }
-        spans.push((pos, len));
         pos += len + 2;
     }
-    let args = spans
-        .into_iter()
-        .map(|(start, len)| buf[start..start + len].to_vec())
-        .collect();
-    Parsed::Complete {
-        args,
-        consumed: pos,
+    // Second pass over the now complete (and validated) request.
+    let mut p = first;
+    for _ in 0..count {
+        let cr = find(b'\r', &buf[p..]).expect("validated above");
+        let len = string2ll(&buf[p + 1..p + cr]).expect("validated above") as usize;
+        p += cr + 2;
+        args.push(&buf[p..p + len]);
+        p += len + 2;
     }
+    debug_assert_eq!(p, pos);
+    Ok(Some(pos))
 }
 
-fn parse_inline(buf: &[u8], limits: &Limits) -> Parsed {
+fn parse_inline(buf: &[u8], limits: &Limits, args: &mut Args) -> Result<Option<usize>, ProtoError> {
     let Some(nl) = find(b'\n', buf) else {
         return if buf.len() > limits.max_inline_len {
-            Parsed::Error(ProtoError::TooBigInline)
+            Err(ProtoError::TooBigInline)
         } else {
-            Parsed::Incomplete
+            Ok(None)
         };
     };
     let end = if nl > 0 && buf[nl - 1] == b'\r' {
@@ -188,11 +267,13 @@ fn parse_inline(buf: &[u8], limits: &Limits) -> Parsed {
         nl
     };
     match split_args(&buf[..end]) {
-        Some(args) => Parsed::Complete {
-            args,
-            consumed: nl + 1,
-        },
-        None => Parsed::Error(ProtoError::UnbalancedQuotes),
+        Some(v) => {
+            for a in &v {
+                args.push(a);
+            }
+            Ok(Some(nl + 1))
+        }
+        None => Err(ProtoError::UnbalancedQuotes),
     }
 }
 

@@ -1,5 +1,8 @@
 use proptest::prelude::*;
-use proto::{encode_request, parse_reply, parse_request, Limits, Parsed, Reply, Version};
+use proto::{
+    encode_request, parse_reply, parse_request, parse_request_into, Args, Limits, Parsed, Reply,
+    Version,
+};
 
 fn small_limits() -> Limits {
     Limits {
@@ -100,6 +103,53 @@ proptest! {
         // Any strict prefix is incomplete.
         let cut = len / 2;
         prop_assert_eq!(parse_request(&buf[..cut], &Limits::default()), Parsed::Incomplete);
+    }
+
+    /// One `Args` reused across a pipelined stream (multibulk and inline
+    /// requests of varying sizes) yields what fresh parses yield, slot reuse
+    /// leaking nothing from an earlier, longer request.
+    #[test]
+    fn reused_args_match_fresh_parses(
+        reqs in prop::collection::vec(
+            (any::<bool>(), prop::collection::vec(prop::collection::vec(any::<u8>(), 0..90), 1..6)),
+            1..12,
+        ),
+        junk in prop::collection::vec(any::<u8>(), 0..20),
+    ) {
+        let mut buf = Vec::new();
+        for (inline, args) in &reqs {
+            if *inline {
+                let words: Vec<String> = args.iter().map(|a| format!("w{}", a.len())).collect();
+                buf.extend_from_slice(words.join(" ").as_bytes());
+                buf.extend_from_slice(b"\r\n");
+            } else {
+                encode_request(args, &mut buf);
+            }
+        }
+        buf.extend_from_slice(&junk);
+        let mut reused = Args::default();
+        let mut pos = 0;
+        loop {
+            let fresh = parse_request(&buf[pos..], &small_limits());
+            let r = parse_request_into(&buf[pos..], &small_limits(), &mut reused);
+            match (fresh, r) {
+                (Parsed::Complete { args, consumed }, Ok(Some(c))) => {
+                    prop_assert_eq!(consumed, c);
+                    prop_assert_eq!(args.as_slice(), reused.as_slice());
+                    pos += c;
+                }
+                (Parsed::Incomplete, Ok(None)) => {
+                    prop_assert!(reused.as_slice().is_empty());
+                    break;
+                }
+                (Parsed::Error(e), Err(e2)) => {
+                    prop_assert_eq!(e, e2);
+                    break;
+                }
+                (f, r) => prop_assert!(false, "fresh {:?} vs reused {:?}", f, r),
+            }
+            reused.trim();
+        }
     }
 
     #[test]
