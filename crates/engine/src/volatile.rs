@@ -2,7 +2,7 @@
 //! (Bullet's `volatile`); nothing survives the process, and it says so
 //! ([`Durability::Volatile`]).
 
-use crate::table::Table;
+use crate::table::{Blob, Table};
 use crate::{
     check_op, incr_value, key_hash, Durability, Op, Outcome, Result, Session, Store, StoreStats,
 };
@@ -11,7 +11,7 @@ use std::sync::Arc;
 /// The DRAM-only store. Clone is cheap.
 #[derive(Clone)]
 pub struct VolatileStore {
-    table: Arc<Table<Box<[u8]>, ()>>,
+    table: Arc<Table<Blob, ()>>,
 }
 
 impl VolatileStore {
@@ -28,7 +28,7 @@ impl VolatileStore {
 }
 
 pub struct VolatileSession {
-    table: Arc<Table<Box<[u8]>, ()>>,
+    table: Arc<Table<Blob, ()>>,
     buf: Vec<u8>,
 }
 
@@ -70,7 +70,7 @@ impl Session for VolatileSession {
         let g = crossbeam_epoch::pin();
         match self.table.get(key_hash(key), key, &g) {
             Some(n) => {
-                out.extend_from_slice(n.value(&g));
+                out.extend_from_slice(n.value(&g).get().unwrap_or_default());
                 Ok(true)
             }
             None => Ok(false),
@@ -90,24 +90,24 @@ impl Session for VolatileSession {
         match op {
             Op::Put(v) => {
                 if let Some(n) = l.find(key) {
-                    l.set_value(n, v.into());
+                    l.set_value(n, Blob::new(v));
                     Ok(Outcome::Put { created: false })
                 } else {
-                    l.insert(hash, key, v.into(), ());
+                    l.insert(hash, key, Blob::new(v), ());
                     Ok(Outcome::Put { created: true })
                 }
             }
             Op::Remove => Ok(Outcome::Removed(l.remove(key))),
             Op::Incr(d) => {
                 let g = l.guard();
-                let cur = l.find(key).map(|n| n.value(g).clone());
-                let n = incr_value(cur.as_deref(), d)?;
+                let cur = l.find(key).and_then(|n| n.value(g).get());
+                let n = incr_value(cur, d)?;
                 self.buf.clear();
                 self.buf.extend_from_slice(n.to_string().as_bytes());
                 if let Some(node) = l.find(key) {
-                    l.set_value(node, self.buf.as_slice().into());
+                    l.set_value(node, Blob::new(&self.buf));
                 } else {
-                    l.insert(hash, key, self.buf.as_slice().into(), ());
+                    l.insert(hash, key, Blob::new(&self.buf), ());
                 }
                 Ok(Outcome::Int(n))
             }
