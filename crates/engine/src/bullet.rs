@@ -47,7 +47,7 @@
 
 use crate::crl::{self, Header, Pool, RecPtr, OPC_PAD};
 use crate::direct::{backend_kind, create_backend, BackendKind, BackendOptions};
-use crate::table::Table;
+use crate::table::{Blob, Table};
 use crate::{
     check_op, incr_value, key_hash, lentry, min_cursor, value, Durability, Error, Op, Outcome,
     Result, Session, Store, StoreStats, OPC_INCR, OPC_PUT, OPC_REMOVE,
@@ -155,8 +155,8 @@ impl Default for BulletOptions {
     }
 }
 
-/// A frontend value: `None` is a tombstone (§2.3).
-type FVal = Option<Box<[u8]>>;
+/// A frontend value: bytes, or a tombstone ([`Blob::tomb`], §2.3).
+type FVal = Blob;
 
 /// A frontend entry's log bookkeeping.
 pub struct FMeta {
@@ -466,7 +466,12 @@ impl BulletStore {
             let hash = key_hash(&k);
             let mut l = st.sh.table.lock(hash);
             if l.find(&k).is_none() {
-                l.insert(hash, &k, v, FMeta::new(lentry, version));
+                l.insert(
+                    hash,
+                    &k,
+                    Blob::new_opt(v.as_deref()),
+                    FMeta::new(lentry, version),
+                );
             }
         }
         stats.replay_micros = t.elapsed().as_micros() as u64;
@@ -572,19 +577,42 @@ impl BulletStore {
     /// Applies every record in the logs to the backend and reclaims the logs
     /// (tests, benchmarks' prefill). Call with no session writing.
     pub fn drain(&self) -> Result<()> {
+        self.drain_for(None).map(|_| ())
+    }
+
+    /// Bytes of the logs in use (records not yet reclaimed) and their total.
+    pub fn log_occupancy_bytes(&self) -> (u64, u64) {
+        self.sh.pool.occupancy()
+    }
+
+    /// [`drain`](Self::drain), for at most `budget` (None: no limit): true when
+    /// the logs are empty, false when time ran out first. Records left in the
+    /// logs are safe there: the next open replays them into the frontend
+    /// (§5) and gleaners apply them later. A clean shutdown uses this so that
+    /// its time stays bounded whatever the backlog (with the msync strategy a
+    /// backend update costs msyncs, and a full pool takes minutes to apply).
+    pub fn drain_for(&self, budget: Option<Duration>) -> Result<bool> {
         let mut g = Gleaner::new(&self.sh)?;
-        let r = self.drain_loop(&mut g);
+        let r = self.drain_loop(&mut g, budget.map(|b| std::time::Instant::now() + b));
         g.retire(&self.sh);
         r
     }
 
-    fn drain_loop(&self, g: &mut Gleaner) -> Result<()> {
+    fn drain_loop(&self, g: &mut Gleaner, deadline: Option<std::time::Instant>) -> Result<bool> {
+        let late = || deadline.is_some_and(|d| std::time::Instant::now() >= d);
         loop {
-            while g.glean_batch(&self.sh)? {}
+            while g.glean_batch(&self.sh)? {
+                if late() {
+                    break;
+                }
+            }
             self.sh.advance()?;
             let (used, _) = self.sh.pool.occupancy();
             if used == 0 {
-                return Ok(());
+                return Ok(true);
+            }
+            if late() {
+                return Ok(false);
             }
             if !g.glean_batch(&self.sh)? {
                 std::thread::sleep(Duration::from_micros(200));
@@ -620,11 +648,11 @@ impl BulletStore {
             } else {
                 None
             };
-            if b != node.value(&g).as_deref() {
+            if b != node.value(&g).get() {
                 err = Some(format!(
                     "key {:?}: frontend {:?}, backend {:?}",
                     String::from_utf8_lossy(node.key()),
-                    node.value(&g).as_deref().map(String::from_utf8_lossy),
+                    node.value(&g).get().map(String::from_utf8_lossy),
                     b.map(String::from_utf8_lossy)
                 ));
             }
@@ -636,10 +664,13 @@ impl BulletStore {
     }
 }
 
+/// A frontend entry rebuilt from the logs: key, value (None: tombstone),
+/// lentry, version.
+type ReplayEntry = (Vec<u8>, Option<Box<[u8]>>, u64, u64);
+
 /// The outcome of reading the logs at recovery.
 struct Replay {
-    /// Frontend entries: key, value (None: tombstone), lentry, version.
-    entries: Vec<(Vec<u8>, FVal, u64, u64)>,
+    entries: Vec<ReplayEntry>,
     next_epoch: u64,
 }
 
@@ -924,7 +955,7 @@ impl Shared {
         let Some(n) = l.find(key) else {
             return true;
         };
-        if n.value(g).is_some() {
+        if n.value(g).get().is_some() {
             return true;
         }
         let le = n.meta().lentry.load(Ordering::Acquire);
@@ -1616,7 +1647,9 @@ impl BulletSession {
         }
         self.sh.complete.store(false, Ordering::Release);
         let base = self.sh.epoch_base();
-        for _ in 0..4 {
+        // About as many entries examined as the table holds per 8 buckets
+        // (its load factor is at most 1).
+        for _ in 0..8 {
             let b = self.sh.table.buckets();
             let i = (self.next_rand() as usize) % b.max(1);
             let Some(mut l) = self.sh.table.lock_index(i) else {
@@ -1659,18 +1692,21 @@ impl Session for BulletSession {
         let hash = key_hash(key);
         let found = if self.sh.opts.variant.lockfree_gets() {
             let g = crossbeam_epoch::pin();
-            self.sh.table.get(hash, key, &g).map(|n| match n.value(&g) {
-                Some(v) => {
-                    out.extend_from_slice(v);
-                    true
-                }
-                None => false,
-            })
+            self.sh
+                .table
+                .get(hash, key, &g)
+                .map(|n| match n.value(&g).get() {
+                    Some(v) => {
+                        out.extend_from_slice(v);
+                        true
+                    }
+                    None => false,
+                })
         } else {
             self.sh.table.get_shared(hash, key, |n| {
                 n.map(|n| {
                     let g = crossbeam_epoch::pin();
-                    match n.value(&g) {
+                    match n.value(&g).get() {
                         Some(v) => {
                             out.extend_from_slice(v);
                             true
@@ -1692,7 +1728,7 @@ impl Session for BulletSession {
         let sh = &*self.sh;
         let mut l = sh.table.lock(hash);
         let found = match l.find(key) {
-            Some(n) => match n.value(l.guard()) {
+            Some(n) => match n.value(l.guard()).get() {
                 Some(v) => {
                     out.extend_from_slice(v);
                     true
@@ -1702,7 +1738,7 @@ impl Session for BulletSession {
             None => match load_backend(sh, &mut self.g, key)? {
                 Some((stamp, v)) => {
                     out.extend_from_slice(&v);
-                    l.insert(hash, key, Some(v), FMeta::new(0, stamp));
+                    l.insert(hash, key, Blob::new(&v), FMeta::new(0, stamp));
                     true
                 }
                 None => false,
@@ -1731,7 +1767,7 @@ impl Session for BulletSession {
         let sh = &*self.sh;
         let mut front: Vec<(Vec<u8>, bool)> = Vec::new();
         let fnext = sh.table.scan(cursor, count, |n, g| {
-            front.push((n.key().to_vec(), n.value(g).is_some()))
+            front.push((n.key().to_vec(), n.value(g).get().is_some()))
         });
         if sh.complete.load(Ordering::Acquire) {
             out.extend(front.into_iter().filter(|(_, live)| *live).map(|(k, _)| k));
@@ -1771,28 +1807,28 @@ impl Session for BulletSession {
         let mut l = sh.table.lock(hash);
         if l.find(key).is_none() {
             if let Some((stamp, v)) = load_backend(sh, &mut self.g, key)? {
-                l.insert(hash, key, Some(v), FMeta::new(0, stamp));
+                l.insert(hash, key, Blob::new(&v), FMeta::new(0, stamp));
             }
         }
         let node = l.find(key);
         let g = l.guard();
-        let cur: Option<&[u8]> = node.and_then(|n| n.value(g).as_deref());
-        let (outcome, new): (Outcome, FVal) = match op {
+        let cur: Option<&[u8]> = node.and_then(|n| n.value(g).get());
+        let (outcome, new): (Outcome, crossbeam_epoch::Owned<Blob>) = match op {
             Op::Put(v) => (
                 Outcome::Put {
                     created: cur.is_none(),
                 },
-                Some(v.into()),
+                Blob::new(v),
             ),
             Op::Remove => {
                 if cur.is_none() {
                     return Ok(Outcome::Removed(false));
                 }
-                (Outcome::Removed(true), None)
+                (Outcome::Removed(true), Blob::tomb())
             }
             Op::Incr(d) => {
                 let n = incr_value(cur, d)?;
-                (Outcome::Int(n), Some(n.to_string().into_bytes().into()))
+                (Outcome::Int(n), Blob::new(n.to_string().as_bytes()))
             }
         };
         let base = sh.epoch_base();
