@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 EMBER=$PWD/target/release/ember
 work=$(mktemp -d /tmp/ember-bench.XXXXXX)
-trap 'pkill -f "port 740[1-4]" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'pkill -f "serve --port 740[1-4]" 2>/dev/null || true; pkill -f "redis-server 127.0.0.1:740[1-4]" 2>/dev/null || true; rm -rf "$work"' EXIT
 
 wait_ping() { for _ in $(seq 1 3000); do redis-cli -p "$1" ping 2>/dev/null | grep -q PONG && return 0; sleep 0.01; done; return 1; }
 

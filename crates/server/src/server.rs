@@ -27,6 +27,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 const WAKER: Token = Token(0);
+/// The acceptor's waker (its listeners are tokens 0..n).
+const ACCEPT_WAKER: Token = Token(usize::MAX);
 /// An accepted connection on its way from the acceptor to a worker.
 type NewConn = (std::net::TcpStream, SocketAddr);
 /// Output buffered for one client before the worker stops executing its
@@ -56,7 +58,12 @@ pub struct Shared {
     pub store: AnyStore,
     pub startup: Startup,
     pub stripes: Stripes,
+    /// Set by [`Shared::begin_shutdown`] (SHUTDOWN, SIGTERM, SIGINT, a fatal
+    /// error); every loop checks it.
     pub shutdown: AtomicBool,
+    /// The wakers of every poll loop (workers and acceptor): shutdown wakes
+    /// them instead of waiting for their poll timeouts.
+    pub wakers: Mutex<Vec<Arc<Waker>>>,
     pub clients: Mutex<BTreeMap<u64, Arc<ClientMeta>>>,
     pub next_client_id: AtomicU64,
     pub connected: AtomicU64,
@@ -69,6 +76,15 @@ pub struct Shared {
 impl Shared {
     pub fn cfg(&self) -> std::sync::RwLockReadGuard<'_, Config> {
         self.cfg.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts a clean shutdown: every loop stops at its next check, and the
+    /// poll loops are woken now.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.store(true, Ordering::Release);
+        for w in self.wakers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = w.wake();
+        }
     }
 }
 
@@ -165,12 +181,14 @@ impl Client {
     }
     pub fn int(&mut self, n: i64) {
         self.out.push(b':');
-        self.out.extend_from_slice(n.to_string().as_bytes());
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
         self.out.extend_from_slice(b"\r\n");
     }
     pub fn bulk(&mut self, b: &[u8]) {
         self.out.push(b'$');
-        self.out.extend_from_slice(b.len().to_string().as_bytes());
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(b.len()).as_bytes());
         self.out.extend_from_slice(b"\r\n");
         self.out.extend_from_slice(b);
         self.out.extend_from_slice(b"\r\n");
@@ -180,7 +198,8 @@ impl Client {
     }
     pub fn array_header(&mut self, n: usize) {
         self.out.push(b'*');
-        self.out.extend_from_slice(n.to_string().as_bytes());
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
         self.out.extend_from_slice(b"\r\n");
     }
 }
@@ -237,6 +256,8 @@ struct Worker {
     pending: Vec<Token>,
     /// Scratch buffer every socket read goes through.
     rbuf: Vec<u8>,
+    /// The arguments of the request being executed (slots reused).
+    args: proto::Args,
 }
 
 impl Worker {
@@ -467,6 +488,25 @@ impl Worker {
 
     /// Runs buffered requests; false when stopped at the output high water.
     fn run_requests(&mut self, c: &mut Client) -> bool {
+        // One clock read per command: each command's time runs from the end
+        // of the previous one (parsing included), and expiry is judged
+        // against the time this run of requests started.
+        let mut clock = Instant::now();
+        let now = crate::keyspace::now_ms();
+        let mut args = std::mem::take(&mut self.args);
+        let r = self.run_requests_with(c, &mut args, &mut clock, now);
+        args.trim();
+        self.args = args;
+        r
+    }
+
+    fn run_requests_with(
+        &mut self,
+        c: &mut Client,
+        args: &mut proto::Args,
+        clock: &mut Instant,
+        now: i64,
+    ) -> bool {
         loop {
             if c.close_after || c.kill {
                 return true;
@@ -497,9 +537,10 @@ impl Worker {
                 return true;
             }
             c.resume = Resume::default();
-            match proto::parse_request(&c.inbuf[c.inpos..], limits) {
-                Parsed::Complete { args, consumed } => {
+            match proto::parse_request_into(&c.inbuf[c.inpos..], limits, args) {
+                Ok(Some(consumed)) => {
                     c.inpos += consumed;
+                    let args = args.as_slice();
                     if args.is_empty() {
                         continue;
                     }
@@ -514,7 +555,6 @@ impl Worker {
                     if self.settings.requirepass.is_none() {
                         c.authed = true;
                     }
-                    let now = crate::keyspace::now_ms();
                     let mut ctx = Ctx {
                         sh: &self.sh,
                         ks: &mut self.ks,
@@ -522,9 +562,9 @@ impl Worker {
                         now,
                         requirepass: self.settings.requirepass.as_deref(),
                     };
-                    cmd::execute(&mut ctx, c, &args);
+                    cmd::execute(&mut ctx, c, args, clock);
                 }
-                Parsed::Incomplete => {
+                Ok(None) => {
                     if c.inpos > 0 {
                         c.inbuf.drain(..c.inpos);
                         c.inpos = 0;
@@ -535,7 +575,7 @@ impl Worker {
                     c.resume = Resume::start(&c.inbuf, limits);
                     return true;
                 }
-                Parsed::Error(e) => {
+                Err(e) => {
                     if e == proto::ProtoError::QueryBufferLimit {
                         self.query_buffer_limit(c);
                         return true;
@@ -815,21 +855,14 @@ fn digits(s: &[u8]) -> Option<u64> {
 /// connections to workers round-robin.
 fn accept_loop(
     sh: Arc<Shared>,
+    mut poll: Poll,
     mut listeners: Vec<TcpListener>,
     workers: Vec<(Sender<NewConn>, Arc<Waker>)>,
 ) {
-    let mut poll = match Poll::new() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("ember: acceptor: {e}");
-            sh.shutdown.store(true, Ordering::Release);
-            return;
-        }
-    };
     for (i, l) in listeners.iter_mut().enumerate() {
         if let Err(e) = poll.registry().register(l, Token(i), Interest::READABLE) {
             eprintln!("ember: acceptor: {e}");
-            sh.shutdown.store(true, Ordering::Release);
+            sh.begin_shutdown();
             return;
         }
     }
@@ -853,7 +886,12 @@ fn accept_loop(
             todo.extend(0..listeners.len());
             retry = false;
         } else {
-            todo.extend(events.iter().map(|ev| ev.token().0));
+            todo.extend(
+                events
+                    .iter()
+                    .map(|ev| ev.token().0)
+                    .filter(|&i| i < listeners.len()),
+            );
         }
         for &i in &todo {
             let l = &listeners[i];
@@ -1054,6 +1092,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         startup,
         stripes: Stripes::new(4096),
         shutdown: AtomicBool::new(false),
+        wakers: Mutex::new(Vec::new()),
         clients: Mutex::new(BTreeMap::new()),
         next_client_id: AtomicU64::new(1),
         connected: AtomicU64::new(0),
@@ -1074,12 +1113,12 @@ pub fn run(cfg: Config) -> Result<(), String> {
                 .name("ember-signal".into())
                 .spawn(move || {
                     while !term.load(Ordering::Acquire) && !sh2.shutdown.load(Ordering::Acquire) {
-                        std::thread::sleep(Duration::from_millis(20));
+                        std::thread::sleep(Duration::from_millis(5));
                     }
                     if term.load(Ordering::Acquire) {
                         eprintln!("ember: received SIGTERM/SIGINT: shutting down");
                     }
-                    sh2.shutdown.store(true, Ordering::Release);
+                    sh2.begin_shutdown();
                 })
                 .map_err(|e| e.to_string())?,
         );
@@ -1092,6 +1131,10 @@ pub fn run(cfg: Config) -> Result<(), String> {
     for id in 0..threads {
         let poll = Poll::new().map_err(|e| e.to_string())?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(|e| e.to_string())?);
+        sh.wakers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(waker.clone());
         let (tx, rx) = channel();
         doors.push((tx, waker));
         let sh2 = sh.clone();
@@ -1104,7 +1147,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     Ok(s) => s,
                     Err(e) => {
                         eprintln!("ember: worker {id}: cannot open a store session: {e}");
-                        sh2.shutdown.store(true, Ordering::Release);
+                        sh2.begin_shutdown();
                         return;
                     }
                 };
@@ -1122,6 +1165,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     expire_cursor: 0,
                     pending: Vec::new(),
                     rbuf: vec![0; READ_CHUNK],
+                    args: proto::Args::default(),
                 }
                 .run()
             })
@@ -1153,10 +1197,18 @@ pub fn run(cfg: Config) -> Result<(), String> {
             }
         );
     }
+    let accept_poll = Poll::new().map_err(|e| format!("acceptor: {e}"))?;
+    sh.wakers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(Arc::new(
+            Waker::new(accept_poll.registry(), ACCEPT_WAKER)
+                .map_err(|e| format!("acceptor: {e}"))?,
+        ));
     let sh2 = sh.clone();
     let acceptor = std::thread::Builder::new()
         .name("ember-accept".into())
-        .spawn(move || accept_loop(sh2, listeners, doors))
+        .spawn(move || accept_loop(sh2, accept_poll, listeners, doors))
         .map_err(|e| e.to_string())?;
     let _ = acceptor.join();
     for h in handles.into_iter().chain(aux) {

@@ -6,7 +6,7 @@ use engine::direct::{backend_kind, BackendOptions, DirectStore};
 use engine::volatile::VolatileStore;
 use engine::{Session, Store, StoreStats};
 use pmem::{Heap, HeapOptions, Strategy};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The store a server runs on.
 pub enum AnyStore {
@@ -75,12 +75,24 @@ impl AnyStore {
             AnyStore::Volatile(s) => s.close(),
             AnyStore::Direct(s) => s.close(),
             AnyStore::Bullet(s) => {
-                s.drain()?;
+                let t = Instant::now();
+                if !s.drain_for(Some(SHUTDOWN_DRAIN))? {
+                    let (used, _) = s.log_occupancy_bytes();
+                    eprintln!(
+                        "ember: stopped applying the logs after {:.1} s with {} bytes of records left: the next start replays them",
+                        t.elapsed().as_secs_f64(),
+                        used
+                    );
+                }
                 s.close()
             }
         }
     }
 }
+
+/// The longest a clean shutdown spends applying Bullet's logs to the backend;
+/// what is left stays in the logs (durable) and is replayed at the next start.
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
 /// Opens (or creates) the heap and the store the configuration names.
 pub fn open(cfg: &Config) -> Result<(AnyStore, Startup), String> {

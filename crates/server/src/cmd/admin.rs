@@ -348,7 +348,7 @@ pub fn shutdown(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         return Err("ERR No shutdown in progress.".into());
     }
     eprintln!("ember: SHUTDOWN requested by client id={}", c.id);
-    ctx.sh.shutdown.store(true, Ordering::Release);
+    ctx.sh.begin_shutdown();
     // Like Redis, no reply: the connection closes with the server.
     c.close_after = true;
     Ok(())

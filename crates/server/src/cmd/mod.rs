@@ -143,8 +143,32 @@ pub static TABLE: &[Spec] = &[
     spec!("shutdown", -1, ["admin", "noscript", "loading", "stale"], 0, 0, 0, "server", "1.0.0", "Synchronously saves the database(s) to disk and shuts down the Redis server.", admin::shutdown),
 ];
 
-fn lookup_map() -> &'static HashMap<&'static str, usize> {
-    static MAP: OnceLock<HashMap<&'static str, usize>> = OnceLock::new();
+/// FNV-1a: command names are short and not attacker-chosen keys of a growing
+/// map (the table is fixed), so a keyed SipHash buys nothing here.
+#[derive(Default)]
+struct Fnv(u64);
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+type NameMap = HashMap<&'static str, usize, std::hash::BuildHasherDefault<Fnv>>;
+
+fn lookup_map() -> &'static NameMap {
+    static MAP: OnceLock<NameMap> = OnceLock::new();
     MAP.get_or_init(|| TABLE.iter().enumerate().map(|(i, s)| (s.name, i)).collect())
 }
 
@@ -199,9 +223,11 @@ pub fn arity_error(name: &str) -> String {
     format!("ERR wrong number of arguments for '{name}' command")
 }
 
-/// Runs one request and appends its reply to the client's output.
-pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
-    let t0 = Instant::now();
+/// Runs one request and appends its reply to the client's output. `clock`
+/// is when the previous command ended (or the batch began): the command's
+/// time is measured from it, and it is moved to this command's end.
+pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Instant) {
+    let t0 = *clock;
     let Some(i) = lookup(&args[0]) else {
         c.err(&unknown_command(args));
         return;
@@ -220,7 +246,7 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
     }
     c.meta.last_cmd.store(i as u64 + 1, Ordering::Relaxed);
     c.meta.last_ms.store(
-        c.meta.created.elapsed().as_millis() as u64,
+        t0.saturating_duration_since(c.meta.created).as_millis() as u64,
         Ordering::Relaxed,
     );
     let r = (spec.run)(ctx, c, args);
@@ -228,7 +254,9 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
     if let Err(e) = r {
         c.err(&e);
     }
-    ctx.ws.record(i, t0.elapsed().as_micros() as u64, failed);
+    let t1 = Instant::now();
+    *clock = t1;
+    ctx.ws.record(i, (t1 - t0).as_micros() as u64, failed);
 }
 
 /// Parses an integer argument (Redis's `string2ll`).
