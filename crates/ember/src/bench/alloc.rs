@@ -55,8 +55,9 @@ pub struct AllocArgs {
     /// Emulated extra latency per fence, in ns.
     #[arg(long, default_value_t = 0)]
     pub fence_ns: u64,
-    /// Heap file to create (must not exist; removed at the end).
-    /// Default: <tmp>/ember-bench-<pid>.heap.
+    /// Heap file to create (must not exist). Default: <tmp>/ember-bench-<pid>.heap.
+    /// Removed at the end, also when the bench is stopped by SIGINT, SIGTERM or
+    /// SIGHUP or panics; a SIGKILL leaves it.
     #[arg(long)]
     pub heap: Option<PathBuf>,
     /// Also flush the 8 bytes each op stores (pmem modes only).

@@ -135,7 +135,9 @@ pub struct EngineArgs {
     /// Initial buckets of the tables (0 = the key count rounded up to a power of two).
     #[arg(long, default_value_t = 0)]
     pub buckets: u64,
-    /// Heap file (must not exist; removed afterwards). Default: in the temp dir.
+    /// Heap file (must not exist). Default: ember-bench-PID-engine.heap in the
+    /// temp dir. Removed at the end, also when the bench is stopped by SIGINT,
+    /// SIGTERM or SIGHUP or panics; a SIGKILL leaves it.
     #[arg(long)]
     pub heap: Option<PathBuf>,
     /// Heap size in MiB (0 = enough for the keys and the logs).
@@ -158,6 +160,11 @@ pub struct EngineArgs {
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     pub json: bool,
+    /// (for `bench scenario`) With --json, also print the latency distributions:
+    /// `get_cdf`, `put_cdf` and `all_cdf` as [quantile, ns] pairs at N evenly
+    /// spaced quantiles plus the tail (0.9 to 0.9999), and `all_p99_ns`.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub cdf_points: usize,
     /// Bullet only: after the run, close the store without draining its logs,
     /// reopen the heap and time the recovery (§5: logs replayed into the
     /// frontend); printed as a second line (a second JSON object with --json).
@@ -682,6 +689,12 @@ fn validate(args: &EngineArgs) -> BenchResult<()> {
     if !(0.0..=3600.0).contains(&args.warmup) {
         return Err(format!("--warmup {} must be in [0, 3600]", args.warmup));
     }
+    if args.cdf_points > 10_000 {
+        return Err(format!(
+            "--cdf-points {} must be at most 10000",
+            args.cdf_points
+        ));
+    }
     if !args.trace_steps.is_empty() {
         if let Some(bad) = args
             .trace_steps
@@ -1077,6 +1090,17 @@ fn report(
             ),
         );
     }
+    if args.cdf_points > 0 {
+        let mut all_hist = get_hist.clone();
+        all_hist
+            .add(&put_hist)
+            .map_err(|e| format!("histogram: {e:?}"))?;
+        let qs = cdf_quantiles(args.cdf_points);
+        put("get_cdf", cdf(&get_hist, &qs));
+        put("put_cdf", cdf(&put_hist, &qs));
+        put("all_cdf", cdf(&all_hist, &qs));
+        put("all_p99_ns", json!(all_hist.value_at_quantile(0.99)));
+    }
     put(
         "latency_definition",
         json!("per operation: clock read right before and right after it (key choice excluded)"),
@@ -1178,9 +1202,41 @@ fn report(
     Ok(())
 }
 
+/// `n` evenly spaced quantiles (1/n, 2/n, ..., 1) and the tail points 0.9, 0.95,
+/// 0.99, 0.995, 0.999 and 0.9999, sorted and without duplicates.
+fn cdf_quantiles(n: usize) -> Vec<f64> {
+    let mut qs: Vec<f64> = (1..=n).map(|i| i as f64 / n as f64).collect();
+    qs.extend([0.9, 0.95, 0.99, 0.995, 0.999, 0.9999]);
+    qs.sort_by(|a, b| a.total_cmp(b));
+    qs.dedup_by(|a, b| (*a - *b).abs() < 1e-12);
+    qs
+}
+
+/// `[quantile, ns]` pairs of `h` (empty when nothing was recorded).
+fn cdf(h: &Histogram<u64>, qs: &[f64]) -> Value {
+    if h.is_empty() {
+        return json!([]);
+    }
+    Value::Array(
+        qs.iter()
+            .map(|&q| json!([q, h.value_at_quantile(q)]))
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cdf_quantiles_cover_the_tail() {
+        let qs = cdf_quantiles(10);
+        assert_eq!(qs.first(), Some(&0.1));
+        assert_eq!(qs.last(), Some(&1.0));
+        assert!(qs.contains(&0.999) && qs.contains(&0.9999));
+        assert!(qs.windows(2).all(|w| w[0] < w[1]), "{qs:?}");
+        assert_eq!(qs.iter().filter(|&&q| q == 0.9).count(), 1);
+    }
 
     #[test]
     fn keys_are_exact() {

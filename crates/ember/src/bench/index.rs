@@ -120,6 +120,8 @@ pub struct IndexArgs {
     #[arg(long, default_value = "auto")]
     pub strategy: String,
     /// Directory for the temporary heap file (default: the system temp dir).
+    /// The file is removed at the end, also when the bench is stopped by SIGINT,
+    /// SIGTERM or SIGHUP or panics; a SIGKILL leaves ember-bench-*.heap.
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Seed of the random generators (thread i uses seed + i + 1).

@@ -6,12 +6,14 @@ mod engine;
 mod index;
 mod persist;
 mod recovery;
+mod scenario;
 
 use clap::{Args, Subcommand};
 use pmem::{Heap, HeapOptions, PersistStats};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::{Mutex, Once};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -24,6 +26,10 @@ pub enum Which {
     /// Allocation + free throughput of the persistent allocator vs the system allocator.
     Alloc(alloc::AllocArgs),
     /// Cost of persisting a 64-byte record under each persistence strategy.
+    ///
+    /// Each strategy gets a heap file in the temp dir (ember-bench-PID-persist-*.heap),
+    /// removed when it is measured, also when the bench is stopped by SIGINT,
+    /// SIGTERM or SIGHUP or panics; a SIGKILL leaves it.
     Persist(persist::PersistArgs),
     /// Throughput and latency of an index structure (log-free paper workload).
     Index(index::IndexArgs),
@@ -32,6 +38,9 @@ pub enum Which {
     /// Throughput and latency of a store (volatile, direct, Bullet and its
     /// variants) under a YCSB scrambled-zipfian get/put load (Bullet §7).
     Engine(engine::EngineArgs),
+    /// The papers' experiments as named scenarios: CSV and chart (SVG, PNG) into
+    /// --out DIR (--list names them; --quick is the short version CI runs).
+    Scenario(scenario::ScenarioArgs),
     /// (internal) The process `bench recovery` builds a structure in and kills.
     #[command(hide = true, name = "recovery-fill")]
     RecoveryFill(recovery::FillArgs),
@@ -44,6 +53,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         Which::Index(a) => index::run(a),
         Which::Recovery(a) => recovery::run(a),
         Which::Engine(a) => engine::run(a),
+        Which::Scenario(a) => scenario::run(a),
         Which::RecoveryFill(a) => recovery::fill(a),
     };
     match r {
@@ -150,17 +160,108 @@ pub fn si(v: f64) -> String {
 }
 
 /// A heap in a file of its own that is removed when this value drops (also when
-/// the benchmark fails half way). The heap itself drops first.
+/// the benchmark fails half way), and when the process is stopped by SIGINT,
+/// SIGTERM or SIGHUP or panics (see [`TempPath`]). The heap itself drops first.
 pub struct TempHeap {
     pub heap: Heap,
-    _file: RemoveOnDrop,
+    _file: TempPath,
 }
 
-struct RemoveOnDrop(PathBuf);
+/// Temporary files of this process, removed by the cleanup thread on SIGINT,
+/// SIGTERM and SIGHUP and by the panic hook (release builds abort on a panic,
+/// so destructors do not run). A SIGKILL leaves them behind.
+static TEMP_FILES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+static CLEANUP: Once = Once::new();
 
-impl Drop for RemoveOnDrop {
+fn temp_files() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    TEMP_FILES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn remove_all(files: &[PathBuf]) {
+    for f in files {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+/// Installs (once) what removes the registered files when the process is
+/// stopped by a signal or panics: a thread that waits for SIGINT, SIGTERM or
+/// SIGHUP, removes them and then ends the process as the signal would have;
+/// and (with panic = abort) a panic hook.
+fn install_cleanup() {
+    #[cfg(panic = "abort")]
+    {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            previous(info);
+            // try_lock: never block a panicking thread (the lock is only held
+            // for a push or a retain, never across a panic point).
+            if let Ok(files) = TEMP_FILES.try_lock() {
+                remove_all(&files);
+            }
+        }));
+    }
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ember bench: cannot handle signals ({e}): an interrupted run leaves its heap file behind");
+            return;
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("bench-cleanup".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                let files = std::mem::take(&mut *temp_files());
+                remove_all(&files);
+                // Dies of the signal (default action), as without the handler.
+                let _ = signal_hook::low_level::emulate_default_handler(sig);
+                std::process::exit(128 + sig);
+            }
+        });
+    if let Err(e) = spawned {
+        eprintln!("ember bench: cannot start the cleanup thread ({e}): an interrupted run leaves its heap file behind");
+    }
+}
+
+/// A temporary file's path: removed when the value drops (unless kept), or
+/// when the process is stopped by SIGINT, SIGTERM or SIGHUP or panics. A
+/// SIGKILL leaves the file (the scenario runner gives its children a scratch
+/// directory that it removes itself).
+pub struct TempPath {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl TempPath {
+    /// Registers `path` for removal. Register only a path this process created
+    /// (or is about to create and has checked was absent).
+    pub fn new(path: PathBuf) -> TempPath {
+        CLEANUP.call_once(install_cleanup);
+        temp_files().push(path.clone());
+        TempPath { path, keep: false }
+    }
+
+    /// Keep the file when the value drops (it is still removed if the process
+    /// is stopped by a signal first).
+    pub fn keep(&mut self) {
+        self.keep = true;
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempPath {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let mut files = temp_files();
+        if let Some(i) = files.iter().position(|p| *p == self.path) {
+            files.swap_remove(i);
+        }
+        if !self.keep {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -178,12 +279,12 @@ impl TempHeap {
         let heap = Heap::create(&path, opts).map_err(|e| e.to_string())?;
         Ok(TempHeap {
             heap,
-            _file: RemoveOnDrop(path),
+            _file: TempPath::new(path),
         })
     }
 
     pub fn path(&self) -> &Path {
-        &self._file.0
+        self._file.path()
     }
 
     /// Closes the heap (a clean shutdown) and keeps the file, which is removed
@@ -196,11 +297,11 @@ impl TempHeap {
 }
 
 /// A heap file (closed) that is removed when this value drops.
-pub struct TempFile(RemoveOnDrop);
+pub struct TempFile(TempPath);
 
 impl TempFile {
     pub fn path(&self) -> &Path {
-        &(self.0).0
+        self.0.path()
     }
 }
 
@@ -214,6 +315,24 @@ mod tests {
         assert_eq!(median(&[3.0]), 3.0);
         assert_eq!(median(&[5.0, 1.0, 3.0]), 3.0);
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
+
+    #[test]
+    fn temp_paths_are_removed_unless_kept() {
+        let dir = std::env::temp_dir().join(format!("ember-temppath-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        std::fs::write(&a, b"x").unwrap();
+        std::fs::write(&b, b"x").unwrap();
+        let ta = TempPath::new(a.clone());
+        let mut tb = TempPath::new(b.clone());
+        tb.keep();
+        assert!(temp_files().contains(&a) && temp_files().contains(&b));
+        drop(ta);
+        drop(tb);
+        assert!(!a.exists() && b.exists());
+        assert!(!temp_files().contains(&a) && !temp_files().contains(&b));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //! (`page_cache: "warm"`).
 
 use super::index::{create, encode_key, heap_bytes_for, prefill, Impl, Structure};
-use super::{BenchResult, Machine};
+use super::{BenchResult, Machine, TempPath};
 use clap::Args;
 use index::any::{attach_any, AnyHandle};
 use index::{Index, Ops};
@@ -31,6 +31,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::json;
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -60,7 +61,9 @@ pub struct RecoveryArgs {
     /// or nothing, with every handle synced and dropped (`idle`).
     #[arg(long, value_enum, default_value = "update")]
     pub crash_while: CrashWhile,
-    /// Directory for the heap file (default: the system temp dir).
+    /// Directory for the heap file (default: the system temp dir). The file is
+    /// removed at the end, also when this process is stopped by SIGINT, SIGTERM
+    /// or SIGHUP or panics; a SIGKILL leaves ember-bench-recovery-PID-*.heap.
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Keep the crashed heap file (and print its path) instead of removing it.
@@ -222,16 +225,6 @@ impl Drop for KillOnDrop {
     }
 }
 
-struct RemoveOnDrop(PathBuf, bool);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if !self.1 {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-}
-
 pub fn run(args: &RecoveryArgs) -> BenchResult<()> {
     if args.size == 0 || args.size > 1 << 32 {
         return Err(format!("--size {} must be in 1..=2^32", args.size));
@@ -255,12 +248,30 @@ pub fn run(args: &RecoveryArgs) -> BenchResult<()> {
     if path.exists() {
         return Err(format!("{} already exists", path.display()));
     }
-    let _rm = RemoveOnDrop(path.clone(), args.keep);
+    // Removed at the end (unless --keep), also on SIGINT, SIGTERM, SIGHUP or a
+    // panic; a SIGKILL of this process leaves it.
+    let mut rm = TempPath::new(path.clone());
+    if args.keep {
+        rm.keep();
+    }
 
     // The child builds the structure and keeps updating until it is killed.
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let t_fill = Instant::now();
-    let child = Command::new(exe)
+    let mut cmd = Command::new(exe);
+    // The child dies with this process, however it ends (it would otherwise
+    // keep updating the heap for ever).
+    // SAFETY: the closure runs in the forked child before exec; prctl(2) is
+    // async-signal-safe and touches no memory shared with the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
         .args(["bench", "recovery-fill", "--path"])
         .arg(&path)
         .args([

@@ -1,0 +1,385 @@
+//! `ember bench scenario NAME`: the papers' experiments as named scenarios. Each
+//! one runs the existing benchmarks as child processes of this binary (`ember
+//! bench engine|index|recovery --json`) or starts real servers (`ember serve`,
+//! `redis-server`) and drives them (`redis-benchmark`), then writes
+//! `DIR/NAME.csv` (one row per measurement, every row labelled with the machine,
+//! engine and variant, durability mode, persistence strategy, emulated fence
+//! latency, threads and commit) and a chart, `DIR/NAME.svg` and `DIR/NAME.png`.
+//!
+//! `--quick` makes every scenario small and short (seconds; what CI runs); the
+//! figures in BENCHMARKS.md come from full runs. Children run with timeouts and
+//! are killed (with their process group) on every way out; SIGINT/SIGTERM stop
+//! the scenario the same way.
+
+mod bullet;
+mod chart;
+mod child;
+mod logfree;
+mod progress;
+mod resp;
+mod serve_recovery;
+mod servers;
+mod table;
+mod udorn;
+
+use super::{BenchResult, Machine};
+use chart::Chart;
+use clap::Args;
+use progress::Progress;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use table::Table;
+
+/// The commit the binary was built from (build.rs; "unknown" without git).
+pub const COMMIT: &str = env!("EMBER_COMMIT");
+
+#[derive(Args, Debug)]
+pub struct ScenarioArgs {
+    /// The scenario (see --list), or `all` for every one in turn.
+    pub name: Option<String>,
+    /// List the scenarios, one line each.
+    #[arg(long)]
+    pub list: bool,
+    /// Small and short (seconds per scenario), as CI runs them.
+    #[arg(long)]
+    pub quick: bool,
+    /// Output directory [default: bench-out/NAME]; with `all`, one directory
+    /// per scenario under it.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Emulated extra latency per persistence fence, in ns, for every benchmark
+    /// and server that has the knob; labelled as emulation in rows and charts.
+    #[arg(long, default_value_t = 0)]
+    pub fence_ns: u64,
+    /// Persistence strategy of the engine and index benchmarks (auto, clwb,
+    /// clflushopt, clflush, fence-only or msync).
+    #[arg(long, default_value = "auto")]
+    pub strategy: String,
+    /// Most threads: scenarios run 1..=N threads, or 1 and N.
+    #[arg(long, default_value_t = 2)]
+    pub max_threads: usize,
+}
+
+/// What a scenario produces: its rows and its chart.
+pub struct Report {
+    pub table: Table,
+    pub chart: Chart,
+}
+
+struct Scenario {
+    name: &'static str,
+    about: &'static str,
+    run: fn(&mut Ctx) -> BenchResult<Report>,
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "bullet-fig5",
+        about: "Bullet Fig. 5: p99 latency against throughput of volatile, direct (phash, logfree) and bullet-st/lfr/opt/dyn/full at 0/2/15/50% puts, 1..N threads",
+        run: bullet::fig5,
+    },
+    Scenario {
+        name: "bullet-fig6",
+        about: "Bullet Fig. 6: latency CDFs of gets and puts of every store at 2% puts, N threads",
+        run: bullet::fig6,
+    },
+    Scenario {
+        name: "bullet-fig7",
+        about: "Bullet Fig. 7: throughput and gleaner count per second of bullet-full while puts step 2-15-2-0-2-50-2%",
+        run: bullet::fig7,
+    },
+    Scenario {
+        name: "bullet-fig8",
+        about: "Bullet Fig. 8: throughput of bullet-full against log size 1/4/16/64 MiB at 2% puts",
+        run: bullet::fig8,
+    },
+    Scenario {
+        name: "logfree-fig5",
+        about: "Log-free Fig. 5: update throughput against structure size, log-free against the redo-log baseline, 1 and N threads",
+        run: logfree::fig5,
+    },
+    Scenario {
+        name: "logfree-fig8",
+        about: "Log-free Fig. 8: update throughput of logfree (link cache), logfree-nocache and redo by structure, 1 and N threads",
+        run: logfree::fig8,
+    },
+    Scenario {
+        name: "logfree-fig10",
+        about: "Log-free Fig. 10: recovery time after a SIGKILL against structure size",
+        run: logfree::fig10,
+    },
+    Scenario {
+        name: "udorn-fig4",
+        about: "UDORN Fig. 4: launch and shutdown time against keys, ember serve against redis-server loading RDB and AOF",
+        run: udorn::fig4,
+    },
+    Scenario {
+        name: "udorn-fig5",
+        about: "UDORN Fig. 5: redis-benchmark SET/GET/INCR at -P 1 and 16, Ember (pmem, msync) against redis-server (AOF everysec, always)",
+        run: udorn::fig5,
+    },
+    Scenario {
+        name: "serve-recovery",
+        about: "ember serve: restart time after SIGKILL under a SET load against MB of Bullet log read at recovery, 8 logs of 1/4/16/64 MiB",
+        run: serve_recovery::run,
+    },
+];
+
+/// Everything a scenario needs: the options, the machine, where to write, and
+/// the progress display.
+pub struct Ctx {
+    pub name: &'static str,
+    pub quick: bool,
+    pub fence_ns: u64,
+    pub strategy: String,
+    pub max_threads: usize,
+    pub machine: Machine,
+    pub exe: PathBuf,
+    pub progress: Progress,
+    stop: Arc<AtomicBool>,
+    /// Scratch space of the benchmarks' heap files: removed with everything in
+    /// it when the scenario ends, also when a child was killed.
+    work: child::TempDir,
+}
+
+impl Ctx {
+    /// `quick` or `full`.
+    pub fn mode(&self) -> &'static str {
+        if self.quick {
+            "quick"
+        } else {
+            "full"
+        }
+    }
+
+    /// Fails once SIGINT or SIGTERM arrived.
+    pub fn check_stop(&self) -> BenchResult<()> {
+        if self.stop.load(Ordering::Relaxed) {
+            Err("interrupted".into())
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn stop_flag(&self) -> &AtomicBool {
+        &self.stop
+    }
+
+    /// The scenario's scratch directory (for `--heap` and `--dir` of the benches).
+    pub fn work_dir(&self) -> &Path {
+        self.work.path()
+    }
+
+    /// Thread counts 1..=max_threads.
+    pub fn thread_range(&self) -> Vec<usize> {
+        (1..=self.max_threads).collect()
+    }
+
+    /// 1 and max_threads (once when they are equal).
+    pub fn thread_ends(&self) -> Vec<usize> {
+        let mut v = vec![1, self.max_threads];
+        v.dedup();
+        v
+    }
+
+    /// Runs `ember bench ARGS --json` and returns its (last) JSON object.
+    pub fn bench(&self, args: &[String], timeout: Duration) -> BenchResult<Value> {
+        self.check_stop()?;
+        let mut cmd = std::process::Command::new(&self.exe);
+        cmd.arg("bench").args(args).arg("--json");
+        let what = format!("ember bench {}", args.join(" "));
+        let out = child::run_capture(cmd, &what, timeout, &self.stop)?;
+        let line = out
+            .lines()
+            .rev()
+            .find(|l| l.trim_start().starts_with('{'))
+            .ok_or_else(|| format!("{what}: printed no JSON object: {out:?}"))?;
+        serde_json::from_str(line).map_err(|e| format!("{what}: bad JSON ({e}): {line}"))
+    }
+
+    /// The chart's second line: machine, durability, emulation, commit, mode.
+    pub fn subtitle(&self, durability: &str) -> String {
+        format!(
+            "{}, {} cores · {durability} · {} · commit {COMMIT} · {} run",
+            self.machine.cpu,
+            self.machine.cores,
+            emulation(self.fence_ns),
+            self.mode()
+        )
+    }
+}
+
+/// How a row or chart names the fence knob.
+pub fn emulation(fence_ns: u64) -> String {
+    if fence_ns == 0 {
+        "no emulation (fence_ns 0)".into()
+    } else {
+        format!("emulated fence {fence_ns} ns")
+    }
+}
+
+/// A number of a bench's JSON output.
+pub fn num(v: &Value, key: &str) -> BenchResult<f64> {
+    v.get(key)
+        .and_then(Value::as_f64)
+        .ok_or_else(|| format!("no number {key:?} in {v}"))
+}
+
+/// A number of a bench's JSON output, or "" when absent or null.
+pub fn opt_num(v: &Value, key: &str) -> String {
+    v.get(key)
+        .and_then(Value::as_f64)
+        .map(|x| x.to_string())
+        .unwrap_or_default()
+}
+
+/// A string of a bench's JSON output.
+pub fn text(v: &Value, key: &str) -> BenchResult<String> {
+    v.get(key)
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| format!("no string {key:?} in {v}"))
+}
+
+/// The median of the values (`NaN` when empty).
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        super::median(v)
+    }
+}
+
+fn list() {
+    let w = SCENARIOS.iter().map(|s| s.name.len()).max().unwrap_or(0);
+    for s in SCENARIOS {
+        println!("{:w$}  {}", s.name, s.about);
+    }
+}
+
+/// Sets `stop` on SIGINT, SIGTERM and SIGHUP, so that the scenario ends through
+/// its guards (children killed, temporary files removed); a second SIGINT or
+/// SIGTERM exits at once.
+fn stop_on_signals() -> BenchResult<Arc<AtomicBool>> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [SIGINT, SIGTERM, SIGHUP] {
+        signal_hook::flag::register_conditional_shutdown(sig, 1, stop.clone())
+            .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
+            .map_err(|e| format!("cannot handle signal {sig}: {e}"))?;
+    }
+    Ok(stop)
+}
+
+pub fn run(args: &ScenarioArgs) -> BenchResult<()> {
+    if args.list {
+        list();
+        return Ok(());
+    }
+    let Some(name) = args.name.as_deref() else {
+        return Err("name a scenario (ember bench scenario --list shows them) or all".into());
+    };
+    if args.max_threads == 0 || args.max_threads > 256 {
+        return Err(format!(
+            "--max-threads {} must be in 1..=256",
+            args.max_threads
+        ));
+    }
+    pmem::Strategy::parse(&args.strategy).map_err(|e| e.to_string())?;
+    let chosen: Vec<&Scenario> = if name == "all" {
+        SCENARIOS.iter().collect()
+    } else {
+        match SCENARIOS.iter().find(|s| s.name == name) {
+            Some(s) => vec![s],
+            None => {
+                let names: Vec<_> = SCENARIOS.iter().map(|s| s.name).collect();
+                return Err(format!(
+                    "unknown scenario {name:?} (one of {}, or all)",
+                    names.join(", ")
+                ));
+            }
+        }
+    };
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let stop = stop_on_signals()?;
+    let machine = Machine::detect();
+    let mut failed = Vec::new();
+    for s in &chosen {
+        let dir = match (&args.out, name == "all") {
+            (Some(d), true) => d.join(s.name),
+            (Some(d), false) => d.clone(),
+            (None, _) => PathBuf::from("bench-out").join(s.name),
+        };
+        let mut ctx = Ctx {
+            name: s.name,
+            quick: args.quick,
+            fence_ns: args.fence_ns,
+            strategy: args.strategy.clone(),
+            max_threads: args.max_threads,
+            machine: machine.clone(),
+            exe: exe.clone(),
+            progress: Progress::new(s.name),
+            stop: stop.clone(),
+            work: child::TempDir::for_scenario(s.name)?,
+        };
+        if let Err(e) = run_one(s, &mut ctx, &dir) {
+            ctx.progress.abandon();
+            eprintln!("ember bench scenario {}: {e}", s.name);
+            if stop.load(Ordering::Relaxed) {
+                return Err("interrupted".into());
+            }
+            failed.push(s.name);
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("failed: {}", failed.join(", ")))
+    }
+}
+
+fn run_one(s: &Scenario, ctx: &mut Ctx, dir: &Path) -> BenchResult<()> {
+    let t = Instant::now();
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let report = (s.run)(ctx)?;
+    ctx.progress.finish();
+    if report.table.is_empty() {
+        return Err("no results".into());
+    }
+    let csv = dir.join(format!("{}.csv", s.name));
+    report.table.write(&csv)?;
+    let (svg, png) = chart::write(&report.chart, dir, s.name)?;
+    println!(
+        "{}: {} rows in {} ({:.1} s); chart {} and {}",
+        s.name,
+        report.table.len(),
+        csv.display(),
+        t.elapsed().as_secs_f64(),
+        svg.display(),
+        png.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_listed() {
+        let mut names: Vec<_> = SCENARIOS.iter().map(|s| s.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), SCENARIOS.len());
+        assert!(!names.contains(&"all"));
+    }
+
+    #[test]
+    fn emulation_is_named() {
+        assert!(emulation(0).contains("no emulation"));
+        assert_eq!(emulation(100), "emulated fence 100 ns");
+    }
+}

@@ -1,0 +1,404 @@
+//! UDORN (database as image): Figures 4 and 5 against a real `redis-server`.
+//!
+//! Figure 4: each server is filled with N keys (pipelined SETs of 100-byte
+//! values), then timed twice: SHUTDOWN to exit (Redis RDB: `SHUTDOWN SAVE`, the
+//! snapshot is part of it; Redis AOF: `SHUTDOWN`, which flushes and fsyncs the
+//! AOF; Ember: `SHUTDOWN`), and a new start on the same data to the first PONG
+//! (Redis answers -LOADING until its data is loaded). DBSIZE after the launch
+//! must be N.
+//!
+//! Figure 5: `redis-benchmark -t set,get,incr -d 100 -r 100000 -c 50` at -P 1
+//! and -P 16 against Ember (pmem and msync durability) and Redis with AOF
+//! (appendfsync everysec and always), servers in alternating order, a fresh
+//! data directory each time; each server is killed after its benchmarks.
+
+use super::chart::{Bars, Chart, Lines, Panel, Series};
+use super::child::{run_capture, TempDir};
+use super::servers::{
+    data_bytes, redis_benchmark, redis_version, BenchLoad, Kind, RedisMode, Spec,
+};
+use super::table::{Labels, Table};
+use super::{median, BenchResult, Ctx, Report};
+use std::time::Duration;
+
+const VALUE_SIZE: usize = 100;
+
+/// Heap size for an Ember holding `keys` keys of this scenario (MiB).
+fn heap_mib(keys: u64) -> u64 {
+    (keys.saturating_mul(600) >> 20)
+        .saturating_add(256)
+        .max(1024)
+}
+
+/// The labels of a server's rows (Ember's engine and strategy come from INFO).
+pub(super) fn server_labels(ctx: &Ctx, kind: Kind, ember_info: Option<(String, String)>) -> Labels {
+    match kind {
+        Kind::Ember { msync } => {
+            let (engine, strategy) = ember_info.unwrap_or_default();
+            Labels {
+                engine: "ember".into(),
+                variant: engine,
+                durability: if msync { "msync" } else { "pmem" }.into(),
+                strategy,
+                fence_ns: ctx.fence_ns,
+                threads: ctx.machine.cores,
+            }
+        }
+        Kind::Redis(_) => {
+            let (durability, strategy) = kind.redis_labels();
+            Labels {
+                engine: "redis".into(),
+                variant: kind.label().trim_start_matches("redis ").to_string(),
+                durability: durability.into(),
+                strategy: strategy.into(),
+                fence_ns: 0,
+                threads: 1,
+            }
+        }
+    }
+}
+
+/// What the server_version column says.
+fn server_version(kind: Kind, redis: &str) -> String {
+    match kind {
+        Kind::Ember { .. } => format!("ember {}", env!("CARGO_PKG_VERSION")),
+        Kind::Redis(_) => format!("redis {redis}"),
+    }
+}
+
+/// Ember's engine and persistence strategy, from INFO.
+pub(super) fn ember_info(s: &super::servers::Server) -> BenchResult<(String, String)> {
+    let mut c = s.conn(Duration::from_secs(30))?;
+    let info = c.info("ember").map_err(|e| format!("INFO: {e}"))?;
+    let engine = super::resp::info_field(&info, "engine")
+        .unwrap_or("unknown")
+        .to_string();
+    Ok((engine, s.ember_strategy()?))
+}
+
+fn durability_note(ctx: &Ctx, ember: &str) -> String {
+    if ctx.fence_ns == 0 {
+        format!("Ember durability {ember}; Redis as labelled")
+    } else {
+        format!("Ember durability {ember}; Redis as labelled; the fence emulation applies to Ember only")
+    }
+}
+
+pub fn fig4(ctx: &mut Ctx) -> BenchResult<Report> {
+    let key_counts: &[u64] = if ctx.quick {
+        &[1_000, 10_000, 50_000]
+    } else {
+        &[100_000, 1_000_000, 5_000_000]
+    };
+    let rounds = if ctx.quick { 1 } else { 3 };
+    let msync = ctx.strategy == "msync";
+    let kinds = [
+        Kind::Ember { msync },
+        Kind::Redis(RedisMode::Rdb),
+        Kind::Redis(RedisMode::AofEverysec),
+    ];
+    let version = redis_version(ctx.stop_flag())?;
+    ctx.progress
+        .plan((key_counts.len() * rounds * kinds.len()) as u64);
+    let mut table = Table::new(
+        ctx,
+        &[
+            "keys",
+            "round",
+            "value_size",
+            "shutdown_ms",
+            "launch_ms",
+            "dbsize_after",
+            "data_bytes",
+            "server_version",
+        ],
+    );
+    // (kind, keys) -> measurements of every round.
+    let mut shut: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); key_counts.len()]; kinds.len()];
+    let mut launch = shut.clone();
+    let mut ember_note = String::new();
+    for (ki, &keys) in key_counts.iter().enumerate() {
+        for round in 1..=rounds {
+            for (si, &kind) in kinds.iter().enumerate() {
+                ctx.progress
+                    .start(format!("{}, {keys} keys, round {round}", kind.label()));
+                let dir =
+                    TempDir::new_in(ctx.work_dir(), &format!("{}-{keys}-{round}", kind.tag()))?;
+                let spec = Spec {
+                    kind,
+                    dir: dir.path(),
+                    exe: &ctx.exe,
+                    fence_ns: ctx.fence_ns,
+                    heap_mib: heap_mib(keys),
+                    extra: Vec::new(),
+                };
+                let c = launch_cycle(ctx, &spec, keys)?;
+                let (s_ms, l_ms) = (c.shutdown_ms, c.launch_ms);
+                let lab = server_labels(ctx, kind, c.ember);
+                if matches!(kind, Kind::Ember { .. }) && ember_note.is_empty() {
+                    ember_note = format!("{} ({})", lab.durability, lab.strategy);
+                }
+                table.push(
+                    &lab,
+                    vec![
+                        keys.to_string(),
+                        round.to_string(),
+                        VALUE_SIZE.to_string(),
+                        format!("{s_ms:.3}"),
+                        format!("{l_ms:.3}"),
+                        c.keys_after.to_string(),
+                        c.data_bytes.to_string(),
+                        server_version(kind, &version),
+                    ],
+                );
+                shut[si][ki].push(s_ms);
+                launch[si][ki].push(l_ms);
+                ctx.progress
+                    .done(&format!("shutdown {s_ms:.1} ms, launch {l_ms:.1} ms"));
+            }
+        }
+    }
+    let panel = |title: &str, data: &[Vec<Vec<f64>>]| {
+        Panel::Lines(Lines {
+            title: title.into(),
+            x_label: "keys".into(),
+            y_label: "time (ms)".into(),
+            x_log: true,
+            y_log: true,
+            series: kinds
+                .iter()
+                .zip(data)
+                .map(|(k, per_keys)| {
+                    let pts = key_counts
+                        .iter()
+                        .zip(per_keys)
+                        .map(|(&n, v)| (n as f64, median(v)))
+                        .collect();
+                    Series::new(k.label(), pts)
+                })
+                .collect(),
+            ..Lines::default()
+        })
+    };
+    Ok(Report {
+        table,
+        chart: Chart {
+            title: format!(
+                "udorn-fig4: shutdown and launch time against keys, Ember against redis-server {version} (UDORN Fig. 4; median of {rounds})"
+            ),
+            subtitle: ctx.subtitle(&durability_note(ctx, &ember_note)),
+            panels: vec![
+                panel("shutdown: SHUTDOWN sent to process exit", &shut),
+                panel("launch: start to first PONG (data loaded)", &launch),
+            ],
+        },
+    })
+}
+
+/// What one launch cycle measured.
+struct Cycle {
+    shutdown_ms: f64,
+    launch_ms: f64,
+    /// DBSIZE after the launch.
+    keys_after: i64,
+    /// Bytes of the data directory after the shutdown.
+    data_bytes: u64,
+    /// Ember's engine and persistence strategy (INFO).
+    ember: Option<(String, String)>,
+}
+
+/// Start, fill with `keys` keys, timed shutdown, timed launch, check, stop.
+fn launch_cycle(ctx: &Ctx, spec: &Spec<'_>, keys: u64) -> BenchResult<Cycle> {
+    let stop = ctx.stop_flag();
+    let start_timeout = Duration::from_secs(if ctx.quick { 30 } else { 600 });
+    let io = Duration::from_secs(120);
+    let label = spec.kind.label();
+    let (s, _) = spec.start(start_timeout, stop)?;
+    s.conn(io)?
+        .load(keys, VALUE_SIZE, 1000)
+        .map_err(|e| format!("{label}: loading {keys} keys: {e}"))?;
+    let n = s
+        .conn(io)?
+        .dbsize()
+        .map_err(|e| format!("{label}: DBSIZE: {e}"))?;
+    if n != keys as i64 {
+        return Err(format!("{label}: DBSIZE {n} after loading {keys} keys"));
+    }
+    let save: &[&str] = match spec.kind {
+        Kind::Redis(RedisMode::Rdb) => &["SAVE"],
+        _ => &[],
+    };
+    let shutdown = s.shutdown(save, start_timeout, stop)?;
+    let bytes = data_bytes(spec.dir);
+    ctx.check_stop()?;
+    let (s, launch) = spec.start(start_timeout, stop)?;
+    let after = s
+        .conn(io)?
+        .dbsize()
+        .map_err(|e| format!("{label}: DBSIZE after the launch: {e}"))?;
+    if after != keys as i64 {
+        return Err(format!(
+            "{label}: {after} keys after the launch, {keys} before the shutdown"
+        ));
+    }
+    let info = match spec.kind {
+        Kind::Ember { .. } => Some(ember_info(&s)?),
+        Kind::Redis(_) => None,
+    };
+    let nosave: &[&str] = match spec.kind {
+        Kind::Redis(_) => &["NOSAVE"],
+        Kind::Ember { .. } => &[],
+    };
+    s.shutdown(nosave, start_timeout, stop)?;
+    Ok(Cycle {
+        shutdown_ms: shutdown.as_secs_f64() * 1e3,
+        launch_ms: launch.as_secs_f64() * 1e3,
+        keys_after: after,
+        data_bytes: bytes,
+        ember: info,
+    })
+}
+
+pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
+    let kinds = [
+        Kind::Ember { msync: false },
+        Kind::Redis(RedisMode::AofEverysec),
+        Kind::Ember { msync: true },
+        Kind::Redis(RedisMode::AofAlways),
+    ];
+    let pipelines = [1u32, 16];
+    let rounds = if ctx.quick { 1 } else { 3 };
+    let base = if ctx.quick { 5_000 } else { 200_000 };
+    let tests = ["SET", "GET", "INCR"];
+    let version = redis_version(ctx.stop_flag())?;
+    // Missing redis-benchmark is an error before any server starts.
+    let mut probe = std::process::Command::new("redis-benchmark");
+    probe.arg("--version");
+    run_capture(
+        probe,
+        "redis-benchmark --version",
+        Duration::from_secs(10),
+        ctx.stop_flag(),
+    )?;
+    ctx.progress.plan((rounds * kinds.len()) as u64);
+    let mut table = Table::new(
+        ctx,
+        &[
+            "test",
+            "pipeline",
+            "clients",
+            "requests",
+            "data_size",
+            "keyspace",
+            "round",
+            "rps",
+            "avg_latency_ms",
+            "p50_latency_ms",
+            "p99_latency_ms",
+            "server_version",
+        ],
+    );
+    // (pipeline, kind, test) -> rps of every round.
+    let mut rps = vec![vec![vec![Vec::new(); tests.len()]; kinds.len()]; pipelines.len()];
+    let mut ember_note = Vec::new();
+    let stop = ctx.stop.clone();
+    let stop = &*stop;
+    for round in 1..=rounds {
+        for (si, &kind) in kinds.iter().enumerate() {
+            ctx.progress
+                .start(format!("{}, round {round}", kind.label()));
+            let dir = TempDir::new_in(ctx.work_dir(), &format!("{}-{round}", kind.tag()))?;
+            let spec = Spec {
+                kind,
+                dir: dir.path(),
+                exe: &ctx.exe,
+                fence_ns: ctx.fence_ns,
+                heap_mib: 1024,
+                extra: Vec::new(),
+            };
+            let (s, _) = spec.start(Duration::from_secs(30), stop)?;
+            let info = match kind {
+                Kind::Ember { .. } => Some(ember_info(&s)?),
+                Kind::Redis(_) => None,
+            };
+            let lab = server_labels(ctx, kind, info);
+            if matches!(kind, Kind::Ember { .. }) {
+                ember_note.push(format!("{} ({})", lab.durability, lab.strategy));
+            }
+            let mut summary = Vec::new();
+            for (pi, &p) in pipelines.iter().enumerate() {
+                let load = BenchLoad {
+                    tests: "set,get,incr",
+                    requests: if p == 1 { base } else { base * 4 },
+                    clients: 50,
+                    pipeline: p,
+                    data_size: VALUE_SIZE,
+                    keyspace: 100_000,
+                };
+                let timeout = Duration::from_secs(if ctx.quick { 120 } else { 1800 });
+                let lines = redis_benchmark(s.port, &load, timeout, stop)?;
+                for l in &lines {
+                    table.push(
+                        &lab,
+                        vec![
+                            l.test.clone(),
+                            p.to_string(),
+                            load.clients.to_string(),
+                            load.requests.to_string(),
+                            load.data_size.to_string(),
+                            load.keyspace.to_string(),
+                            round.to_string(),
+                            l.rps.to_string(),
+                            l.avg_ms.clone(),
+                            l.p50_ms.clone(),
+                            l.p99_ms.clone(),
+                            server_version(kind, &version),
+                        ],
+                    );
+                    if let Some(ti) = tests.iter().position(|t| *t == l.test) {
+                        rps[pi][si][ti].push(l.rps);
+                    }
+                    summary.push(format!("{} P{p} {:.0}k/s", l.test, l.rps / 1e3));
+                }
+            }
+            // Killed, not shut down: nothing here depends on the stop, and its
+            // data directory goes next (a clean close can take long: Ember in
+            // msync mode spends seconds draining its logs).
+            drop(s);
+            ctx.progress.done(&summary.join(", "));
+        }
+    }
+    ember_note.dedup();
+    let panels = pipelines
+        .iter()
+        .zip(&rps)
+        .map(|(p, per_kind)| {
+            Panel::Bars(Bars {
+                title: format!("-P {p} (pipeline depth), 50 clients"),
+                y_label: "requests per second".into(),
+                groups: tests.iter().map(|t| t.to_string()).collect(),
+                series: kinds
+                    .iter()
+                    .zip(per_kind)
+                    .map(|(k, per_test)| {
+                        let vals = per_test
+                            .iter()
+                            .map(|v| (!v.is_empty()).then(|| median(v)))
+                            .collect();
+                        (k.label().to_string(), vals)
+                    })
+                    .collect(),
+            })
+        })
+        .collect();
+    Ok(Report {
+        table,
+        chart: Chart {
+            title: format!(
+                "udorn-fig5: redis-benchmark -d {VALUE_SIZE} -r 100000, Ember against redis-server {version} with AOF (UDORN Fig. 5; median of {rounds})"
+            ),
+            subtitle: ctx.subtitle(&durability_note(ctx, &ember_note.join(", "))),
+            panels,
+        },
+    })
+}

@@ -1,0 +1,393 @@
+//! `ember bench scenario`: the list, and every scenario in its quick mode into a
+//! temporary directory, checking that the CSV has the labelled columns and at
+//! least one data row, and that the SVG and PNG charts were written.
+//!
+//! The scenarios run one at a time (they measure; running them side by side on a
+//! 2-core machine would only slow each down). The udorn scenarios need
+//! `redis-server` and `redis-benchmark`, serve-recovery `redis-benchmark`
+//! (scripts/test.sh installs them); they fail with a clear message without them.
+//!
+//! Also: a bench stopped by SIGTERM removes its heap file.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+const SCENARIOS: [&str; 10] = [
+    "bullet-fig5",
+    "bullet-fig6",
+    "bullet-fig7",
+    "bullet-fig8",
+    "logfree-fig5",
+    "logfree-fig8",
+    "logfree-fig10",
+    "udorn-fig4",
+    "udorn-fig5",
+    "serve-recovery",
+];
+
+/// Columns every row must carry, non-empty.
+const LABELS: [&str; 12] = [
+    "scenario",
+    "mode",
+    "machine_cpu",
+    "machine_cores",
+    "commit",
+    "engine",
+    "variant",
+    "durability",
+    "strategy",
+    "fence_ns",
+    "emulation",
+    "threads",
+];
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn ember(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run ember")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Splits one CSV line (RFC 4180 quoting, no embedded newlines).
+fn fields(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => out.push(std::mem::take(&mut cur)),
+            _ => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+fn need(program: &str, package: &str) {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        found,
+        "{program} is not installed: the udorn and serve-recovery scenarios run Redis's tools; \
+         install the Debian package {package} (scripts/test.sh does)"
+    );
+}
+
+/// Runs `scenario --quick` (plus `extra`) and checks its output files; returns
+/// the CSV's header and rows.
+fn run(name: &str, extra: &[&str], columns: &[&str]) -> (Vec<String>, Vec<Vec<String>>) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("out");
+    let out_s = out_dir.to_str().unwrap();
+    let mut args = vec!["bench", "scenario", name, "--quick", "--out", out_s];
+    args.extend_from_slice(extra);
+    let out = ember(&args, tmp.path());
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{name}: {}\nstdout: {stdout}\nstderr: {stderr}",
+        out.status
+    );
+    assert!(stdout.contains(&format!("{name}.csv")), "{name}: {stdout}");
+
+    let csv = std::fs::read_to_string(out_dir.join(format!("{name}.csv"))).unwrap();
+    let mut lines = csv.lines();
+    let header = fields(lines.next().expect("a header"));
+    let rows: Vec<Vec<String>> = lines.map(fields).collect();
+    assert!(!rows.is_empty(), "{name}: no data row:\n{csv}");
+    for c in LABELS.iter().chain(columns) {
+        assert!(
+            header.iter().any(|h| h == c),
+            "{name}: no column {c} in {header:?}"
+        );
+    }
+    let col = |c: &str| header.iter().position(|h| h == c).unwrap();
+    for r in &rows {
+        assert_eq!(
+            r.len(),
+            header.len(),
+            "{name}: row {r:?} against {header:?}"
+        );
+        for c in LABELS {
+            assert!(!r[col(c)].is_empty(), "{name}: empty {c} in {r:?}");
+        }
+        assert_eq!(r[col("scenario")], name);
+        assert_eq!(r[col("mode")], "quick");
+        assert!(r[col("machine_cores")].parse::<usize>().unwrap() >= 1);
+        assert!(r[col("threads")].parse::<usize>().unwrap() >= 1);
+        r[col("fence_ns")].parse::<u64>().unwrap();
+    }
+
+    let svg = std::fs::read_to_string(out_dir.join(format!("{name}.svg"))).unwrap();
+    assert!(
+        svg.contains("<svg") && svg.len() > 1000,
+        "{name}: svg {svg:.200}"
+    );
+    let png = std::fs::read(out_dir.join(format!("{name}.png"))).unwrap();
+    assert!(png.len() > 1000, "{name}: png of {} bytes", png.len());
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{name}: not a PNG");
+    (header, rows)
+}
+
+/// The values of column `c`.
+fn column<'a>(header: &[String], rows: &'a [Vec<String>], c: &str) -> Vec<&'a str> {
+    let i = header.iter().position(|h| h == c).unwrap();
+    rows.iter().map(|r| r[i].as_str()).collect()
+}
+
+#[test]
+fn list_names_every_scenario() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = ember(&["bench", "scenario", "--list"], tmp.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let list = text(&out.stdout);
+    assert_eq!(list.lines().count(), SCENARIOS.len(), "{list}");
+    for (line, name) in list.lines().zip(SCENARIOS) {
+        assert!(line.starts_with(name), "{line:?} should name {name}");
+        assert!(line.len() > name.len() + 10, "{line:?} has no description");
+    }
+}
+
+#[test]
+fn unknown_scenarios_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = ember(
+        &["bench", "scenario", "bullet-fig99", "--quick"],
+        tmp.path(),
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("unknown scenario") && err.contains("bullet-fig5"),
+        "{err}"
+    );
+    let out = ember(&["bench", "scenario"], tmp.path());
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--list"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn bullet_fig5() {
+    let (h, rows) = run("bullet-fig5", &[], &["put_pct", "ops_per_sec", "p99_ns"]);
+    // 8 stores x 4 put ratios x threads 1..2.
+    assert_eq!(rows.len(), 64);
+    let engines = column(&h, &rows, "engine");
+    for e in ["volatile", "direct", "bullet"] {
+        assert!(engines.contains(&e), "{engines:?}");
+    }
+    let variants = column(&h, &rows, "variant");
+    for v in ["phash", "logfree", "st", "lfr", "opt", "dyn", "full"] {
+        assert!(variants.contains(&v), "{variants:?}");
+    }
+}
+
+#[test]
+fn bullet_fig6() {
+    let (h, rows) = run("bullet-fig6", &[], &["op", "quantile", "latency_ns"]);
+    let ops = column(&h, &rows, "op");
+    assert!(ops.contains(&"get") && ops.contains(&"put"));
+}
+
+#[test]
+fn bullet_fig7() {
+    let (h, rows) = run(
+        "bullet-fig7",
+        &[],
+        &["t_s", "put_pct", "ops_per_sec", "gleaners"],
+    );
+    assert!(rows.len() >= 5, "{rows:?}");
+    let pcts = column(&h, &rows, "put_pct");
+    assert!(pcts.contains(&"15") && pcts.contains(&"50"), "{pcts:?}");
+}
+
+#[test]
+fn bullet_fig8_labels_the_fence_emulation() {
+    let (h, rows) = run(
+        "bullet-fig8",
+        &["--fence-ns", "100"],
+        &["log_size_mib", "ops_per_sec"],
+    );
+    assert_eq!(column(&h, &rows, "log_size_mib"), ["1", "4", "16", "64"]);
+    assert!(column(&h, &rows, "fence_ns").iter().all(|f| *f == "100"));
+    assert!(column(&h, &rows, "emulation")
+        .iter()
+        .all(|e| *e == "emulated fence 100 ns"));
+}
+
+#[test]
+fn logfree_fig5() {
+    let (h, rows) = run(
+        "logfree-fig5",
+        &[],
+        &["structure", "impl", "size", "ratio_vs_redo"],
+    );
+    let ratios = column(&h, &rows, "ratio_vs_redo");
+    assert!(
+        ratios.iter().any(|r| r.parse::<f64>().is_ok()),
+        "{ratios:?}"
+    );
+}
+
+#[test]
+fn logfree_fig8() {
+    let (h, rows) = run("logfree-fig8", &[], &["structure", "impl", "ops_per_sec"]);
+    let imps = column(&h, &rows, "impl");
+    for i in ["logfree", "logfree-nocache", "redo"] {
+        assert!(imps.contains(&i), "{imps:?}");
+    }
+}
+
+#[test]
+fn logfree_fig10() {
+    let (h, rows) = run("logfree-fig10", &[], &["structure", "size", "recovery_ms"]);
+    for ms in column(&h, &rows, "recovery_ms") {
+        assert!(ms.parse::<f64>().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn udorn_fig4() {
+    need("redis-server", "redis-server");
+    let (h, rows) = run(
+        "udorn-fig4",
+        &[],
+        &["keys", "launch_ms", "shutdown_ms", "dbsize_after"],
+    );
+    let engines = column(&h, &rows, "engine");
+    assert!(engines.contains(&"ember") && engines.contains(&"redis"));
+    let variants = column(&h, &rows, "variant");
+    assert!(
+        variants.contains(&"rdb") && variants.contains(&"aof everysec"),
+        "{variants:?}"
+    );
+    // The data survived the restart.
+    for (k, n) in column(&h, &rows, "keys")
+        .iter()
+        .zip(column(&h, &rows, "dbsize_after"))
+    {
+        assert_eq!(k, &n);
+    }
+}
+
+#[test]
+fn udorn_fig5() {
+    need("redis-server", "redis-server");
+    need("redis-benchmark", "redis-tools");
+    let (h, rows) = run("udorn-fig5", &[], &["test", "pipeline", "rps"]);
+    let tests = column(&h, &rows, "test");
+    for t in ["SET", "GET", "INCR"] {
+        assert!(tests.contains(&t), "{tests:?}");
+    }
+    let durability = column(&h, &rows, "durability");
+    assert!(
+        durability.contains(&"pmem")
+            && durability.contains(&"msync")
+            && durability.contains(&"aof")
+    );
+    assert!(column(&h, &rows, "pipeline").contains(&"16"));
+}
+
+#[test]
+fn serve_recovery() {
+    need("redis-benchmark", "redis-tools");
+    let (h, rows) = run(
+        "serve-recovery",
+        &[],
+        &[
+            "logs",
+            "log_size_mib",
+            "log_occupancy_before_kill",
+            "ready_ms",
+            "last_start_clean",
+            "last_start_ms",
+            "last_start_log_records",
+            "last_start_log_bytes",
+            "last_start_log_replayed",
+            "last_start_leaked_freed",
+        ],
+    );
+    assert_eq!(column(&h, &rows, "log_size_mib"), ["1", "4"]);
+    assert!(column(&h, &rows, "logs").iter().all(|l| *l == "8"));
+    assert!(column(&h, &rows, "engine").iter().all(|e| *e == "ember"));
+    assert!(column(&h, &rows, "durability").iter().all(|d| *d == "pmem"));
+    // Every restart was a recovery after the SIGKILL, and read log records.
+    assert!(column(&h, &rows, "last_start_clean")
+        .iter()
+        .all(|c| *c == "0"));
+    for c in ["ready_ms", "last_start_ms", "last_start_log_records"] {
+        for v in column(&h, &rows, c) {
+            assert!(v.parse::<f64>().unwrap() > 0.0, "{c} {v}");
+        }
+    }
+    // Empty only from a server that does not report it.
+    for b in column(&h, &rows, "last_start_log_bytes") {
+        assert!(b.is_empty() || b.parse::<u64>().unwrap() > 0, "{b}");
+    }
+}
+
+/// A bench stopped by SIGTERM removes its heap file (a SIGKILL would leave it).
+#[test]
+fn a_terminated_bench_removes_its_heap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let heap = tmp.path().join("engine.heap");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args([
+            "bench",
+            "engine",
+            "--engine",
+            "bullet-full",
+            "--keys",
+            "10000",
+        ])
+        .args(["--logs", "2", "--log-size", "1", "--warmup", "0"])
+        .args(["--seconds", "60", "--heap"])
+        .arg(&heap)
+        .current_dir(tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run ember");
+    let t = std::time::Instant::now();
+    while !heap.exists() {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "no heap file"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the bench ended");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let st = child.wait().unwrap();
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(st.signal(), Some(15), "{st}");
+    }
+    assert!(!heap.exists(), "the heap file is still there");
+}
