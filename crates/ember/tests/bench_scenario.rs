@@ -27,7 +27,7 @@ const SCENARIOS: [&str; 10] = [
 ];
 
 /// Columns every row must carry, non-empty.
-const LABELS: [&str; 12] = [
+const LABELS: [&str; 13] = [
     "scenario",
     "mode",
     "machine_cpu",
@@ -38,6 +38,7 @@ const LABELS: [&str; 12] = [
     "durability",
     "strategy",
     "fence_ns",
+    "read_ns",
     "emulation",
     "threads",
 ];
@@ -226,14 +227,16 @@ fn bullet_fig7() {
 fn bullet_fig8_labels_the_fence_emulation() {
     let (h, rows) = run(
         "bullet-fig8",
-        &["--fence-ns", "100"],
+        &["--fence-ns", "100", "--read-ns", "50"],
         &["log_size_mib", "ops_per_sec"],
     );
     assert_eq!(column(&h, &rows, "log_size_mib"), ["1", "4", "16", "64"]);
     assert!(column(&h, &rows, "fence_ns").iter().all(|f| *f == "100"));
+    // The node-read knob reaches the engine benchmark, which reports it back.
+    assert!(column(&h, &rows, "read_ns").iter().all(|f| *f == "50"));
     assert!(column(&h, &rows, "emulation")
         .iter()
-        .all(|e| *e == "emulated fence 100 ns"));
+        .all(|e| *e == "emulated fence 100 ns, node read 50 ns"));
 }
 
 #[test]

@@ -845,6 +845,20 @@ fn bench_index_tiny_json() {
     assert_eq!(v["fence_ns"], 100);
     assert_eq!(v["durable_at"], "op");
     assert_eq!(v["gets"], 0);
+    // The node-read emulation knob is taken and reported.
+    let v = bench_json(&[
+        "bench",
+        "index",
+        "--size",
+        "100",
+        "--seconds",
+        "0.1",
+        "--read-ns",
+        "200",
+        "--json",
+    ]);
+    assert_eq!(v["read_ns"], 200);
+    assert!(v["ops_per_sec"].as_f64().unwrap() > 0.0);
 }
 
 #[test]

@@ -256,6 +256,7 @@ impl Inner {
     #[inline]
     fn cmp_node(&self, n: u64, so: u64, key: &[u8]) -> Cmp {
         let r = self.r();
+        r.emulate_read();
         let nso: u64 = r.read(n + N_SO);
         match nso.cmp(&so) {
             Cmp::Equal => {

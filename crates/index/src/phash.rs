@@ -332,6 +332,7 @@ impl Inner {
         let mut steps = 0u64;
         while cur != 0 {
             steps += 1;
+            r.emulate_read();
             if !node_ok(r, cur) || steps > limit {
                 return Err(corrupt(format!(
                     "phash: bucket {bucket:#x}: bad link {cur:#x} at {link:#x}"

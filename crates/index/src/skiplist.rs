@@ -222,6 +222,7 @@ fn height_of(r: &Region, n: u64) -> usize {
 
 /// Compares the key of node `n` with `key` (memcmp order), reading it in chunks.
 fn cmp_key(r: &Region, n: u64, key: &[u8]) -> Cmp {
+    r.emulate_read();
     let [klen, h] = r.read::<[u32; 2]>(n + OFF_KLEN);
     let base = n + OFF_NEXT + 8 * h as u64;
     let klen = klen as usize;

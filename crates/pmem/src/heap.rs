@@ -30,6 +30,10 @@ pub struct HeapOptions {
     pub strategy: Strategy,
     /// Emulated extra latency per fence, in ns (0 = none; always reported).
     pub fence_ns: u64,
+    /// Emulated extra latency per node an index reads while searching, in ns
+    /// (0 = none): the papers' "persistent memory reads cost more than DRAM"
+    /// setting. Only structures in the heap pay it (a DRAM frontend does not).
+    pub read_ns: u64,
 }
 
 impl Default for HeapOptions {
@@ -41,6 +45,7 @@ impl Default for HeapOptions {
             geometry: Geometry::default(),
             strategy: Strategy::detect(),
             fence_ns: 0,
+            read_ns: 0,
         }
     }
 }
@@ -385,7 +390,7 @@ impl Heap {
                 geometry: opts.geometry,
             },
             opts.reserve_len(opts.size),
-            Persister::new(opts.strategy, opts.fence_ns),
+            Persister::new(opts.strategy, opts.fence_ns).with_read_ns(opts.read_ns),
         )?;
         Ok(Self::assemble(region, opts, false))
     }
@@ -423,7 +428,7 @@ impl Heap {
             path,
             access,
             opts.reserve_len(0),
-            Persister::new(opts.strategy, opts.fence_ns),
+            Persister::new(opts.strategy, opts.fence_ns).with_read_ns(opts.read_ns),
         )?;
         if let Some(sim) = sim {
             region.attach_sim(sim);

@@ -197,6 +197,8 @@ const OS_PAGE: usize = 4096;
 pub struct Persister {
     pub(crate) strategy: Strategy,
     pub(crate) fence_ns: u64,
+    /// Emulated extra latency per index node read (see `HeapOptions::read_ns`).
+    pub(crate) read_ns: u64,
     pub(crate) counters: Counters,
     /// First errno of a failed `msync` (0 = none): from then on durability is not
     /// guaranteed and `Region::health` reports it, so the layers above stop
@@ -205,10 +207,17 @@ pub struct Persister {
 }
 
 impl Persister {
+    /// With an emulated extra latency per index node read, in ns.
+    pub fn with_read_ns(mut self, ns: u64) -> Self {
+        self.read_ns = ns;
+        self
+    }
+
     pub fn new(strategy: Strategy, fence_ns: u64) -> Self {
         Self {
             strategy,
             fence_ns,
+            read_ns: 0,
             counters: Counters::new(),
             failed: std::sync::atomic::AtomicI32::new(0),
         }
@@ -318,7 +327,7 @@ impl Persister {
     }
 }
 
-fn spin_ns(ns: u64) {
+pub(crate) fn spin_ns(ns: u64) {
     let t = std::time::Instant::now();
     while (t.elapsed().as_nanos() as u64) < ns {
         std::hint::spin_loop();

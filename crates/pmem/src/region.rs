@@ -280,6 +280,19 @@ impl Region {
     pub fn fence_ns(&self) -> u64 {
         self.persister.fence_ns
     }
+    /// The emulated extra latency per index node read, in ns (0 = none).
+    pub fn read_ns(&self) -> u64 {
+        self.persister.read_ns
+    }
+    /// Charges one index node read of emulated latency (nothing unless
+    /// `HeapOptions::read_ns` is set). Index searches call it per node.
+    #[inline]
+    pub fn emulate_read(&self) {
+        let ns = self.persister.read_ns;
+        if ns != 0 {
+            crate::persist::spin_ns(ns);
+        }
+    }
     /// Whether every persist so far succeeded. After an `msync` failure (an I/O
     /// error of the medium) durability is no longer guaranteed: callers must stop
     /// acknowledging writes.

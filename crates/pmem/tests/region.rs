@@ -260,3 +260,25 @@ fn every_supported_strategy_round_trips() {
         assert_eq!(buf, [7u8; 64], "{st:?}");
     }
 }
+
+/// The node-read emulation knob: the region reports it, and each charged read
+/// waits at least that long (a lower bound, so it holds on a loaded machine);
+/// without the knob nothing is charged.
+#[test]
+fn read_latency_emulation_charges_each_read() {
+    let d = tempfile::tempdir().unwrap();
+    let o = HeapOptions {
+        read_ns: 20_000,
+        ..opts()
+    };
+    let heap = Heap::create(&d.path().join("r.heap"), &o).unwrap();
+    assert_eq!(heap.region().read_ns(), 20_000);
+    let t = std::time::Instant::now();
+    for _ in 0..10 {
+        heap.region().emulate_read();
+    }
+    assert!(t.elapsed() >= std::time::Duration::from_micros(200));
+    drop(heap);
+    let plain = Heap::create(&d.path().join("p.heap"), &opts()).unwrap();
+    assert_eq!(plain.region().read_ns(), 0);
+}

@@ -123,6 +123,12 @@ pub struct EngineArgs {
     /// Emulated extra latency per fence, in ns.
     #[arg(long, default_value_t = 0)]
     pub fence_ns: u64,
+    /// Emulated extra latency per node the heap's index structures read while
+    /// searching (the backend of direct and Bullet), in ns: the papers'
+    /// "persistent memory reads are slower than DRAM" setting. The DRAM frontend
+    /// and the volatile store do not pay it.
+    #[arg(long, default_value_t = 0)]
+    pub read_ns: u64,
     /// Bullet: logs in the pool.
     #[arg(long, default_value_t = 32)]
     pub logs: usize,
@@ -776,6 +782,7 @@ fn make_heap(args: &EngineArgs, plan: &Plan, logs_bytes: u64) -> BenchResult<Tem
         max_size: size.saturating_mul(4),
         strategy: plan.strategy,
         fence_ns: args.fence_ns,
+        read_ns: args.read_ns,
         geometry: Geometry {
             nslots,
             ..Geometry::default()
@@ -861,6 +868,7 @@ fn time_recovery(args: &EngineArgs, tmp: TempHeap, opts: &BulletOptions) -> Benc
     let hopts = HeapOptions {
         strategy: tmp.heap.region().strategy(),
         fence_ns: args.fence_ns,
+        read_ns: args.read_ns,
         ..Default::default()
     };
     let file = tmp.close();
@@ -1006,6 +1014,7 @@ fn report(
     put("durability", json!(durability));
     put("power_safe_on_ordinary_file", json!(power_safe));
     put("fence_ns", json!(args.fence_ns));
+    put("read_ns", json!(args.read_ns));
     put("logs", json!(is_bullet.then_some(args.logs)));
     put("log_size_mib", json!(is_bullet.then_some(args.log_size)));
     put("epoch_ms", json!(is_bullet.then_some(args.epoch_ms)));
@@ -1154,9 +1163,10 @@ fn report(
     match ctx.heap {
         Some(h) => println!(
             "durability: {durability} ({}power-safe on an ordinary file)   fence_ns: {}   \
-             heap: {} ({})",
+             read_ns: {}   heap: {} ({})",
             if power_safe { "" } else { "not " },
             args.fence_ns,
+            args.read_ns,
             h.path().display(),
             human_bytes(h.heap.region().size())
         ),

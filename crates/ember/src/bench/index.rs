@@ -100,6 +100,10 @@ pub struct IndexArgs {
     /// Emulated extra latency per fence, in ns.
     #[arg(long, default_value_t = 0)]
     pub fence_ns: u64,
+    /// Emulated extra latency per node read while searching, in ns (the
+    /// papers' "persistent memory reads are slower than DRAM" setting).
+    #[arg(long, default_value_t = 0)]
+    pub read_ns: u64,
     /// Measured run time in seconds (fractions allowed).
     #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
@@ -299,6 +303,7 @@ pub fn run(args: &IndexArgs) -> BenchResult<()> {
         max_size: size.saturating_mul(4),
         strategy,
         fence_ns: args.fence_ns,
+        read_ns: args.read_ns,
         geometry: Geometry {
             nslots: (args.threads as u64 + 2).max(Geometry::default().nslots),
             ..Geometry::default()
@@ -398,6 +403,7 @@ pub fn run(args: &IndexArgs) -> BenchResult<()> {
             "machine": machine.to_json(),
             "strategy": strategy.name(),
             "fence_ns": args.fence_ns,
+            "read_ns": args.read_ns,
             "threads": n,
             "size": args.size,
             "key_range": args.size.saturating_mul(2),
@@ -464,9 +470,10 @@ pub fn run(args: &IndexArgs) -> BenchResult<()> {
         );
         println!("machine:  {}", machine.line());
         println!(
-            "strategy: {}   fence_ns: {}   durable at: {}   heap: {} ({})",
+            "strategy: {}   fence_ns: {}   read_ns: {}   durable at: {}   heap: {} ({})",
             strategy.name(),
             args.fence_ns,
+            args.read_ns,
             durable_at,
             heap_path,
             human_bytes(heap.region().size())

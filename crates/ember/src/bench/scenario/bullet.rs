@@ -84,6 +84,8 @@ fn engine_args(
         &l.warmup.to_string(),
         "--fence-ns",
         &ctx.fence_ns.to_string(),
+        "--read-ns",
+        &ctx.read_ns.to_string(),
         "--strategy",
         &ctx.strategy,
     ]

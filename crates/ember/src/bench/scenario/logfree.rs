@@ -42,6 +42,7 @@ fn labels(v: &Value, structure: &str, imp: &str, fence_ns: Option<u64>) -> Bench
             Some(f) => f,
             None => num(v, "fence_ns")? as u64,
         },
+        read_ns: v.get("read_ns").and_then(|x| x.as_u64()).unwrap_or(0),
         threads: num(v, "threads")? as usize,
     })
 }
@@ -71,6 +72,8 @@ fn index_run(
         &seconds.to_string(),
         "--fence-ns",
         &ctx.fence_ns.to_string(),
+        "--read-ns",
+        &ctx.read_ns.to_string(),
         "--strategy",
         &ctx.strategy,
         "--dir",

@@ -54,6 +54,13 @@ pub struct ScenarioArgs {
     /// and server that has the knob; labelled as emulation in rows and charts.
     #[arg(long, default_value_t = 0)]
     pub fence_ns: u64,
+    /// Emulated extra latency per node the heap's index structures read (the
+    /// backend of direct and Bullet), in ns, for the engine and index
+    /// benchmarks: with --fence-ns, the papers' "persistent memory is slower
+    /// than DRAM" setting (e.g. the Bullet paper's 2x DRAM latency); labelled
+    /// as emulation in rows and charts.
+    #[arg(long, default_value_t = 0)]
+    pub read_ns: u64,
     /// Persistence strategy of the engine and index benchmarks (auto, clwb,
     /// clflushopt, clflush, fence-only or msync).
     #[arg(long, default_value = "auto")]
@@ -134,6 +141,7 @@ pub struct Ctx {
     pub name: &'static str,
     pub quick: bool,
     pub fence_ns: u64,
+    pub read_ns: u64,
     pub strategy: String,
     pub max_threads: usize,
     pub machine: Machine,
@@ -206,18 +214,19 @@ impl Ctx {
             "{}, {} cores · {durability} · {} · commit {COMMIT} · {} run",
             self.machine.cpu,
             self.machine.cores,
-            emulation(self.fence_ns),
+            emulation(self.fence_ns, self.read_ns),
             self.mode()
         )
     }
 }
 
-/// How a row or chart names the fence knob.
-pub fn emulation(fence_ns: u64) -> String {
-    if fence_ns == 0 {
-        "no emulation (fence_ns 0)".into()
-    } else {
-        format!("emulated fence {fence_ns} ns")
+/// How a row or chart names the emulation knobs.
+pub fn emulation(fence_ns: u64, read_ns: u64) -> String {
+    match (fence_ns, read_ns) {
+        (0, 0) => "no emulation (fence_ns 0, read_ns 0)".into(),
+        (f, 0) => format!("emulated fence {f} ns"),
+        (0, r) => format!("emulated node read {r} ns"),
+        (f, r) => format!("emulated fence {f} ns, node read {r} ns"),
     }
 }
 
@@ -317,6 +326,7 @@ pub fn run(args: &ScenarioArgs) -> BenchResult<()> {
             name: s.name,
             quick: args.quick,
             fence_ns: args.fence_ns,
+            read_ns: args.read_ns,
             strategy: args.strategy.clone(),
             max_threads: args.max_threads,
             machine: machine.clone(),
@@ -379,7 +389,9 @@ mod tests {
 
     #[test]
     fn emulation_is_named() {
-        assert!(emulation(0).contains("no emulation"));
-        assert_eq!(emulation(100), "emulated fence 100 ns");
+        assert!(emulation(0, 0).contains("no emulation"));
+        assert_eq!(emulation(100, 0), "emulated fence 100 ns");
+        assert_eq!(emulation(0, 60), "emulated node read 60 ns");
+        assert_eq!(emulation(100, 60), "emulated fence 100 ns, node read 60 ns");
     }
 }

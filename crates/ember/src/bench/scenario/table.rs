@@ -17,6 +17,7 @@ pub const COMMON: &[&str] = &[
     "durability",
     "strategy",
     "fence_ns",
+    "read_ns",
     "emulation",
     "threads",
 ];
@@ -33,6 +34,8 @@ pub struct Labels {
     /// clwb, clflushopt, clflush, fence-only, msync, none, or Redis's fsync policy.
     pub strategy: String,
     pub fence_ns: u64,
+    /// Emulated extra ns per index node read (0 where the knob does not apply).
+    pub read_ns: u64,
     pub threads: usize,
 }
 
@@ -62,6 +65,7 @@ impl Labels {
                 strategy
             },
             fence_ns: super::num(v, "fence_ns")? as u64,
+            read_ns: v.get("read_ns").and_then(|x| x.as_u64()).unwrap_or(0),
             threads: super::num(v, "threads")? as usize,
         })
     }
@@ -127,7 +131,8 @@ impl Table {
                 l.durability.clone(),
                 l.strategy.clone(),
                 l.fence_ns.to_string(),
-                emulation(l.fence_ns),
+                l.read_ns.to_string(),
+                emulation(l.fence_ns, l.read_ns),
                 l.threads.to_string(),
             ];
             line(&mut out, common.iter().chain(values).map(String::as_str));

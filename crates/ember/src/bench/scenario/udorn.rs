@@ -41,6 +41,8 @@ pub(super) fn server_labels(ctx: &Ctx, kind: Kind, ember_info: Option<(String, S
                 durability: if msync { "msync" } else { "pmem" }.into(),
                 strategy,
                 fence_ns: ctx.fence_ns,
+                // `ember serve` has no node-read knob.
+                read_ns: 0,
                 threads: ctx.machine.cores,
             }
         }
@@ -52,6 +54,7 @@ pub(super) fn server_labels(ctx: &Ctx, kind: Kind, ember_info: Option<(String, S
                 durability: durability.into(),
                 strategy: strategy.into(),
                 fence_ns: 0,
+                read_ns: 0,
                 threads: 1,
             }
         }
@@ -323,7 +326,11 @@ pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
             };
             let lab = server_labels(ctx, kind, info);
             if matches!(kind, Kind::Ember { .. }) {
-                ember_note.push(format!("{} ({})", lab.durability, lab.strategy));
+                let note = format!("{} ({})", lab.durability, lab.strategy);
+                // Rounds repeat the same servers: name each mode once.
+                if !ember_note.contains(&note) {
+                    ember_note.push(note);
+                }
             }
             let mut summary = Vec::new();
             for (pi, &p) in pipelines.iter().enumerate() {
@@ -368,7 +375,6 @@ pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
             ctx.progress.done(&summary.join(", "));
         }
     }
-    ember_note.dedup();
     let panels = pipelines
         .iter()
         .zip(&rps)
