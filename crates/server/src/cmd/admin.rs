@@ -112,16 +112,9 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 "HELP",
                 "    Print this help.",
             ];
-            c.reply(&Reply::Array(
-                lines.iter().map(|l| Reply::Simple(l.to_string())).collect(),
-            ));
+            super::help(c, &lines);
         }
-        _ => {
-            return Err(format!(
-                "ERR unknown subcommand '{}'. Try CONFIG HELP.",
-                String::from_utf8_lossy(&a[1])
-            ))
-        }
+        _ => return Err(super::unknown_subcommand("CONFIG", &a[1])),
     }
     Ok(())
 }
@@ -288,16 +281,9 @@ pub fn command(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 "HELP",
                 "    Print this help.",
             ];
-            c.reply(&Reply::Array(
-                lines.iter().map(|l| Reply::Simple(l.to_string())).collect(),
-            ));
+            super::help(c, &lines);
         }
-        _ => {
-            return Err(format!(
-                "ERR unknown subcommand '{}'. Try COMMAND HELP.",
-                String::from_utf8_lossy(&a[1])
-            ))
-        }
+        _ => return Err(super::unknown_subcommand("COMMAND", &a[1])),
     }
     Ok(())
 }

@@ -321,9 +321,7 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 "HELP",
                 "    Print this help.",
             ];
-            c.reply(&Reply::Array(
-                lines.iter().map(|l| Reply::Simple(l.to_string())).collect(),
-            ));
+            super::help(c, &lines);
         }
         "kill" | "pause" | "unpause" | "reply" | "tracking" | "trackinginfo" | "caching"
         | "getredir" | "unblock" => {

@@ -426,9 +426,7 @@ pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             "HELP",
             "    Print this help.",
         ];
-        c.reply(&Reply::Array(
-            lines.iter().map(|l| Reply::Simple(l.to_string())).collect(),
-        ));
+        super::help(c, &lines);
         return Ok(());
     }
     if !matches!(sub.as_str(), "encoding" | "refcount" | "freq" | "idletime") {

@@ -219,6 +219,16 @@ pub fn unknown_subcommand(cmd: &str, sub: &[u8]) -> String {
     format!("ERR unknown subcommand '{sub}'. Try {cmd} HELP.")
 }
 
+/// A container command's HELP reply: one simple string per line.
+pub fn help(c: &mut Client, lines: &[&str]) {
+    c.reply(&proto::Reply::Array(
+        lines
+            .iter()
+            .map(|l| proto::Reply::Simple(l.to_string()))
+            .collect(),
+    ));
+}
+
 pub fn arity_error(name: &str) -> String {
     format!("ERR wrong number of arguments for '{name}' command")
 }
