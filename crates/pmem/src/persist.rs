@@ -124,7 +124,14 @@ pub fn cpu_features() -> CpuFeatures {
     }
 }
 
-/// Counters of persistence work, sharded so that threads do not contend on one line.
+/// Counters of persistence work, one slot per live thread.
+///
+/// A slot is owned by one thread at a time, so its owner bumps it with a plain load
+/// and store, never a locked read-modify-write: on x86 a locked instruction is
+/// ordered after every earlier `clwb`/`clflushopt` of the thread and so waits for
+/// their write-backs, which would turn every counted flush into a fence. (Profiling
+/// the log-free hash table found half its time in such a `lock add`.) Threads beyond
+/// `SLOTS` live at once share the last slot and bump it atomically.
 pub struct Counters {
     shards: Box<[Shard]>,
 }
@@ -149,24 +156,61 @@ pub struct PersistStats {
     pub msyncs: u64,
 }
 
-const SHARDS: usize = 32;
+/// Slots owned by one thread each; slot `SLOTS` is the shared overflow slot.
+const SLOTS: usize = 64;
 
-fn shard_index() -> usize {
-    thread_local!(static IDX: usize = {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        NEXT.fetch_add(1, Ordering::Relaxed) as usize % SHARDS
+/// Slot indices of threads that have exited, free for new threads.
+static FREE_SLOTS: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+static NEXT_SLOT: AtomicU64 = AtomicU64::new(0);
+
+/// This thread's slot; returned to `FREE_SLOTS` when the thread exits.
+struct SlotGuard(usize);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        if self.0 < SLOTS {
+            if let Ok(mut free) = FREE_SLOTS.lock() {
+                free.push(self.0);
+            }
+        }
+    }
+}
+
+fn slot_index() -> usize {
+    thread_local!(static SLOT: SlotGuard = {
+        let reused = FREE_SLOTS.lock().ok().and_then(|mut f| f.pop());
+        SlotGuard(reused.unwrap_or_else(|| {
+            let n = NEXT_SLOT.fetch_add(1, Ordering::Relaxed) as usize;
+            n.min(SLOTS)
+        }))
     });
-    IDX.with(|i| *i)
+    // During thread teardown the slot may be gone: count in the shared slot.
+    SLOT.try_with(|s| s.0).unwrap_or(SLOTS)
+}
+
+impl Shard {
+    /// Adds `n` to `c`, which belongs to the slot `idx`.
+    #[inline]
+    fn bump(c: &AtomicU64, idx: usize, n: u64) {
+        if idx < SLOTS {
+            // Single writer: a plain load and store (no `lock` prefix).
+            c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        } else {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Counters {
     pub fn new() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            shards: (0..=SLOTS).map(|_| Shard::default()).collect(),
         }
     }
-    fn shard(&self) -> &Shard {
-        &self.shards[shard_index()]
+    #[inline]
+    fn add(&self, which: fn(&Shard) -> &AtomicU64, n: u64) {
+        let idx = slot_index();
+        Shard::bump(which(&self.shards[idx]), idx, n);
     }
     pub fn snapshot(&self) -> PersistStats {
         let mut s = PersistStats::default();
@@ -276,10 +320,7 @@ impl Persister {
             }
             Strategy::FenceOnly | Strategy::None => {}
         }
-        self.counters
-            .shard()
-            .flushes
-            .fetch_add(lines as u64, Ordering::Relaxed);
+        self.counters.add(|s| &s.flushes, lines as u64);
     }
 
     /// Waits until this thread's earlier flushes are durable.
@@ -313,14 +354,14 @@ impl Persister {
                             Ordering::SeqCst,
                         );
                     }
-                    self.counters.shard().msyncs.fetch_add(1, Ordering::Relaxed);
+                    self.counters.add(|s| &s.msyncs, 1);
                     i = j;
                 }
             }
             Strategy::None => {}
             _ => sfence(),
         }
-        self.counters.shard().fences.fetch_add(1, Ordering::Relaxed);
+        self.counters.add(|s| &s.fences, 1);
         if self.fence_ns > 0 {
             spin_ns(self.fence_ns);
         }
