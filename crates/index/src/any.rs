@@ -227,6 +227,14 @@ impl Ops for AnyHandle {
             AnyHandle::PHash(h) => h.scan(cursor, count, out),
         }
     }
+
+    fn apply_batch(&mut self, items: &[(&[u8], Option<&[u8]>)]) -> Result<()> {
+        match self {
+            AnyHandle::Hash(h) => h.apply_batch(items),
+            AnyHandle::Skip(h) => h.apply_batch(items),
+            AnyHandle::PHash(h) => h.apply_batch(items),
+        }
+    }
 }
 
 #[cfg(test)]

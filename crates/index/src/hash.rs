@@ -66,7 +66,7 @@
 
 use crate::blob;
 use crate::lcache::{Added, LinkCache};
-use crate::link::{self, ptr, DEL};
+use crate::link::{self, ptr, DEL, DIRTY};
 use crate::reclaim::{Domain, Participant};
 use crate::{check_kv, key_hash, Error, Index, Ops, Recoverable, Result, Verified};
 use crossbeam_epoch::Guard;
@@ -379,15 +379,140 @@ impl Inner {
         if mine != 0 {
             th.free(PPtr::from_raw(mine))?;
         }
+        // The dummy's link is durable (link-and-persist above); the slot is a hint.
+        self.set_slot(b, d);
+        Ok(d)
+    }
+
+    /// Initialises the buckets `need` (slots 0) with two fences in all, for a batch
+    /// of writes: phase A finds each dummy's place in its parent's chain and writes
+    /// and flushes the dummy (its `next` included); **fence**; phase B CASes each
+    /// predecessor link to its dummy marked DIRTY and flushes it; **fence**; the
+    /// marks are cleared and the slots set (flushed, not fenced: a slot is a hint,
+    /// and a lost one is initialised again and finds its dummy). Uninitialised
+    /// ancestors come first, a round per level; a dummy whose place changed between
+    /// the phases goes through [`Self::bucket`] alone.
+    fn init_buckets(&self, st: &mut OpState, th: &mut ThreadHeap, need: &[u64]) -> Result<()> {
+        // The buckets and their uninitialised ancestors, by rounds: a round takes
+        // those whose parent is initialised (two fences per round).
+        let mut todo: std::collections::BTreeSet<u64> = std::collections::BTreeSet::new();
+        for &b in need {
+            let mut b = b;
+            while b != 0 && self.slot(b) == 0 && todo.insert(b) {
+                b = parent(b);
+            }
+        }
+        while !todo.is_empty() {
+            let round: Vec<u64> = todo
+                .iter()
+                .copied()
+                .filter(|&b| self.slot(parent(b)) != 0)
+                .collect();
+            if round.is_empty() {
+                // Cannot happen (the smallest bucket's parent is initialised), but a
+                // loop must not spin: initialise the rest one by one.
+                for b in std::mem::take(&mut todo) {
+                    self.bucket(st, th, b)?;
+                }
+                break;
+            }
+            for b in &round {
+                todo.remove(b);
+            }
+            self.init_round(st, th, &round)?;
+        }
+        Ok(())
+    }
+
+    /// One round of [`Self::init_buckets`]: buckets whose parents are initialised.
+    fn init_round(&self, st: &mut OpState, th: &mut ThreadHeap, need: &[u64]) -> Result<()> {
+        let r = self.r();
+        let mut alone = Vec::new();
+        let mut prepared: Vec<(u64, u64, u64, u64)> = Vec::new();
+        let give_back = |th: &mut ThreadHeap, prepared: &mut Vec<(u64, u64, u64, u64)>| {
+            for (_, mine, _, _) in prepared.drain(..) {
+                let _ = th.free(PPtr::from_raw(mine));
+            }
+        };
+        for &b in need.iter() {
+            if self.slot(b) != 0 {
+                continue;
+            }
+            let p = self.slot(parent(b));
+            let (si, _) = self.seg_of(b);
+            if p == 0 || si >= MAX_SEGS {
+                alone.push(b);
+                continue;
+            }
+            let so = so_dummy(b);
+            let step = (|| -> Result<Option<u64>> {
+                self.segment(th, si)?;
+                let (prev, curr, found) = self.find(st, p, so, &[]);
+                if found {
+                    self.set_slot(b, curr);
+                    return Ok(None);
+                }
+                let mine = th.alloc(N_KEY)?.offset();
+                r.write::<u32>(mine, &DUMMY_TAG);
+                r.write::<u32>(mine + 4, &0);
+                r.write::<u64>(mine + N_SO, &so);
+                r.write::<u64>(mine + N_VAL, &0);
+                r.write::<u64>(mine + N_NEXT, &curr);
+                r.flush(mine, N_KEY as usize);
+                prepared.push((b, mine, prev, curr));
+                Ok(Some(mine))
+            })();
+            if let Err(e) = step {
+                give_back(th, &mut prepared);
+                return Err(e);
+            }
+        }
+        if !prepared.is_empty() {
+            r.fence();
+        }
+        let mut linked = Vec::with_capacity(prepared.len());
+        for (b, mine, prev, curr) in prepared.drain(..) {
+            self.scan(prev);
+            if r.atomic_u64(prev + N_NEXT)
+                .compare_exchange(curr, mine | DIRTY, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                r.flush(prev + N_NEXT, 8);
+                linked.push((b, prev + N_NEXT, mine));
+            } else {
+                th.free(PPtr::from_raw(mine))?;
+                alone.push(b);
+            }
+        }
+        if !linked.is_empty() {
+            r.fence();
+            for (b, a, mine) in linked {
+                let _ = r.atomic_u64(a).compare_exchange(
+                    mine | DIRTY,
+                    mine,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+                self.set_slot(b, mine);
+            }
+        }
+        for b in alone {
+            self.bucket(st, th, b)?;
+        }
+        Ok(())
+    }
+
+    /// Records `d` as bucket `b`'s dummy if its slot is empty (flushed, a hint).
+    fn set_slot(&self, b: u64, d: u64) {
         if let Some(a) = self.slot_addr(b) {
+            let r = self.r();
             if r.atomic_u64(a)
                 .compare_exchange(0, d, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                r.persist(a, 8);
+                r.flush(a, 8);
             }
         }
-        Ok(d)
     }
 
     fn bucket_of(&self, h: u64) -> u64 {
@@ -404,7 +529,7 @@ impl Inner {
             match self.cmp_node(curr, so, key) {
                 Cmp::Less => {
                     prev = curr;
-                    curr = ptr(link::load(r, curr + N_NEXT));
+                    curr = ptr(link::load_settled(r, curr + N_NEXT));
                 }
                 Cmp::Greater => break,
                 Cmp::Equal => {
@@ -556,6 +681,231 @@ impl Inner {
             h.count += 1;
         }
         Ok(res)
+    }
+
+    /// A batch of writes with two fences for all its puts (see [`Ops::apply_batch`]
+    /// and the module note's persist order): phase 1 finds each put's place and
+    /// writes and flushes its new blocks (a value block for a key present, node and
+    /// value block for a new key) and the free tickets of the values replaced;
+    /// **fence**; phase 2 CASes each link to its new value marked DIRTY and flushes
+    /// it; **fence**; the marks are cleared and the old values retired. A put whose
+    /// link changed between the phases (another writer, or an earlier put of the
+    /// batch in the same chain) gives its blocks back and runs alone, as do removes
+    /// and keys that occur more than once, after the rest and in batch order.
+    fn apply_batch(
+        &self,
+        h: &mut HandleState,
+        g: &Guard,
+        items: &[(&[u8], Option<&[u8]>)],
+    ) -> Result<()> {
+        enum Prep {
+            Swap {
+                n: u64,
+                prev: u64,
+                old: u64,
+                nb: u64,
+                t: Option<FreeTicket>,
+            },
+            Insert {
+                node: u64,
+                vb: u64,
+                prev: u64,
+                curr: u64,
+            },
+        }
+        let r = self.r();
+        let mut seen = std::collections::HashMap::with_capacity(items.len());
+        for (k, _) in items {
+            *seen.entry(*k).or_insert(0u32) += 1;
+        }
+        let mut need: Vec<u64> = items
+            .iter()
+            .filter(|(k, v)| v.is_some() && seen[k] == 1)
+            .map(|(k, _)| self.bucket_of(key_hash(k)))
+            .filter(|&b| self.slot(b) == 0)
+            .collect();
+        if !need.is_empty() {
+            need.sort_unstable();
+            need.dedup();
+            self.init_buckets(&mut h.st, &mut h.th, &need)?;
+        }
+        let mut alone: Vec<usize> = Vec::new();
+        let mut preps: Vec<(usize, Prep)> = Vec::with_capacity(items.len());
+        // Phase 1. On an error, what was prepared is given back.
+        let give_back = |h: &mut HandleState, preps: &mut Vec<(usize, Prep)>| {
+            for (_, p) in preps.drain(..) {
+                match p {
+                    Prep::Swap { nb, t, .. } => {
+                        if let Some(t) = t {
+                            self.heap.cancel_ticket(t);
+                        }
+                        let _ = h.th.free(PPtr::from_raw(nb));
+                    }
+                    Prep::Insert { node, vb, .. } => {
+                        let _ = h.th.free(PPtr::from_raw(vb));
+                        let _ = h.th.free(PPtr::from_raw(node));
+                    }
+                }
+            }
+        };
+        for (i, (key, val)) in items.iter().enumerate() {
+            let Some(val) = val else {
+                alone.push(i);
+                continue;
+            };
+            if seen[key] > 1 {
+                alone.push(i);
+                continue;
+            }
+            let hash = key_hash(key);
+            let so = so_regular(hash);
+            let prepared = (|| -> Result<Option<Prep>> {
+                let start = self.bucket(&mut h.st, &mut h.th, self.bucket_of(hash))?;
+                let (prev, curr, found) = self.find(&mut h.st, start, so, key);
+                if found {
+                    let v = link::load_settled(r, curr + N_VAL);
+                    if v & DEL != 0 {
+                        return Ok(None);
+                    }
+                    let nb = blob::alloc_value(&mut h.th, curr, val)?.offset();
+                    let t = match h.th.prepare_free_unfenced(PPtr::from_raw(ptr(v))) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            let _ = h.th.free(PPtr::from_raw(nb));
+                            return Err(e.into());
+                        }
+                    };
+                    return Ok(Some(Prep::Swap {
+                        n: curr,
+                        prev,
+                        old: v,
+                        nb,
+                        t: Some(t),
+                    }));
+                }
+                let node = h.th.alloc(N_KEY + key.len() as u64)?.offset();
+                let vb = match blob::alloc_value(&mut h.th, node, val) {
+                    Ok(b) => b.offset(),
+                    Err(e) => {
+                        let _ = h.th.free(PPtr::from_raw(node));
+                        return Err(e);
+                    }
+                };
+                r.write::<u32>(node, &NODE_TAG);
+                r.write::<u32>(node + 4, &(key.len() as u32));
+                r.write::<u64>(node + N_SO, &so);
+                r.write::<u64>(node + N_VAL, &vb);
+                r.write_bytes(node + N_KEY, key);
+                r.write::<u64>(node + N_NEXT, &curr);
+                r.flush(node, N_KEY as usize + key.len());
+                Ok(Some(Prep::Insert {
+                    node,
+                    vb,
+                    prev,
+                    curr,
+                }))
+            })();
+            match prepared {
+                Ok(Some(p)) => preps.push((i, p)),
+                Ok(None) => alone.push(i),
+                Err(e) => {
+                    give_back(h, &mut preps);
+                    return Err(e);
+                }
+            }
+        }
+        if !preps.is_empty() {
+            // The new blocks and the tickets are durable before any link to them.
+            r.fence();
+        }
+        // Phase 2. An error does not stop it: the links made are fenced and their
+        // old values retired before the error is returned.
+        let mut first_err: Option<Error> = None;
+        let mut linked: Vec<(u64, u64)> = Vec::with_capacity(preps.len());
+        let mut retire: Vec<FreeTicket> = Vec::with_capacity(preps.len());
+        for (i, p) in preps.drain(..) {
+            match p {
+                Prep::Swap {
+                    n,
+                    prev,
+                    old,
+                    nb,
+                    t,
+                } => {
+                    self.scan(prev);
+                    self.scan(n);
+                    if r.atomic_u64(n + N_VAL)
+                        .compare_exchange(old, nb | DIRTY, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        r.flush(n + N_VAL, 8);
+                        linked.push((n + N_VAL, nb));
+                        retire.extend(t);
+                    } else {
+                        if let Some(t) = t {
+                            self.heap.cancel_ticket(t);
+                        }
+                        if let Err(e) = h.th.free(PPtr::from_raw(nb)) {
+                            first_err.get_or_insert(e.into());
+                        }
+                        alone.push(i);
+                    }
+                }
+                Prep::Insert {
+                    node,
+                    vb,
+                    prev,
+                    curr,
+                } => {
+                    self.scan(prev);
+                    if r.atomic_u64(prev + N_NEXT)
+                        .compare_exchange(curr, node | DIRTY, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        r.flush(prev + N_NEXT, 8);
+                        linked.push((prev + N_NEXT, node));
+                        h.count += 1;
+                    } else {
+                        for b in [vb, node] {
+                            if let Err(e) = h.th.free(PPtr::from_raw(b)) {
+                                first_err.get_or_insert(e.into());
+                            }
+                        }
+                        alone.push(i);
+                    }
+                }
+            }
+        }
+        if !linked.is_empty() {
+            r.fence();
+            for (a, v) in linked {
+                // A failure: a reader settled it first, or it changed since.
+                let _ = r.atomic_u64(a).compare_exchange(
+                    v | DIRTY,
+                    v,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+            }
+            h.part.retire(g, retire);
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        // The rest, one at a time, in batch order.
+        alone.sort_unstable();
+        for i in alone {
+            let (key, val) = items[i];
+            match val {
+                Some(v) => {
+                    self.upsert(h, g, key, v, true)?;
+                }
+                None => {
+                    self.remove(h, g, key)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn remove(&self, h: &mut HandleState, g: &Guard, key: &[u8]) -> Result<bool> {
@@ -898,6 +1248,24 @@ impl Ops for HashHandle {
 
     fn sync(&mut self) -> Result<()> {
         self.sync_inner();
+        Ok(())
+    }
+
+    fn apply_batch(&mut self, items: &[(&[u8], Option<&[u8]>)]) -> Result<()> {
+        for (k, v) in items {
+            check_kv(k, *v)?;
+        }
+        // A part's free tickets are all held until its second fence: parts stay
+        // well inside the thread's active page table.
+        let apt = self.t.inner.r().geometry().apt_entries as usize;
+        let part = (apt / 8).clamp(4, 256);
+        for items in items.chunks(part) {
+            self.run(|i, h, g| i.apply_batch(h, g, items))?;
+            // Publish the key count after each part, so that the table grows
+            // with a large batch (the automatic sync counts a part as one op).
+            let d = std::mem::take(&mut self.h.count);
+            self.t.inner.add_count(d);
+        }
         Ok(())
     }
 

@@ -103,6 +103,26 @@ pub trait Ops {
     /// The skip list (ordered by key bytes) has no such order: it returns
     /// [`Error::Unsupported`].
     fn scan(&mut self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64>;
+    /// Applies a batch of writes (`Some` = put, `None` = remove) as if one after
+    /// the other, for a writer that needs them durable only together, at its next
+    /// [`Ops::sync`] (Bullet's gleaner). A structure may make the batch cheaper than
+    /// the single operations (the log-free hash table fences twice per part of up to
+    /// 256 puts, not once per put). Each write is still failure-atomic; after an error, any subset
+    /// of the batch's writes may have been applied. Keys should be distinct (a
+    /// repeated key is applied in order, only slower).
+    fn apply_batch(&mut self, items: &[(&[u8], Option<&[u8]>)]) -> Result<()> {
+        for (k, v) in items {
+            match v {
+                Some(v) => {
+                    self.put(k, v)?;
+                }
+                None => {
+                    self.remove(k)?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 pub(crate) fn check_kv(key: &[u8], value: Option<&[u8]>) -> Result<()> {

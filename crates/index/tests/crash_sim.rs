@@ -32,6 +32,17 @@
 //! At the end of each run, a final image and the live structure (after a clean
 //! `close`) must hold exactly what the history says.
 //!
+//! The batch runs (`crash_sim_*_batches`) add [`index::Ops::apply_batch`] to the
+//! workload: about 45% of the operations are batches of 1 to 12 writes (one in ten
+//! of 24 to 48) on 96 keys, puts of keys present and absent and removes, distinct
+//! keys except that one batch in six repeats one, each batch followed by `sync`
+//! (the batch is acknowledged then). A batch is logged as one write per item, all
+//! with the batch's `inv` and `resp` and no result; the check
+//! ([`check_durable_batched`]) is the same durable linearizability, where a batch in
+//! flight at the crash may have applied any prefix of its writes to each key, and a
+//! completed one all of them. The second crashes' workload and the operations on
+//! recovered structures include batches too.
+//!
 //! Knobs: `EMBER_INDEX_CRASH_IMAGES` (images per kind, default 250),
 //! `EMBER_INDEX_CRASH_SEED` (workload seeds), `EMBER_CRASH_KEEP=DIR` (failing images
 //! are saved there; `replay_kept_image` recovers one). A failure says whether a
@@ -41,15 +52,25 @@
 mod common;
 
 use common::*;
+use index::Ops;
 use pmem::{CrashImage, CrashSim, Heap};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const NKEYS: usize = 64;
+/// Keys of the batch runs (more, so that the hash table grows further and batches
+/// initialise buckets).
+const NKEYS_BATCHES: usize = 96;
+/// Value ids of batch items: `vid(BATCH_ROUND + position in the batch, tid, n)`
+/// (round 0 is the workers' single operations, 1 `exercise`, 2 the second crashes'
+/// single operations). The second crashes' batches use tid `GEN2_BATCH_TID`.
+const BATCH_ROUND: u64 = 16;
+const GEN2_BATCH_TID: u64 = 7;
 const THREADS: u64 = 2;
 const OPS_PER_THREAD: u64 = 300;
 /// Chance (per million) that a fence takes an image.
@@ -63,6 +84,314 @@ const GEN2_EVERY: u64 = 10;
 const GEN2_PPM: u64 = 150_000;
 const GEN2_OPS: u64 = 30;
 const GEN2_CHECK: usize = 12;
+
+/// What the workers do.
+#[derive(Clone, Copy)]
+struct Workload {
+    /// The key space: keys `0..nkeys`.
+    nkeys: usize,
+    /// Whether about 45% of the operations are `apply_batch` calls.
+    batches: bool,
+}
+
+const SINGLES: Workload = Workload {
+    nkeys: NKEYS,
+    batches: false,
+};
+const BATCHES: Workload = Workload {
+    nkeys: NKEYS_BATCHES,
+    batches: true,
+};
+
+/// One step of a workload: a single operation (kind, key, value id), or a batch of
+/// writes (key, `Some` value id = put, `None` = remove).
+enum Step {
+    Single(OpKind, usize, u64),
+    Batch(Vec<(usize, Option<u64>)>),
+}
+
+/// A random step. Without batches, a single operation as the workers always did.
+/// With batches, about 45% are batches of 1 to 12 writes (one in ten of 24 to 48),
+/// a quarter of them removes, on distinct keys except that one batch in six
+/// repeats one of its keys later in the batch.
+fn random_step(rng: &mut SmallRng, wl: Workload, tid: u64, n: u64, single_round: u64) -> Step {
+    if !wl.batches || rng.random_bool(0.55) {
+        return Step::Single(
+            OpKind::random(rng),
+            pick_key(rng, wl.nkeys),
+            vid(single_round, tid, n),
+        );
+    }
+    let len = if rng.random_bool(0.1) {
+        rng.random_range(24..=48)
+    } else {
+        rng.random_range(1..=12)
+    };
+    let mut items: Vec<(usize, Option<u64>)> = Vec::with_capacity(len + 1);
+    for j in 0..len as u64 {
+        let mut k = pick_key(rng, wl.nkeys);
+        let mut tries = 0;
+        while items.iter().any(|&(i, _)| i == k) && tries < 16 {
+            k = rng.random_range(0..wl.nkeys);
+            tries += 1;
+        }
+        if tries == 16 {
+            continue;
+        }
+        let v = (!rng.random_bool(0.25)).then(|| vid(BATCH_ROUND + j, tid, n));
+        items.push((k, v));
+    }
+    if rng.random_bool(1.0 / 6.0) {
+        let at = rng.random_range(0..items.len());
+        let k = items[at].0;
+        let v = (!rng.random_bool(0.3)).then(|| vid(BATCH_ROUND + len as u64, tid, n));
+        items.insert(rng.random_range(at + 1..=items.len()), (k, v));
+    }
+    Step::Batch(items)
+}
+
+/// The records of a step invoked at `inv` (a batch: one per write, no result).
+fn step_records(step: &Step, tid: u64, n: u64, inv: u64) -> Vec<OpRec> {
+    let rec = |kind, key, val| OpRec {
+        tid,
+        n,
+        kind,
+        key,
+        val,
+        inv,
+        resp: None,
+        result: None,
+        got: None,
+    };
+    match step {
+        Step::Single(kind, k, v) => vec![rec(*kind, *k, *v)],
+        Step::Batch(items) => items
+            .iter()
+            .map(|&(k, v)| match v {
+                Some(v) => rec(OpKind::Put, k, v),
+                None => rec(OpKind::Remove, k, 0),
+            })
+            .collect(),
+    }
+}
+
+/// Runs a step: a single operation (then `sync` if `sync`), or a batch (then
+/// `sync`, always: a batch is durable at the next sync). Returns the result and the
+/// value id found of a single operation, `None` for a batch.
+fn run_step(
+    h: &mut dyn Ops,
+    step: &Step,
+    sync: bool,
+    out: &mut Vec<u8>,
+) -> Result<Option<(bool, Option<u64>)>, String> {
+    match step {
+        Step::Single(kind, k, v) => {
+            let r = run_op(h, *kind, &key(*k), *v, out)?;
+            if sync {
+                h.sync().map_err(|e| format!("sync: {e}"))?;
+            }
+            Ok(Some(r))
+        }
+        Step::Batch(items) => {
+            let vals: Vec<Option<Vec<u8>>> = items.iter().map(|(_, v)| v.map(value)).collect();
+            let keys: Vec<Vec<u8>> = items.iter().map(|(k, _)| key(*k)).collect();
+            let batch: Vec<(&[u8], Option<&[u8]>)> = keys
+                .iter()
+                .zip(&vals)
+                .map(|(k, v)| (k.as_slice(), v.as_deref()))
+                .collect();
+            h.apply_batch(&batch)
+                .map_err(|e| format!("apply_batch of {} writes failed: {e}", batch.len()))?;
+            h.sync().map_err(|e| format!("sync after a batch: {e}"))?;
+            Ok(None)
+        }
+    }
+}
+
+/// The checks of a recovered structure against a history: [`check_history`], or
+/// for a history with batches the same with [`check_durable_batched`].
+fn check_history_wl(
+    t: &dyn DynIndex,
+    heap: &Heap,
+    base: &State,
+    ops: &[OpRec],
+    cut: u64,
+    wl: Workload,
+) -> Result<State, String> {
+    if !wl.batches {
+        return check_history(t, heap, base, ops, cut, wl.nkeys);
+    }
+    check_recovered(t, heap)?;
+    let s = read_state(t, wl.nkeys)?;
+    check_durable_batched(base, ops, cut, &s, wl.nkeys)?;
+    Ok(s)
+}
+
+/// [`check_durable`] for histories with batches. The differences: a completed
+/// operation without a result (a batch's write) may have found the key present or
+/// absent; a thread may have several operations on a key in flight, all of them
+/// writes of the one batch in flight, of which any prefix may have taken effect.
+fn check_durable_batched(
+    base: &State,
+    ops: &[OpRec],
+    cut: u64,
+    actual: &State,
+    nkeys: usize,
+) -> Result<(), String> {
+    if let Some(k) = actual.keys().find(|&&k| k >= nkeys) {
+        return Err(format!("key{k} is outside the key space"));
+    }
+    let mut per_key: Vec<BTreeMap<u64, Vec<(&OpRec, bool)>>> = vec![BTreeMap::new(); nkeys];
+    let mut sorted: Vec<&OpRec> = ops.iter().filter(|o| o.inv <= cut).collect();
+    // Stable: a batch's writes keep their order.
+    sorted.sort_by_key(|o| o.inv);
+    for o in sorted {
+        let done = o.resp.is_some_and(|r| r <= cut);
+        per_key[o.key].entry(o.tid).or_default().push((o, done));
+    }
+    let show = |v: Option<u64>| v.map_or("absent".to_string(), |v| format!("{v:#x}"));
+    for (k, by_thread) in per_key.iter().enumerate() {
+        let threads: Vec<Vec<(&OpRec, bool)>> = by_thread.values().cloned().collect();
+        for t in &threads {
+            let first = t.iter().position(|&(_, d)| !d).unwrap_or(t.len());
+            if t.len() - first > 1
+                && t[first..]
+                    .iter()
+                    .any(|&(o, d)| d || o.inv != t[first].0.inv)
+            {
+                return Err(format!(
+                    "key{k}: a thread has operations in flight that are not one batch"
+                ));
+            }
+        }
+        let got = actual.get(&k).copied();
+        if !linearizable_key_batched(&threads, base.get(&k).copied(), got) {
+            let mut msg = format!(
+                "key{k}: recovered {} cannot be explained by its history (base {}; crash at {cut})\n\
+                 operations on the key (done = completed before the crash; batch writes \
+                 have no result):",
+                show(got),
+                show(base.get(&k).copied()),
+            );
+            let mut all: Vec<(&OpRec, bool)> = threads.iter().flatten().copied().collect();
+            all.sort_by_key(|(o, _)| o.inv);
+            for (o, d) in all {
+                msg.push_str(&format!(
+                    "\n  {o}{}",
+                    if d { "  done" } else { "  in flight" }
+                ));
+            }
+            if let Some(id) = got {
+                match ops.iter().find(|o| o.val == id && o.kind != OpKind::Get) {
+                    Some(o) => msg.push_str(&format!("\n  the recovered value was written by {o}")),
+                    None if base.get(&k) == Some(&id) => {}
+                    None => {
+                        msg.push_str("\n  no operation of the history wrote the recovered value")
+                    }
+                }
+            }
+            return Err(msg);
+        }
+    }
+    Ok(())
+}
+
+/// `common::linearizable_key`, where a completed operation without a result (a
+/// batch's write) may have found either state.
+fn linearizable_key_batched(
+    threads: &[Vec<(&OpRec, bool)>],
+    init: Option<u64>,
+    want: Option<u64>,
+) -> bool {
+    let step = |o: &OpRec, done: bool, v: Option<u64>| -> Option<Option<u64>> {
+        let ok = |r: bool| !done || o.result.is_none_or(|x| x == r);
+        match o.kind {
+            OpKind::Get => (ok(v.is_some()) && (!done || o.got == v)).then_some(v),
+            OpKind::Put => ok(v.is_none()).then_some(Some(o.val)),
+            OpKind::Insert => ok(v.is_none()).then_some(if v.is_none() { Some(o.val) } else { v }),
+            OpKind::Remove => ok(v.is_some()).then_some(None),
+        }
+    };
+    let n = threads.len();
+    let mut stack = vec![(vec![0usize; n], init)];
+    let mut seen = std::collections::HashSet::new();
+    while let Some((c, v)) = stack.pop() {
+        if !seen.insert((c.clone(), v)) {
+            continue;
+        }
+        if v == want && (0..n).all(|i| threads[i][c[i]..].iter().all(|&(_, d)| !d)) {
+            return true;
+        }
+        for i in 0..n {
+            let Some(&(o, done)) = threads[i].get(c[i]) else {
+                continue;
+            };
+            // Minimal: no other pending completed operation responded before o began.
+            let blocked = (0..n).any(|j| {
+                j != i
+                    && threads[j]
+                        .get(c[j])
+                        .is_some_and(|&(p, pd)| pd && p.resp.unwrap() < o.inv)
+            });
+            if blocked {
+                continue;
+            }
+            if let Some(v2) = step(o, done, v) {
+                let mut c2 = c.clone();
+                c2[i] += 1;
+                stack.push((c2, v2));
+            }
+        }
+    }
+    false
+}
+
+/// Batches on a recovered structure, single-threaded, checked against a model that
+/// starts at `state` (keys `0..nkeys + 8`, value ids `vid(1, 254, i)`, repeated
+/// keys and removes of absent keys included); then the content and the allocator.
+fn exercise_batches(
+    t: &dyn DynIndex,
+    heap: &Heap,
+    state: &State,
+    nkeys: usize,
+    rng: &mut SmallRng,
+) -> Result<(), String> {
+    let mut model = state.clone();
+    let all = nkeys + 8;
+    {
+        let mut h = t.handle().map_err(|e| format!("handle: {e}"))?;
+        let mut out = Vec::new();
+        let mut i = 0u64;
+        for _ in 0..4 {
+            let len = rng.random_range(1..=24);
+            let items: Vec<(usize, Option<u64>)> = (0..len)
+                .map(|_| {
+                    i += 1;
+                    let k = rng.random_range(0..all);
+                    (k, (!rng.random_bool(0.3)).then_some(vid(1, 254, i)))
+                })
+                .collect();
+            run_step(&mut *h, &Step::Batch(items.clone()), true, &mut out)
+                .map_err(|e| format!("after recovery: {e}"))?;
+            for (k, v) in items {
+                match v {
+                    Some(v) => model.insert(k, v),
+                    None => model.remove(&k),
+                };
+            }
+        }
+    }
+    let s =
+        read_state(t, all).map_err(|e| format!("after batches on the recovered structure: {e}"))?;
+    if s != model {
+        return Err(format!(
+            "after batches on the recovered structure: content {s:?}, model {model:?}"
+        ));
+    }
+    check_recovered(t, heap)
+        .map_err(|e| format!("after batches on the recovered structure: {e}"))?;
+    Ok(())
+}
 
 /// The history and its clock (the simulator's tag follows the clock).
 #[derive(Default)]
@@ -89,7 +418,7 @@ impl Run {
     }
 }
 
-fn worker(run: &Run, t: &Idx, sync: bool, tid: u64, seed: u64) -> Result<(), String> {
+fn worker(run: &Run, t: &Idx, sync: bool, tid: u64, seed: u64, wl: Workload) -> Result<(), String> {
     let mut h = t.handle().map_err(|e| format!("handle: {e}"))?;
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut out = Vec::new();
@@ -102,32 +431,22 @@ fn worker(run: &Run, t: &Idx, sync: bool, tid: u64, seed: u64) -> Result<(), Str
         if run.stop.load(Ordering::Acquire) {
             break;
         }
-        let kind = OpKind::random(&mut rng);
-        let k = pick_key(&mut rng, NKEYS);
-        let val = vid(0, tid, n);
+        let step = random_step(&mut rng, wl, tid, n, 0);
         let idx = run.tick(|log, c| {
-            log.ops.push(OpRec {
-                tid,
-                n,
-                kind,
-                key: k,
-                val,
-                inv: c,
-                resp: None,
-                result: None,
-                got: None,
-            });
-            log.ops.len() - 1
+            let first = log.ops.len();
+            log.ops.extend(step_records(&step, tid, n, c));
+            first..log.ops.len()
         });
-        let (r, got) = run_op(&mut *h, kind, &key(k), val, &mut out)
-            .map_err(|e| format!("t{tid} op {n}: {e}"))?;
-        if sync {
-            h.sync().map_err(|e| format!("t{tid} op {n}: sync: {e}"))?;
-        }
+        let r =
+            run_step(&mut *h, &step, sync, &mut out).map_err(|e| format!("t{tid} op {n}: {e}"))?;
         run.tick(|log, c| {
-            log.ops[idx].resp = Some(c);
-            log.ops[idx].result = Some(r);
-            log.ops[idx].got = got;
+            for i in idx {
+                log.ops[i].resp = Some(c);
+                if let Some((r, got)) = r {
+                    log.ops[i].result = Some(r);
+                    log.ops[i].got = got;
+                }
+            }
         });
     }
     Ok(())
@@ -152,11 +471,12 @@ fn check_image(
     ops: &[OpRec],
     rng: &mut SmallRng,
     extra: Extra,
+    wl: Workload,
 ) -> Result<u64, String> {
     pmem::sim::write_image(path, &img.bytes).map_err(|e| format!("write image: {e}"))?;
     let rec = Heap::open(path, &sim_opts()).map_err(|e| format!("open: {e}"))?;
     let (heap, t, _st) = recover(kind, rec).map_err(|e| format!("recover: {e}"))?;
-    let state = match check_history(&*t, &heap, &State::new(), ops, img.tag, NKEYS) {
+    let state = match check_history_wl(&*t, &heap, &State::new(), ops, img.tag, wl) {
         Ok(s) => s,
         Err(e) => {
             let again = t.verify(true);
@@ -167,11 +487,16 @@ fn check_image(
     };
     match extra {
         Extra::None => Ok(0),
-        Extra::Exercise => exercise(&*t, &heap, &state, NKEYS, 24, 1, rng).map(|_| 0),
+        Extra::Exercise if wl.batches => {
+            exercise_batches(&*t, &heap, &state, wl.nkeys, rng)?;
+            let state = read_state(&*t, wl.nkeys + 8)?;
+            exercise(&*t, &heap, &state, wl.nkeys, 24, 1, rng).map(|_| 0)
+        }
+        Extra::Exercise => exercise(&*t, &heap, &state, wl.nkeys, 24, 1, rng).map(|_| 0),
         Extra::SecondCrash => {
             drop(t);
             drop(heap);
-            second_crash(kind, path, img, &state, rng)
+            second_crash(kind, path, img, &state, rng, wl)
         }
     }
 }
@@ -188,6 +513,7 @@ fn second_crash(
     img: &CrashImage,
     s1: &State,
     rng: &mut SmallRng,
+    wl: Workload,
 ) -> Result<u64, String> {
     let p2 = path.with_extension("gen2");
     let p3 = path.with_extension("gen3");
@@ -204,30 +530,31 @@ fn second_crash(
         let mut out = Vec::new();
         let mut clock = 0;
         for n in 0..GEN2_OPS {
-            let op = OpKind::random(rng);
-            let k = pick_key(rng, NKEYS);
-            let val = vid(2, 0, n);
+            let step = match random_step(rng, wl, 0, n, 2) {
+                // Batch value ids apart from the first workload's.
+                Step::Batch(items) => Step::Batch(
+                    items
+                        .into_iter()
+                        .map(|(k, v)| (k, v.map(|v| v | GEN2_BATCH_TID << 36)))
+                        .collect(),
+                ),
+                s => s,
+            };
             clock += 1;
             sim.set_tag(clock);
             let inv = clock;
-            let (r, got) = run_op(&mut *h, op, &key(k), val, &mut out)
+            let r = run_step(&mut *h, &step, !kind.durable_on_return(), &mut out)
                 .map_err(|e| format!("after recovery, op {n}: {e}"))?;
-            if !kind.durable_on_return() {
-                h.sync().map_err(|e| format!("sync: {e}"))?;
-            }
             clock += 1;
             sim.set_tag(clock);
-            ops.push(OpRec {
-                tid: 0,
-                n,
-                kind: op,
-                key: k,
-                val,
-                inv,
-                resp: Some(clock),
-                result: Some(r),
-                got,
-            });
+            for mut o in step_records(&step, 0, n, inv) {
+                o.resp = Some(clock);
+                if let Some((r, got)) = r {
+                    o.result = Some(r);
+                    o.got = got;
+                }
+                ops.push(o);
+            }
         }
     }
     sim.set_capture_ppm(0);
@@ -252,7 +579,7 @@ fn second_crash(
         pmem::sim::write_image(&p3, &im.bytes).map_err(|e| format!("write image: {e}"))?;
         let rec = Heap::open(&p3, &sim_opts()).map_err(|e| format!("{what}: open: {e}"))?;
         let (heap, t, _) = recover(kind, rec).map_err(|e| format!("{what}: recover: {e}"))?;
-        if let Err(e) = check_history(&*t, &heap, s1, &ops, im.tag, NKEYS) {
+        if let Err(e) = check_history_wl(&*t, &heap, s1, &ops, im.tag, wl) {
             if let Some(k) = std::env::var_os("EMBER_CRASH_KEEP") {
                 let k = PathBuf::from(k);
                 let _ = pmem::sim::write_image(
@@ -290,6 +617,7 @@ fn check_batch(
     rng: &mut SmallRng,
     tally: &mut Tally,
     keep: Option<&PathBuf>,
+    wl: Workload,
 ) {
     if imgs.is_empty() {
         return;
@@ -304,11 +632,11 @@ fn check_batch(
         } else {
             Extra::None
         };
-        match check_image(kind, img_path, &img, &ops, rng, extra) {
+        match check_image(kind, img_path, &img, &ops, rng, extra, wl) {
             Ok(n) => tally.gen2 += n,
             Err(e) => {
                 // Recover the same bytes again: does the failure reproduce?
-                let again = check_image(kind, img_path, &img, &ops, rng, Extra::None);
+                let again = check_image(kind, img_path, &img, &ops, rng, Extra::None, wl);
                 let e = format!(
                     "{e}\n  (a second recovery of the same image: {})",
                     match again {
@@ -336,7 +664,12 @@ fn check_batch(
     }
 }
 
-fn crash_sim(kind: Kind) {
+fn crash_sim(kind: Kind, wl: Workload) {
+    let label = if wl.batches {
+        format!("{kind}+batches")
+    } else {
+        kind.to_string()
+    };
     let dir = tempfile::tempdir_in(shm_dir()).unwrap();
     let img_path = dir.path().join("image.heap");
     let keep = std::env::var_os("EMBER_CRASH_KEEP").map(PathBuf::from);
@@ -353,7 +686,7 @@ fn crash_sim(kind: Kind) {
     let (mut runs, mut nops) = (0u64, 0u64);
     while tally.images < target {
         runs += 1;
-        let seed = mix(seed0 ^ (kind.id() << 40) ^ runs);
+        let seed = mix(seed0 ^ (kind.id() << 40) ^ ((wl.batches as u64) << 48) ^ runs);
         let mut rng = SmallRng::seed_from_u64(seed);
         let path = dir.path().join(format!("run{runs}.heap"));
         {
@@ -377,7 +710,7 @@ fn crash_sim(kind: Kind) {
                     let (run, t) = (&run, &t);
                     let ws = mix(seed ^ (tid + 1));
                     s.spawn(move || {
-                        let r = worker(run, t, !kind.durable_on_return(), tid, ws);
+                        let r = worker(run, t, !kind.durable_on_return(), tid, ws, wl);
                         if r.is_err() {
                             run.stop.store(true, Ordering::Release);
                         }
@@ -401,6 +734,7 @@ fn crash_sim(kind: Kind) {
                         &mut rng,
                         &mut tally,
                         keep.as_ref(),
+                        wl,
                     );
                 }
                 let imgs = sim.take_images();
@@ -417,6 +751,7 @@ fn crash_sim(kind: Kind) {
                     &mut rng,
                     &mut tally,
                     keep.as_ref(),
+                    wl,
                 );
             }
             hs.into_iter()
@@ -425,7 +760,7 @@ fn crash_sim(kind: Kind) {
         });
         assert!(
             errors.is_empty(),
-            "{kind} run {runs} (seed {seed:#x}): a worker failed: {errors:?}"
+            "{label} run {runs} (seed {seed:#x}): a worker failed: {errors:?}"
         );
         sim.set_capture_ppm(0);
         let imgs = sim.take_images();
@@ -439,6 +774,7 @@ fn crash_sim(kind: Kind) {
             &mut rng,
             &mut tally,
             keep.as_ref(),
+            wl,
         );
         // Quiescent: a final image, and the live structure itself, must hold exactly
         // the last completed writes.
@@ -454,16 +790,17 @@ fn crash_sim(kind: Kind) {
             &mut rng,
             &mut tally,
             keep.as_ref(),
+            wl,
         );
         let log = run.log.lock().unwrap();
         nops += log.ops.len() as u64;
         // (A clean close runs the deferred frees: the block counts must then agree.)
         t.close().unwrap();
-        let live = check_history(&*t, &heap, &State::new(), &log.ops, log.clock, NKEYS);
+        let live = check_history_wl(&*t, &heap, &State::new(), &log.ops, log.clock, wl);
         if let Err(e) = live {
             tally.bad += 1;
             tally.first.push(format!(
-                "{kind} run {runs} (seed {seed:#x}): live structure after the run: {e}"
+                "{label} run {runs} (seed {seed:#x}): live structure after the run: {e}"
             ));
         }
         drop(log);
@@ -475,7 +812,7 @@ fn crash_sim(kind: Kind) {
         }
     }
     say(&format!(
-        "index crash-sim: {} images, {} inconsistent ({kind}: {} forced, {} second crashes, \
+        "index crash-sim: {} images, {} inconsistent ({label}: {} forced, {} second crashes, \
          {runs} runs, {nops} ops, {:.1} s)",
         tally.images + tally.gen2,
         tally.bad,
@@ -489,7 +826,7 @@ fn crash_sim(kind: Kind) {
     assert_eq!(
         tally.bad,
         0,
-        "{kind}: inconsistent crash images:\n{}",
+        "{label}: inconsistent crash images:\n{}",
         tally.first.join("\n")
     );
     assert!(tally.images >= target);
@@ -497,27 +834,39 @@ fn crash_sim(kind: Kind) {
 
 #[test]
 fn crash_sim_hash() {
-    crash_sim(Kind::Hash);
+    crash_sim(Kind::Hash, SINGLES);
 }
 
 #[test]
 fn crash_sim_hash_nocache() {
-    crash_sim(Kind::HashNoCache);
+    crash_sim(Kind::HashNoCache, SINGLES);
 }
 
 #[test]
 fn crash_sim_skip() {
-    crash_sim(Kind::Skip);
+    crash_sim(Kind::Skip, SINGLES);
 }
 
 #[test]
 fn crash_sim_skip_nocache() {
-    crash_sim(Kind::SkipNoCache);
+    crash_sim(Kind::SkipNoCache, SINGLES);
 }
 
 #[test]
 fn crash_sim_phash() {
-    crash_sim(Kind::PHash);
+    crash_sim(Kind::PHash, SINGLES);
+}
+
+/// The log-free hash table's own `apply_batch` (two phases), link cache on.
+#[test]
+fn crash_sim_hash_batches() {
+    crash_sim(Kind::Hash, BATCHES);
+}
+
+/// The log-free hash table's own `apply_batch`, link-and-persist only.
+#[test]
+fn crash_sim_hash_nocache_batches() {
+    crash_sim(Kind::HashNoCache, BATCHES);
 }
 
 /// A heap with a zeroed 64-byte root block for the plain-transaction tests:
@@ -753,6 +1102,77 @@ fn checker_rejects_lost_and_phantom_writes() {
     // A value nobody wrote, a key outside the key space.
     assert!(check_durable(&base, &h, 9, &st(Some(99)), 1).is_err());
     assert!(check_durable(&base, &[], 9, &State::from([(3, 1)]), 1).is_err());
+}
+
+/// The batch-aware checker must reject what it should, and accept what a batch in
+/// flight may leave.
+#[test]
+fn checker_batched_rejects_lost_and_reordered_batch_writes() {
+    // A batch of thread 0 at [1, 4]: key 0 put 10, remove, put 11 (a repeated
+    // key); key 1 put 20. A single put of thread 1 on key 0 at [5, 6].
+    let w = |tid, key, kind, val, inv, resp: Option<u64>| OpRec {
+        tid,
+        n: 0,
+        kind,
+        key,
+        val,
+        inv,
+        resp,
+        result: None,
+        got: None,
+    };
+    let batch = |resp| {
+        vec![
+            w(0, 0, OpKind::Put, 10, 1, resp),
+            w(0, 0, OpKind::Remove, 0, 1, resp),
+            w(0, 0, OpKind::Put, 11, 1, resp),
+            w(0, 1, OpKind::Put, 20, 1, resp),
+        ]
+    };
+    let st = |a: Option<u64>, b: Option<u64>| -> State {
+        let mut s = State::new();
+        if let Some(a) = a {
+            s.insert(0, a);
+        }
+        if let Some(b) = b {
+            s.insert(1, b);
+        }
+        s
+    };
+    let base = st(Some(7), None);
+    // Completed: every write in, in batch order.
+    let done = batch(Some(4));
+    assert!(check_durable_batched(&base, &done, 4, &st(Some(11), Some(20)), 2).is_ok());
+    assert!(check_durable_batched(&base, &done, 4, &st(Some(10), Some(20)), 2).is_err());
+    assert!(check_durable_batched(&base, &done, 4, &st(None, Some(20)), 2).is_err());
+    assert!(check_durable_batched(&base, &done, 4, &st(Some(7), Some(20)), 2).is_err());
+    assert!(check_durable_batched(&base, &done, 4, &st(Some(11), None), 2).is_err());
+    // In flight at the crash (cut 3): per key any prefix of its writes.
+    for a in [Some(7), Some(10), None, Some(11)] {
+        for b in [None, Some(20)] {
+            assert!(
+                check_durable_batched(&base, &batch(Some(4)), 3, &st(a, b), 2).is_ok(),
+                "{a:?} {b:?}"
+            );
+        }
+    }
+    assert!(check_durable_batched(&base, &batch(None), 9, &st(Some(99), None), 2).is_err());
+    // Not started at the crash (cut 0): nothing of it.
+    assert!(check_durable_batched(&base, &batch(Some(4)), 0, &st(Some(10), None), 2).is_err());
+    // A later single put of another thread after the completed batch: it wins.
+    let mut h = batch(Some(4));
+    h.push(OpRec {
+        result: Some(false),
+        ..w(1, 0, OpKind::Put, 30, 5, Some(6))
+    });
+    assert!(check_durable_batched(&base, &h, 6, &st(Some(30), Some(20)), 2).is_ok());
+    assert!(check_durable_batched(&base, &h, 6, &st(Some(11), Some(20)), 2).is_err());
+    // Two operations in flight on a key that are not one batch are a worker bug.
+    let two = [
+        w(0, 0, OpKind::Put, 10, 1, None),
+        w(0, 0, OpKind::Put, 11, 2, None),
+    ];
+    assert!(check_durable_batched(&base, &two, 9, &st(Some(11), None), 2).is_err());
 }
 
 /// Debugging aid: recovers a saved image (`EMBER_CRASH_KEEP` output) named by

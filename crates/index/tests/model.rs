@@ -11,6 +11,18 @@
 //! crash the whole content (a get of every key, `verify(true).keys`) must equal the
 //! model, and `check_heap` must count exactly the structure's blocks.
 //!
+//! Batches ([`index::Ops::apply_batch`], the model applies the writes in order):
+//! `Batch` writes 0 to 12 of the 20 keys (repeated keys and removes of absent keys
+//! come naturally), `Bulk` 16 to 200 keys of one of two larger pools, with some
+//! removes, repeats and a `sync` now and then: 256 ordinary keys, and 512 keys
+//! whose hash is 0 modulo 1024, all in bucket 0 of the hash table at every size it
+//! reaches here. The latter make the table double (the count grows) while leaving
+//! its buckets uninitialised, so that a later batch of ordinary keys initialises
+//! buckets with uninitialised ancestors (`init_buckets`, several rounds). After a
+//! batch every key it wrote is read back. Every kind runs them: the hash table
+//! with and without the link cache through its two-phase override, the skip list
+//! and phash through the default implementation.
+//!
 //! `EMBER_INDEX_MODEL_CASES=n` sets the cases per kind (default 24). Failures are
 //! not persisted to a regressions file; proptest prints the minimal failing input.
 
@@ -20,10 +32,36 @@ use common::*;
 use pmem::{CrashSim, Heap};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 const NKEYS: usize = 20;
+/// Ordinary keys of the bulk pool: keys `NKEYS..NKEYS + BULK`.
+const BULK: usize = 256;
+/// Keys whose hash is 0 modulo 1024: keys `NKEYS + BULK..NKEYS + BULK + ZERO`.
+const ZERO: usize = 512;
+const ALL: usize = NKEYS + BULK + ZERO;
+
+/// The bytes of every key of the model: `common::key(i)` for the 20 keys and the
+/// ordinary pool, then the keys of bucket 0.
+fn universe() -> &'static [Vec<u8>] {
+    static U: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
+    U.get_or_init(|| {
+        let mut u: Vec<Vec<u8>> = (0..NKEYS + BULK).map(key).collect();
+        let mut i = 0u64;
+        while u.len() < ALL {
+            let k = format!("zero{i}").into_bytes();
+            if index::key_hash(&k) & 1023 == 0 {
+                u.push(k);
+            }
+            i += 1;
+        }
+        u
+    })
+}
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -34,6 +72,42 @@ enum Op {
     Sync,
     Restart,
     Crash(u64),
+    /// `apply_batch` on the 20 keys: (key, put?) in batch order.
+    Batch(Vec<(usize, bool)>),
+    /// `apply_batch` on `len` keys of a pool (`zero`: the keys of bucket 0, else
+    /// the ordinary ones) from `start`; `seed` shuffles them and adds removes and
+    /// repeated keys; then `sync` if `sync`.
+    Bulk {
+        zero: bool,
+        start: usize,
+        len: usize,
+        seed: u64,
+        sync: bool,
+    },
+}
+
+/// The writes of a `Bulk` op: key and put? (value ids are given when applied).
+fn bulk_items(zero: bool, start: usize, len: usize, seed: u64) -> Vec<(usize, bool)> {
+    let (base, size) = if zero {
+        (NKEYS + BULK, ZERO)
+    } else {
+        (NKEYS, BULK)
+    };
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut items: Vec<(usize, bool)> = (start..(start + len).min(size))
+        .map(|i| (base + i, !rng.random_bool(0.08)))
+        .collect();
+    items.shuffle(&mut rng);
+    for _ in 0..rng.random_range(0..4) {
+        if items.is_empty() {
+            break;
+        }
+        let at = rng.random_range(0..items.len());
+        let k = items[at].0;
+        let put = rng.random_bool(0.5);
+        items.insert(rng.random_range(at + 1..=items.len()), (k, put));
+    }
+    items
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -46,6 +120,17 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         3 => Just(Op::Sync),
         4 => Just(Op::Restart),
         6 => any::<u64>().prop_map(Op::Crash),
+        20 => proptest::collection::vec((k(), proptest::bool::weighted(0.7)), 0..12)
+            .prop_map(Op::Batch),
+        8 => (any::<bool>(), 0..ZERO, 16..=200usize, any::<u64>(), any::<bool>()).prop_map(
+            |(zero, start, len, seed, sync)| Op::Bulk {
+                zero,
+                start: if zero { start } else { start % BULK },
+                len,
+                seed,
+                sync,
+            }
+        ),
     ]
 }
 
@@ -82,7 +167,7 @@ impl Live {
     /// The whole content against the model, the structure and the allocator.
     fn check_all(&self, model: &State, what: &str) -> Result<(), String> {
         check_recovered(&*self.t, &self.heap).map_err(|e| format!("{what}: {e}"))?;
-        let s = read_state(&*self.t, NKEYS).map_err(|e| format!("{what}: {e}"))?;
+        let s = read_universe(&*self.t).map_err(|e| format!("{what}: {e}"))?;
         if s != *model {
             return Err(format!(
                 "{what}: content differs\nmodel: {model:?}\nfound: {s:?}"
@@ -90,6 +175,80 @@ impl Live {
         }
         Ok(())
     }
+}
+
+/// `common::read_state` over the whole [`universe`].
+fn read_universe(t: &dyn DynIndex) -> Result<State, String> {
+    let mut h = t.handle().map_err(|e| format!("handle: {e}"))?;
+    let mut out = Vec::new();
+    let mut s = State::new();
+    for (k, kb) in universe().iter().enumerate() {
+        if h.get(kb, &mut out).map_err(|e| format!("get: {e}"))? {
+            s.insert(k, value_id(&out).map_err(|e| format!("key {k}: {e}"))?);
+        }
+    }
+    drop(h);
+    let v = t.verify(true).map_err(|e| format!("verify: {e}"))?;
+    if v.keys != s.len() as u64 {
+        return Err(format!(
+            "verify counts {} keys, gets find {} of the key space",
+            v.keys,
+            s.len()
+        ));
+    }
+    Ok(s)
+}
+
+/// Applies a batch (key, put?) through the handle, value ids `vid(1 + j, 0, op)`
+/// for the write at position `j`, and to the model in order; then reads back every
+/// key the batch wrote and checks the structure.
+fn run_batch(
+    live: &mut Live,
+    model: &mut State,
+    op: usize,
+    items: &[(usize, bool)],
+    what: &str,
+) -> Result<(), String> {
+    let u = universe();
+    let ids: Vec<Option<u64>> = (0..items.len())
+        .map(|j| items[j].1.then(|| vid(1 + j as u64, 0, op as u64)))
+        .collect();
+    let vals: Vec<Option<Vec<u8>>> = ids.iter().map(|v| v.map(value)).collect();
+    let batch: Vec<(&[u8], Option<&[u8]>)> = items
+        .iter()
+        .zip(&vals)
+        .map(|(&(k, _), v)| (u[k].as_slice(), v.as_deref()))
+        .collect();
+    let h = live.h.as_mut().unwrap();
+    h.apply_batch(&batch)
+        .map_err(|e| format!("{what}: apply_batch: {e}"))?;
+    for (&(k, _), v) in items.iter().zip(&ids) {
+        match v {
+            Some(v) => model.insert(k, *v),
+            None => model.remove(&k),
+        };
+    }
+    let mut out = Vec::new();
+    for &(k, _) in items {
+        let got = if h
+            .get(&u[k], &mut out)
+            .map_err(|e| format!("{what}: get: {e}"))?
+        {
+            Some(value_id(&out).map_err(|e| format!("{what}: key {k}: {e}"))?)
+        } else {
+            None
+        };
+        if got != model.get(&k).copied() {
+            return Err(format!(
+                "{what}: after the batch key {k} holds {got:?}, the model says {:?}",
+                model.get(&k)
+            ));
+        }
+    }
+    live.t
+        .verify(false)
+        .map_err(|e| format!("{what}: verify: {e}"))?;
+    Ok(())
 }
 
 fn run_model(kind: Kind, ops: &[Op]) -> Result<(), String> {
@@ -142,6 +301,24 @@ fn run_model(kind: Kind, ops: &[Op]) -> Result<(), String> {
             continue;
         }
         match op {
+            Op::Batch(items) => run_batch(&mut live, &mut model, i, items, &what)?,
+            Op::Bulk {
+                zero,
+                start,
+                len,
+                seed,
+                sync,
+            } => {
+                let items = bulk_items(*zero, *start, *len, *seed);
+                run_batch(&mut live, &mut model, i, &items, &what)?;
+                if *sync {
+                    live.h
+                        .as_mut()
+                        .unwrap()
+                        .sync()
+                        .map_err(|e| format!("{what}: sync: {e}"))?;
+                }
+            }
             Op::Sync => {
                 live.h
                     .as_mut()

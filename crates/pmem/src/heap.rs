@@ -1200,6 +1200,13 @@ impl ThreadHeap {
         self.prepare(p, true)
     }
 
+    /// [`Self::prepare_free`] without its fence: a new block entry is flushed only,
+    /// so the caller must fence before the unlink (or swap) that the ticket covers
+    /// can become durable. For writers that prepare many unlinks and fence once.
+    pub fn prepare_free_unfenced(&mut self, p: PPtr<u8>) -> Result<FreeTicket> {
+        self.prepare(p, false)
+    }
+
     /// [`Self::prepare_free`] inside a transaction: a new block entry is flushed,
     /// not fenced (the commit fences before its commit record).
     pub(crate) fn prepare_free_in_tx(&mut self, p: PPtr<u8>) -> Result<FreeTicket> {
