@@ -1030,7 +1030,6 @@ struct Gleaner {
     log: Option<usize>,
     key: Vec<u8>,
     bval: Vec<u8>,
-    enc: Vec<u8>,
     chain: Vec<(RecPtr, Header)>,
     cpay: Vec<u8>,
     from: usize,
@@ -1043,6 +1042,11 @@ struct Gleaner {
     /// Chains applied in this batch: key hash, key, newest record, whether the key
     /// is now removed. Their `lentry` is released at the end of the batch.
     releases: Vec<(u64, Vec<u8>, u64, bool)>,
+    /// The batch's backend writes (key → stamp and value, `None` = remove), applied
+    /// together at the end of the batch ([`index::Ops::apply_batch`]: two fences
+    /// for the batch instead of one or more per write) and read back by the
+    /// batch's later chains of the same key.
+    writes: std::collections::HashMap<Vec<u8>, (u64, Option<Vec<u8>>)>,
     /// Gleans between other work (a session, `drain`): gives its log back after
     /// every batch.
     inline: bool,
@@ -1062,7 +1066,6 @@ impl Gleaner {
             log: None,
             key: Vec::new(),
             bval: Vec::new(),
-            enc: Vec::new(),
             chain: Vec::new(),
             cpay: Vec::new(),
             from: slot,
@@ -1071,6 +1074,7 @@ impl Gleaner {
             held: Vec::new(),
             held_bits: vec![0; GLOCKS / 64],
             releases: Vec::new(),
+            writes: Default::default(),
             inline: true,
         })
     }
@@ -1107,7 +1111,7 @@ impl Gleaner {
     fn end_batch(&mut self, sh: &Shared) -> Result<()> {
         let mut r = Ok(());
         if !self.pending.is_empty() {
-            match self.h.sync() {
+            match self.flush_writes().and_then(|()| self.h.sync()) {
                 Ok(()) => {
                     for p in self.pending.drain(..) {
                         sh.pool.mark_applied(p);
@@ -1138,6 +1142,7 @@ impl Gleaner {
         }
         // Nothing is flagged on an error: the records are applied again later (the
         // stamps make that harmless).
+        self.writes.clear();
         self.pending.clear();
         self.pending_set.clear();
         self.releases.clear();
@@ -1295,8 +1300,32 @@ impl Gleaner {
         sh.pool.payload(r, &h, &mut self.cpay);
     }
 
-    /// The backend's value of `key` and its stamp.
+    /// Applies the batch's backend writes (see `writes`).
+    fn flush_writes(&mut self) -> index::Result<()> {
+        if self.writes.is_empty() {
+            return Ok(());
+        }
+        let mut enc: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(self.writes.len());
+        for (k, (stamp, v)) in self.writes.drain() {
+            let v = v.map(|v| {
+                let mut e = Vec::with_capacity(v.len() + 16);
+                value::encode(stamp, &v, &mut e);
+                e
+            });
+            enc.push((k, v));
+        }
+        let items: Vec<(&[u8], Option<&[u8]>)> = enc
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_deref()))
+            .collect();
+        self.h.apply_batch(&items)
+    }
+
+    /// The backend's value of `key` and its stamp, as this batch left it.
     fn backend_value(&mut self, key: &[u8]) -> Result<(u64, Option<Vec<u8>>)> {
+        if let Some((s, v)) = self.writes.get(key) {
+            return Ok((*s, v.clone()));
+        }
         if self.h.get(key, &mut self.bval)? {
             let (s, v) = value::decode(&self.bval)
                 .ok_or_else(|| Error::Corrupt("backend value without a stamp".into()))?;
@@ -1306,16 +1335,11 @@ impl Gleaner {
         }
     }
 
+    /// Records a backend write; it is applied with the batch's others at the end
+    /// of the batch (`flush_writes`), before any of the batch's records is flagged.
     fn write_backend(&mut self, key: &[u8], stamp: u64, val: Option<&[u8]>) -> Result<()> {
-        match val {
-            Some(v) => {
-                value::encode(stamp, v, &mut self.enc);
-                self.h.put(key, &self.enc)?;
-            }
-            None => {
-                self.h.remove(key)?;
-            }
-        }
+        self.writes
+            .insert(key.to_vec(), (stamp, val.map(|v| v.to_vec())));
         Ok(())
     }
 
