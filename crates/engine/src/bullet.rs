@@ -137,6 +137,13 @@ pub struct BulletOptions {
     /// per batch instead of one per write). Other sessions may read an update
     /// before it is durable, as Redis clients read writes before the AOF fsync.
     pub group_commit: bool,
+    /// Dynamic variants: 0 = sessions take the gleaner roles between their
+    /// requests (§4.3: a thread is a writer or a gleaner); N > 0 = N background
+    /// threads take them instead and sessions only serve. For gleaning that waits
+    /// on I/O (the msync strategy, where a batch's backend writes cost one
+    /// `msync` of many scattered pages): a session holding the role would keep its
+    /// clients waiting meanwhile.
+    pub role_threads: usize,
 }
 
 impl Default for BulletOptions {
@@ -151,6 +158,7 @@ impl Default for BulletOptions {
             epoch: Duration::from_millis(10),
             static_gleaners: 1,
             group_commit: false,
+            role_threads: 0,
         }
     }
 }
@@ -556,7 +564,17 @@ impl BulletStore {
                     .map_err(|e| Error::Config(format!("cannot start the advancer: {e}")))?,
             );
         }
-        if !opts.variant.dynamic() {
+        if opts.variant.dynamic() {
+            for n in 0..opts.role_threads {
+                let s = sh.clone();
+                threads.push(
+                    std::thread::Builder::new()
+                        .name(format!("ember-gleaner-{n}"))
+                        .spawn(move || role_gleaner(s))
+                        .map_err(|e| Error::Config(format!("cannot start a gleaner: {e}")))?,
+                );
+            }
+        } else {
             for n in 0..opts.static_gleaners {
                 let s = sh.clone();
                 threads.push(
@@ -1432,6 +1450,53 @@ fn backoff(what: &str, e: &Error, last: &mut String) {
     std::thread::sleep(Duration::from_millis(10));
 }
 
+/// A background thread that takes a dynamic gleaner role when the advancer wants
+/// one more gleaner and gives it back when it wants one fewer
+/// (`BulletOptions::role_threads`).
+fn role_gleaner(sh: Arc<Shared>) {
+    let Some(mut g) = thread_gleaner(&sh, "gleaner") else {
+        return;
+    };
+    let mut active = false;
+    let mut last = String::new();
+    while !sh.stop.load(Ordering::Acquire) {
+        let have = sh.gleaners.load(Ordering::Acquire);
+        let target = sh.target.load(Ordering::Acquire);
+        if !active {
+            if have < target
+                && sh
+                    .gleaners
+                    .compare_exchange(have, have + 1, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                active = true;
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            continue;
+        }
+        if have > target
+            && sh
+                .gleaners
+                .compare_exchange(have, have - 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            active = false;
+            g.release(&sh);
+            continue;
+        }
+        match g.glean_batch(&sh) {
+            Ok(true) => {}
+            Ok(false) => std::thread::sleep(Duration::from_micros(100)),
+            Err(e) => backoff("gleaner", &e, &mut last),
+        }
+    }
+    if active {
+        sh.gleaners.fetch_sub(1, Ordering::AcqRel);
+    }
+    g.retire(&sh);
+}
+
 fn static_gleaner(sh: Arc<Shared>) {
     let Some(mut g) = thread_gleaner(&sh, "gleaner") else {
         return;
@@ -1480,7 +1545,11 @@ fn advancer(sh: Arc<Shared>) {
         let (used, cap) = sh.pool.occupancy();
         let occ = used as f64 / cap as f64;
         if sh.opts.variant.dynamic() {
-            let max = sh.sessions.load(Ordering::Acquire).saturating_sub(1);
+            let max = if sh.opts.role_threads > 0 {
+                sh.opts.role_threads
+            } else {
+                sh.sessions.load(Ordering::Acquire).saturating_sub(1)
+            };
             let t = sh.target.load(Ordering::Acquire);
             let nt = if occ > 0.6 && (t == 0 || occ > last_occ) {
                 (t + 1).min(max)
@@ -1971,7 +2040,7 @@ impl Session for BulletSession {
 
     fn maintain(&mut self) -> Result<bool> {
         let sh = &self.sh;
-        if !sh.opts.variant.dynamic() {
+        if !sh.opts.variant.dynamic() || sh.opts.role_threads > 0 {
             return Ok(false);
         }
         if self.gleaning {

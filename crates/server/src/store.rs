@@ -196,6 +196,10 @@ fn bullet_options(cfg: &Config, variant: engine::bullet::Variant) -> BulletOptio
         // msync mode: one msync per batch of requests (the worker commits
         // before it writes the batch's replies) instead of one per write.
         group_commit: cfg.durability == DurabilityMode::Msync,
+        // msync mode: gleaning waits on the disk (a batch's backend writes are
+        // one msync of scattered pages); a background thread takes the gleaner
+        // role so that no worker keeps its clients waiting meanwhile.
+        role_threads: usize::from(cfg.durability == DurabilityMode::Msync),
         ..Default::default()
     }
 }

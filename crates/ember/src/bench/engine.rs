@@ -848,6 +848,7 @@ pub fn run(args: &EngineArgs) -> BenchResult<()> {
                 epoch: Duration::from_millis(args.epoch_ms),
                 static_gleaners: plan.static_gleaners,
                 group_commit: false,
+                role_threads: 0,
             };
             let store = BulletStore::create(&tmp.heap, &opts).map_err(err)?;
             run.store(&store, Some(&tmp), Some(args.backend), || {

@@ -16,7 +16,8 @@ pub enum Kind {
     Volatile,
     Direct(BackendKind),
     Bullet(Variant, BackendKind),
-    /// Bullet with group commit: `apply` defers its fence to `commit`.
+    /// Bullet with group commit (`apply` defers its fence to `commit`) and a
+    /// background thread for the dynamic gleaner roles, as the server's msync mode.
     BulletGroup(Variant, BackendKind),
 }
 
@@ -57,6 +58,7 @@ pub fn bullet_opts(v: Variant, b: BackendKind, log_size: u64) -> BulletOptions {
         epoch: Duration::from_millis(1),
         static_gleaners: 1,
         group_commit: false,
+        role_threads: 0,
     }
 }
 
@@ -138,6 +140,9 @@ pub fn create(kind: Kind, heap: &Heap, log_size: u64) -> engine::Result<AnyStore
             heap,
             &BulletOptions {
                 group_commit: true,
+                // As `ember serve --durability msync` runs it: a background
+                // thread takes the dynamic gleaner roles.
+                role_threads: 1,
                 ..bullet_opts(v, b, log_size)
             },
         )?),
@@ -161,6 +166,9 @@ pub fn open(kind: Kind, rec: Recovery, log_size: u64) -> engine::Result<(AnyStor
         Kind::BulletGroup(v, b) => {
             let o = BulletOptions {
                 group_commit: true,
+                // As `ember serve --durability msync` runs it: a background
+                // thread takes the dynamic gleaner roles.
+                role_threads: 1,
                 ..bullet_opts(v, b, log_size)
             };
             let (s, _) = BulletStore::open(rec, &o)?;
