@@ -135,6 +135,18 @@ fn parent(b: u64) -> u64 {
     b & !(1u64 << (63 - b.leading_zeros()))
 }
 
+/// Writes a regular node (tag, key, split key, value link `vb`, next link `next`)
+/// and flushes it; the caller fences before linking it.
+fn write_node(r: &Region, node: u64, key: &[u8], so: u64, vb: u64, next: u64) {
+    r.write::<u32>(node, &NODE_TAG);
+    r.write::<u32>(node + 4, &(key.len() as u32));
+    r.write::<u64>(node + N_SO, &so);
+    r.write::<u64>(node + N_VAL, &vb);
+    r.write_bytes(node + N_KEY, key);
+    r.write::<u64>(node + N_NEXT, &next);
+    r.flush(node, N_KEY as usize + key.len());
+}
+
 struct Inner {
     heap: Heap,
     root: u64,
@@ -654,13 +666,7 @@ impl Inner {
             if node == 0 {
                 node = h.th.alloc(N_KEY + key.len() as u64)?.offset();
                 vb = blob::alloc_value(&mut h.th, node, val)?.offset();
-                r.write::<u32>(node, &NODE_TAG);
-                r.write::<u32>(node + 4, &(key.len() as u32));
-                r.write::<u64>(node + N_SO, &so);
-                r.write::<u64>(node + N_VAL, &vb);
-                r.write_bytes(node + N_KEY, key);
-                r.write::<u64>(node + N_NEXT, &curr);
-                r.flush(node, N_KEY as usize + key.len());
+                write_node(r, node, key, so, vb, curr);
             } else {
                 r.write::<u64>(node + N_NEXT, &curr);
                 r.flush(node + N_NEXT, 8);
@@ -791,13 +797,7 @@ impl Inner {
                         return Err(e);
                     }
                 };
-                r.write::<u32>(node, &NODE_TAG);
-                r.write::<u32>(node + 4, &(key.len() as u32));
-                r.write::<u64>(node + N_SO, &so);
-                r.write::<u64>(node + N_VAL, &vb);
-                r.write_bytes(node + N_KEY, key);
-                r.write::<u64>(node + N_NEXT, &curr);
-                r.flush(node, N_KEY as usize + key.len());
+                write_node(r, node, key, so, vb, curr);
                 Ok(Some(Prep::Insert {
                     node,
                     vb,

@@ -265,7 +265,7 @@ fn check_durable_batched(
             }
         }
         let got = actual.get(&k).copied();
-        if !linearizable_key_batched(&threads, base.get(&k).copied(), got) {
+        if !linearizable_key(&threads, base.get(&k).copied(), got) {
             let mut msg = format!(
                 "key{k}: recovered {} cannot be explained by its history (base {}; crash at {cut})\n\
                  operations on the key (done = completed before the crash; batch writes \
@@ -294,56 +294,6 @@ fn check_durable_batched(
         }
     }
     Ok(())
-}
-
-/// `common::linearizable_key`, where a completed operation without a result (a
-/// batch's write) may have found either state.
-fn linearizable_key_batched(
-    threads: &[Vec<(&OpRec, bool)>],
-    init: Option<u64>,
-    want: Option<u64>,
-) -> bool {
-    let step = |o: &OpRec, done: bool, v: Option<u64>| -> Option<Option<u64>> {
-        let ok = |r: bool| !done || o.result.is_none_or(|x| x == r);
-        match o.kind {
-            OpKind::Get => (ok(v.is_some()) && (!done || o.got == v)).then_some(v),
-            OpKind::Put => ok(v.is_none()).then_some(Some(o.val)),
-            OpKind::Insert => ok(v.is_none()).then_some(if v.is_none() { Some(o.val) } else { v }),
-            OpKind::Remove => ok(v.is_some()).then_some(None),
-        }
-    };
-    let n = threads.len();
-    let mut stack = vec![(vec![0usize; n], init)];
-    let mut seen = std::collections::HashSet::new();
-    while let Some((c, v)) = stack.pop() {
-        if !seen.insert((c.clone(), v)) {
-            continue;
-        }
-        if v == want && (0..n).all(|i| threads[i][c[i]..].iter().all(|&(_, d)| !d)) {
-            return true;
-        }
-        for i in 0..n {
-            let Some(&(o, done)) = threads[i].get(c[i]) else {
-                continue;
-            };
-            // Minimal: no other pending completed operation responded before o began.
-            let blocked = (0..n).any(|j| {
-                j != i
-                    && threads[j]
-                        .get(c[j])
-                        .is_some_and(|&(p, pd)| pd && p.resp.unwrap() < o.inv)
-            });
-            if blocked {
-                continue;
-            }
-            if let Some(v2) = step(o, done, v) {
-                let mut c2 = c.clone();
-                c2[i] += 1;
-                stack.push((c2, v2));
-            }
-        }
-    }
-    false
 }
 
 /// Batches on a recovered structure, single-threaded, checked against a model that

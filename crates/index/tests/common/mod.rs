@@ -485,9 +485,10 @@ pub fn check_durable(
 }
 
 /// The value after operation `o` on `v`, or `None` if a completed operation's
-/// result contradicts `v` (an operation in flight has no result to contradict).
+/// result contradicts `v` (an operation in flight has no result to contradict,
+/// nor does a batch's write, which reports none: it may have found either state).
 fn step(o: &OpRec, done: bool, v: Option<u64>) -> Option<Option<u64>> {
-    let ok = |r: bool| !done || o.result == Some(r);
+    let ok = |r: bool| !done || o.result.is_none_or(|x| x == r);
     match o.kind {
         OpKind::Get => (ok(v.is_some()) && (!done || o.got == v)).then_some(v),
         OpKind::Put => ok(v.is_none()).then_some(Some(o.val)),
@@ -500,7 +501,11 @@ fn step(o: &OpRec, done: bool, v: Option<u64>) -> Option<Option<u64>> {
 /// completed) has a linearization that starts at `init`, contains every completed
 /// operation and any of those in flight (each the last of its thread), and ends at
 /// `want`.
-fn linearizable_key(threads: &[Vec<(&OpRec, bool)>], init: Option<u64>, want: Option<u64>) -> bool {
+pub fn linearizable_key(
+    threads: &[Vec<(&OpRec, bool)>],
+    init: Option<u64>,
+    want: Option<u64>,
+) -> bool {
     let n = threads.len();
     let mut stack = vec![(vec![0usize; n], init)];
     let mut seen = std::collections::HashSet::new();
