@@ -38,7 +38,7 @@
 //! keys except that one batch in six repeats one, each batch followed by `sync`
 //! (the batch is acknowledged then). A batch is logged as one write per item, all
 //! with the batch's `inv` and `resp` and no result; the check
-//! ([`check_durable_batched`]) is the same durable linearizability, where a batch in
+//! ([`check_durable_with`]) is the same durable linearizability, where a batch in
 //! flight at the crash may have applied any prefix of its writes to each key, and a
 //! completed one all of them. The second crashes' workload and the operations on
 //! recovered structures include batches too.
@@ -56,7 +56,6 @@ use index::Ops;
 use pmem::{CrashImage, CrashSim, Heap};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -209,7 +208,7 @@ fn run_step(
 }
 
 /// The checks of a recovered structure against a history: [`check_history`], or
-/// for a history with batches the same with [`check_durable_batched`].
+/// for a history with batches the same with [`check_durable_with`].
 fn check_history_wl(
     t: &dyn DynIndex,
     heap: &Heap,
@@ -223,77 +222,8 @@ fn check_history_wl(
     }
     check_recovered(t, heap)?;
     let s = read_state(t, wl.nkeys)?;
-    check_durable_batched(base, ops, cut, &s, wl.nkeys)?;
+    check_durable_with(base, ops, cut, &s, wl.nkeys, true)?;
     Ok(s)
-}
-
-/// [`check_durable`] for histories with batches. The differences: a completed
-/// operation without a result (a batch's write) may have found the key present or
-/// absent; a thread may have several operations on a key in flight, all of them
-/// writes of the one batch in flight, of which any prefix may have taken effect.
-fn check_durable_batched(
-    base: &State,
-    ops: &[OpRec],
-    cut: u64,
-    actual: &State,
-    nkeys: usize,
-) -> Result<(), String> {
-    if let Some(k) = actual.keys().find(|&&k| k >= nkeys) {
-        return Err(format!("key{k} is outside the key space"));
-    }
-    let mut per_key: Vec<BTreeMap<u64, Vec<(&OpRec, bool)>>> = vec![BTreeMap::new(); nkeys];
-    let mut sorted: Vec<&OpRec> = ops.iter().filter(|o| o.inv <= cut).collect();
-    // Stable: a batch's writes keep their order.
-    sorted.sort_by_key(|o| o.inv);
-    for o in sorted {
-        let done = o.resp.is_some_and(|r| r <= cut);
-        per_key[o.key].entry(o.tid).or_default().push((o, done));
-    }
-    let show = |v: Option<u64>| v.map_or("absent".to_string(), |v| format!("{v:#x}"));
-    for (k, by_thread) in per_key.iter().enumerate() {
-        let threads: Vec<Vec<(&OpRec, bool)>> = by_thread.values().cloned().collect();
-        for t in &threads {
-            let first = t.iter().position(|&(_, d)| !d).unwrap_or(t.len());
-            if t.len() - first > 1
-                && t[first..]
-                    .iter()
-                    .any(|&(o, d)| d || o.inv != t[first].0.inv)
-            {
-                return Err(format!(
-                    "key{k}: a thread has operations in flight that are not one batch"
-                ));
-            }
-        }
-        let got = actual.get(&k).copied();
-        if !linearizable_key(&threads, base.get(&k).copied(), got) {
-            let mut msg = format!(
-                "key{k}: recovered {} cannot be explained by its history (base {}; crash at {cut})\n\
-                 operations on the key (done = completed before the crash; batch writes \
-                 have no result):",
-                show(got),
-                show(base.get(&k).copied()),
-            );
-            let mut all: Vec<(&OpRec, bool)> = threads.iter().flatten().copied().collect();
-            all.sort_by_key(|(o, _)| o.inv);
-            for (o, d) in all {
-                msg.push_str(&format!(
-                    "\n  {o}{}",
-                    if d { "  done" } else { "  in flight" }
-                ));
-            }
-            if let Some(id) = got {
-                match ops.iter().find(|o| o.val == id && o.kind != OpKind::Get) {
-                    Some(o) => msg.push_str(&format!("\n  the recovered value was written by {o}")),
-                    None if base.get(&k) == Some(&id) => {}
-                    None => {
-                        msg.push_str("\n  no operation of the history wrote the recovered value")
-                    }
-                }
-            }
-            return Err(msg);
-        }
-    }
-    Ok(())
 }
 
 /// Batches on a recovered structure, single-threaded, checked against a model that
@@ -1092,37 +1022,37 @@ fn checker_batched_rejects_lost_and_reordered_batch_writes() {
     let base = st(Some(7), None);
     // Completed: every write in, in batch order.
     let done = batch(Some(4));
-    assert!(check_durable_batched(&base, &done, 4, &st(Some(11), Some(20)), 2).is_ok());
-    assert!(check_durable_batched(&base, &done, 4, &st(Some(10), Some(20)), 2).is_err());
-    assert!(check_durable_batched(&base, &done, 4, &st(None, Some(20)), 2).is_err());
-    assert!(check_durable_batched(&base, &done, 4, &st(Some(7), Some(20)), 2).is_err());
-    assert!(check_durable_batched(&base, &done, 4, &st(Some(11), None), 2).is_err());
+    assert!(check_durable_with(&base, &done, 4, &st(Some(11), Some(20)), 2, true).is_ok());
+    assert!(check_durable_with(&base, &done, 4, &st(Some(10), Some(20)), 2, true).is_err());
+    assert!(check_durable_with(&base, &done, 4, &st(None, Some(20)), 2, true).is_err());
+    assert!(check_durable_with(&base, &done, 4, &st(Some(7), Some(20)), 2, true).is_err());
+    assert!(check_durable_with(&base, &done, 4, &st(Some(11), None), 2, true).is_err());
     // In flight at the crash (cut 3): per key any prefix of its writes.
     for a in [Some(7), Some(10), None, Some(11)] {
         for b in [None, Some(20)] {
             assert!(
-                check_durable_batched(&base, &batch(Some(4)), 3, &st(a, b), 2).is_ok(),
+                check_durable_with(&base, &batch(Some(4)), 3, &st(a, b), 2, true).is_ok(),
                 "{a:?} {b:?}"
             );
         }
     }
-    assert!(check_durable_batched(&base, &batch(None), 9, &st(Some(99), None), 2).is_err());
+    assert!(check_durable_with(&base, &batch(None), 9, &st(Some(99), None), 2, true).is_err());
     // Not started at the crash (cut 0): nothing of it.
-    assert!(check_durable_batched(&base, &batch(Some(4)), 0, &st(Some(10), None), 2).is_err());
+    assert!(check_durable_with(&base, &batch(Some(4)), 0, &st(Some(10), None), 2, true).is_err());
     // A later single put of another thread after the completed batch: it wins.
     let mut h = batch(Some(4));
     h.push(OpRec {
         result: Some(false),
         ..w(1, 0, OpKind::Put, 30, 5, Some(6))
     });
-    assert!(check_durable_batched(&base, &h, 6, &st(Some(30), Some(20)), 2).is_ok());
-    assert!(check_durable_batched(&base, &h, 6, &st(Some(11), Some(20)), 2).is_err());
+    assert!(check_durable_with(&base, &h, 6, &st(Some(30), Some(20)), 2, true).is_ok());
+    assert!(check_durable_with(&base, &h, 6, &st(Some(11), Some(20)), 2, true).is_err());
     // Two operations in flight on a key that are not one batch are a worker bug.
     let two = [
         w(0, 0, OpKind::Put, 10, 1, None),
         w(0, 0, OpKind::Put, 11, 2, None),
     ];
-    assert!(check_durable_batched(&base, &two, 9, &st(Some(11), None), 2).is_err());
+    assert!(check_durable_with(&base, &two, 9, &st(Some(11), None), 2, true).is_err());
 }
 
 /// Debugging aid: recovers a saved image (`EMBER_CRASH_KEEP` output) named by
