@@ -676,31 +676,8 @@ fn hash_get_sees_only_durable_batch_inserts() {
     std::thread::scope(|s| {
         s.spawn(|| {
             let mut h = t.handle().unwrap();
-            let mut model = Model::new();
             ready.wait();
-            for (i, chunk) in (0..keys.len())
-                .collect::<Vec<_>>()
-                .chunks(BATCH)
-                .enumerate()
-            {
-                let items: Vec<Item> = chunk
-                    .iter()
-                    .map(|&k| (k, Some(vid(0, 0, k as u64))))
-                    .collect();
-                started.store(i + 1, Ordering::SeqCst);
-                // Wait (a little) until the other thread watches this batch.
-                let t0 = std::time::Instant::now();
-                while watching.load(Ordering::SeqCst) != i + 1
-                    && t0.elapsed() < std::time::Duration::from_millis(20)
-                {
-                    std::thread::yield_now();
-                }
-                apply(&mut *h, &keys, &items, &mut model);
-                h.sync().unwrap();
-                done.store(i + 1, Ordering::SeqCst);
-                // Let the reader look at an idle table now and then.
-                std::thread::yield_now();
-            }
+            batch_writer(&mut *h, &keys, BATCH, &started, &done, &watching);
         });
         s.spawn(|| {
             let mut h = t.handle().unwrap();
@@ -816,30 +793,8 @@ fn hash_put_behind_a_batch_insert_is_durable() {
     std::thread::scope(|s| {
         s.spawn(|| {
             let mut h = t.handle().unwrap();
-            let mut model = Model::new();
             ready.wait();
-            for (i, chunk) in (0..a_keys.len())
-                .collect::<Vec<_>>()
-                .chunks(BATCH)
-                .enumerate()
-            {
-                let items: Vec<Item> = chunk
-                    .iter()
-                    .map(|&k| (k, Some(vid(0, 0, k as u64))))
-                    .collect();
-                started.store(i + 1, Ordering::SeqCst);
-                // Wait (a little) until the other thread watches this batch.
-                let t0 = std::time::Instant::now();
-                while watching.load(Ordering::SeqCst) != i + 1
-                    && t0.elapsed() < std::time::Duration::from_millis(20)
-                {
-                    std::thread::yield_now();
-                }
-                apply(&mut *h, &a_keys, &items, &mut model);
-                h.sync().unwrap();
-                done.store(i + 1, Ordering::SeqCst);
-                std::thread::yield_now();
-            }
+            batch_writer(&mut *h, &a_keys, BATCH, &started, &done, &watching);
         });
         s.spawn(|| {
             let mut h = t.handle().unwrap();
@@ -943,4 +898,41 @@ fn hash_huge_batches_cache() {
 #[test]
 fn hash_huge_batches_nocache() {
     huge_batches(false);
+}
+
+/// The writer of the two concurrent crash tests: inserts `keys` by batches of
+/// `batch`, each followed by a sync. Before batch `i` it stores `i + 1` in
+/// `started` and waits (up to 20 ms) for the watcher to store the same in
+/// `watching`; once the batch has returned and synced it stores `i + 1` in `done`.
+fn batch_writer(
+    h: &mut dyn Ops,
+    keys: &[Vec<u8>],
+    batch: usize,
+    started: &AtomicUsize,
+    done: &AtomicUsize,
+    watching: &AtomicUsize,
+) {
+    let mut model = Model::new();
+    for (i, chunk) in (0..keys.len())
+        .collect::<Vec<_>>()
+        .chunks(batch)
+        .enumerate()
+    {
+        let items: Vec<Item> = chunk
+            .iter()
+            .map(|&k| (k, Some(vid(0, 0, k as u64))))
+            .collect();
+        started.store(i + 1, Ordering::SeqCst);
+        let t0 = std::time::Instant::now();
+        while watching.load(Ordering::SeqCst) != i + 1
+            && t0.elapsed() < std::time::Duration::from_millis(20)
+        {
+            std::thread::yield_now();
+        }
+        apply(h, keys, &items, &mut model);
+        h.sync().unwrap();
+        done.store(i + 1, Ordering::SeqCst);
+        // Let the watcher look at an idle table now and then.
+        std::thread::yield_now();
+    }
 }
