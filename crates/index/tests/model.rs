@@ -179,24 +179,7 @@ impl Live {
 
 /// `common::read_state` over the whole [`universe`].
 fn read_universe(t: &dyn DynIndex) -> Result<State, String> {
-    let mut h = t.handle().map_err(|e| format!("handle: {e}"))?;
-    let mut out = Vec::new();
-    let mut s = State::new();
-    for (k, kb) in universe().iter().enumerate() {
-        if h.get(kb, &mut out).map_err(|e| format!("get: {e}"))? {
-            s.insert(k, value_id(&out).map_err(|e| format!("key {k}: {e}"))?);
-        }
-    }
-    drop(h);
-    let v = t.verify(true).map_err(|e| format!("verify: {e}"))?;
-    if v.keys != s.len() as u64 {
-        return Err(format!(
-            "verify counts {} keys, gets find {} of the key space",
-            v.keys,
-            s.len()
-        ));
-    }
-    Ok(s)
+    read_keys(t, universe().iter().cloned())
 }
 
 /// Applies a batch (key, put?) through the handle, value ids `vid(1 + j, 0, op)`

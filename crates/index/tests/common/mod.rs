@@ -610,11 +610,19 @@ pub fn check_recovered(t: &dyn DynIndex, heap: &Heap) -> Result<Verified, String
 /// Reads keys `0..nkeys` through a handle; checks that the structure holds no other
 /// key (`verify().keys`).
 pub fn read_state(t: &dyn DynIndex, nkeys: usize) -> Result<State, String> {
+    read_keys(t, (0..nkeys).map(key))
+}
+
+/// [`read_state`] over the given keys (key index = position in `keys`).
+pub fn read_keys(
+    t: &dyn DynIndex,
+    keys: impl IntoIterator<Item = Vec<u8>>,
+) -> Result<State, String> {
     let mut h = t.handle().map_err(|e| format!("handle: {e}"))?;
     let mut out = Vec::new();
     let mut s = State::new();
-    for k in 0..nkeys {
-        if h.get(&key(k), &mut out).map_err(|e| format!("get: {e}"))? {
+    for (k, kb) in keys.into_iter().enumerate() {
+        if h.get(&kb, &mut out).map_err(|e| format!("get: {e}"))? {
             s.insert(k, value_id(&out).map_err(|e| format!("key{k}: {e}"))?);
         }
     }
