@@ -657,14 +657,7 @@ fn hash_get_sees_only_durable_batch_inserts() {
     const BATCH: usize = 64;
     const BATCHES: usize = 120;
     let keys = zero_keys(BATCH * BATCHES, 4, "g");
-    {
-        let heap = Heap::create(&path, &sim_opts()).unwrap();
-        let t = create(kind, &heap).unwrap();
-        t.close().unwrap();
-    }
-    let sim = Arc::new(CrashSim::new(5, 0));
-    let rec = Heap::open_sim(&path, &sim_opts(), sim.clone()).unwrap();
-    let (heap, t, _) = recover(kind, rec).unwrap();
+    let (sim, heap, t) = fresh_under_sim(kind, &path, 5);
     // (key, image taken right after a get found it, whether its batch had not
     // returned when the get did).
     let hits: Mutex<Vec<(usize, pmem::CrashImage, bool)>> = Mutex::new(Vec::new());
@@ -776,14 +769,7 @@ fn hash_put_behind_a_batch_insert_is_durable() {
             pool.remove(j).1
         })
         .collect();
-    {
-        let heap = Heap::create(&path, &sim_opts()).unwrap();
-        let t = create(kind, &heap).unwrap();
-        t.close().unwrap();
-    }
-    let sim = Arc::new(CrashSim::new(9, 0));
-    let rec = Heap::open_sim(&path, &sim_opts(), sim.clone()).unwrap();
-    let (heap, t, _) = recover(kind, rec).unwrap();
+    let (sim, heap, t) = fresh_under_sim(kind, &path, 9);
     // (batch, image taken after B's put of that batch's key returned).
     let images: Mutex<Vec<(usize, pmem::CrashImage)>> = Mutex::new(Vec::new());
     let started = AtomicUsize::new(0);
@@ -935,4 +921,18 @@ fn batch_writer(
         // Let the watcher look at an idle table now and then.
         std::thread::yield_now();
     }
+}
+
+/// A new empty structure at `path`, reopened under a crash simulator (seed `seed`,
+/// no automatic images): the simulator, the heap and the structure.
+fn fresh_under_sim(kind: Kind, path: &Path, seed: u64) -> (Arc<CrashSim>, Heap, Idx) {
+    {
+        let heap = Heap::create(path, &sim_opts()).unwrap();
+        let t = create(kind, &heap).unwrap();
+        t.close().unwrap();
+    }
+    let sim = Arc::new(CrashSim::new(seed, 0));
+    let rec = Heap::open_sim(path, &sim_opts(), sim.clone()).unwrap();
+    let (heap, t, _) = recover(kind, rec).unwrap();
+    (sim, heap, t)
 }

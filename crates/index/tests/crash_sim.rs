@@ -261,16 +261,13 @@ fn exercise_batches(
             }
         }
     }
-    let s =
-        read_state(t, all).map_err(|e| format!("after batches on the recovered structure: {e}"))?;
-    if s != model {
-        return Err(format!(
-            "after batches on the recovered structure: content {s:?}, model {model:?}"
-        ));
-    }
-    check_recovered(t, heap)
-        .map_err(|e| format!("after batches on the recovered structure: {e}"))?;
-    Ok(())
+    check_model(
+        t,
+        heap,
+        &model,
+        all,
+        "after batches on the recovered structure",
+    )
 }
 
 /// The history and its clock (the simulator's tag follows the clock).

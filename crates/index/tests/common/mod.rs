@@ -685,15 +685,29 @@ pub fn exercise(
         }
         h.sync().map_err(|e| format!("sync: {e}"))?;
     }
-    let s = read_state(t, all)
-        .map_err(|e| format!("after operations on the recovered structure: {e}"))?;
-    if s != model {
-        return Err(format!(
-            "after operations on the recovered structure: content {s:?}, model {model:?}"
-        ));
+    check_model(
+        t,
+        heap,
+        &model,
+        all,
+        "after operations on the recovered structure",
+    )
+}
+
+/// The structure holds exactly `model` on keys `0..nkeys`, and its recovery checks
+/// (allocator, leaks) pass; errors say `what`.
+pub fn check_model(
+    t: &dyn DynIndex,
+    heap: &Heap,
+    model: &State,
+    nkeys: usize,
+    what: &str,
+) -> Result<(), String> {
+    let s = read_state(t, nkeys).map_err(|e| format!("{what}: {e}"))?;
+    if s != *model {
+        return Err(format!("{what}: content {s:?}, model {model:?}"));
     }
-    check_recovered(t, heap)
-        .map_err(|e| format!("after operations on the recovered structure: {e}"))?;
+    check_recovered(t, heap).map_err(|e| format!("{what}: {e}"))?;
     Ok(())
 }
 
