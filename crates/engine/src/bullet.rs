@@ -47,7 +47,7 @@
 
 use crate::crl::{self, Header, Pool, RecPtr, OPC_PAD};
 use crate::direct::{backend_kind, create_backend, BackendKind, BackendOptions};
-use crate::table::{Blob, Table};
+use crate::table::{Blob, Table, TOMB_TAG};
 use crate::{
     check_op, incr_value, key_hash, lentry, min_cursor, value, Durability, Error, Op, Outcome,
     Result, Session, Store, StoreStats, OPC_INCR, OPC_PUT, OPC_REMOVE,
@@ -1949,21 +1949,19 @@ impl Session for BulletSession {
         }
         let node = l.find(key);
         let g = l.guard();
-        let cur: Option<&[u8]> = node.and_then(|n| n.value(g).get());
+        // Whether the key is live, from the value pointer's tag: a put does not
+        // read the old value (a cache miss of its own on a large table).
+        let live = node.is_some_and(|n| n.tagged(g) != TOMB_TAG);
         let (outcome, new): (Outcome, crossbeam_epoch::Owned<Blob>) = match op {
-            Op::Put(v) => (
-                Outcome::Put {
-                    created: cur.is_none(),
-                },
-                Blob::new(v),
-            ),
+            Op::Put(v) => (Outcome::Put { created: !live }, Blob::new(v)),
             Op::Remove => {
-                if cur.is_none() {
+                if !live {
                     return Ok(Outcome::Removed(false));
                 }
                 (Outcome::Removed(true), Blob::tomb())
             }
             Op::Incr(d) => {
+                let cur: Option<&[u8]> = node.and_then(|n| n.value(g).get());
                 let n = incr_value(cur, d)?;
                 (Outcome::Int(n), Blob::new(n.to_string().as_bytes()))
             }

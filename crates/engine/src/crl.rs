@@ -142,6 +142,11 @@ fn pad8(n: u64) -> u64 {
     (n + 7) & !7
 }
 
+thread_local! {
+    /// A record assembled before it is streamed into a log.
+    static RECORD: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// The size of a record with `klen` key bytes and `plen` payload bytes.
 pub fn record_len(klen: usize, plen: usize) -> u64 {
     pad8(REC_HDR + klen as u64 + plen as u64)
@@ -416,14 +421,32 @@ impl Pool {
         hdr[32..40].copy_from_slice(&version.to_le_bytes());
         let c = crc_parts(self.salt, &mut hdr, key, payload);
         hdr[12..16].copy_from_slice(&c.to_le_bytes());
-        r.write_bytes(at, &hdr);
-        r.write_bytes(at + REC_HDR, key);
-        r.write_bytes(at + REC_HDR + key.len() as u64, payload);
-        if padb > 0 {
-            r.fill(at + len - padb as u64, padb as usize, 0);
-        }
-        r.flush(at, len as usize);
-        if !self.group_commit.load(Ordering::Relaxed) {
+        if self.group_commit.load(Ordering::Relaxed) {
+            // Other writers may flush this record for a later one of its chain
+            // (`make_durable`) before this thread fences: plain stores, which
+            // they see at once.
+            r.write_bytes(at, &hdr);
+            r.write_bytes(at + REC_HDR, key);
+            r.write_bytes(at + REC_HDR + key.len() as u64, payload);
+            if padb > 0 {
+                r.fill(at + len - padb as u64, padb as usize, 0);
+            }
+            r.flush(at, len as usize);
+        } else {
+            // The record is written once and read again only by a gleaner, much
+            // later: streamed (non-temporal stores where the strategy writes
+            // lines back), so the append does not first read its lines into the
+            // cache. The fence below makes it durable and visible before the
+            // tail or any frontend entry points at it.
+            RECORD.with(|b| {
+                let mut b = b.borrow_mut();
+                b.clear();
+                b.extend_from_slice(&hdr);
+                b.extend_from_slice(key);
+                b.extend_from_slice(payload);
+                b.resize(len as usize, 0);
+                r.write_stream(at, &b);
+            });
             r.fence();
             l.durable.store(tail + len, Ordering::Release);
         }

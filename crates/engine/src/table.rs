@@ -246,6 +246,8 @@ pub struct Blob([u8]);
 
 const BLOB_VALUE: u8 = 1;
 const BLOB_TOMB: u8 = 0;
+/// The pointer tag of a tombstone blob (see `Blob::tomb` and `Node::tagged`).
+pub const TOMB_TAG: usize = 1;
 /// The length word before the tag and bytes.
 const BLOB_HDR: usize = mem::size_of::<usize>();
 
@@ -257,7 +259,9 @@ impl Blob {
 
     /// A tombstone (a removed key whose removal is not yet in the backend).
     pub fn tomb() -> Owned<Blob> {
-        Owned::init((BLOB_TOMB, &[] as *const [u8]))
+        // Tagged too, so that a writer learns whether a key is live from the
+        // pointer alone (`Node::tagged`), without reading the value's line.
+        Owned::<Blob>::init((BLOB_TOMB, &[] as *const [u8])).with_tag(TOMB_TAG)
     }
 
     /// `Some` of the bytes, or `None` for a tombstone.
@@ -386,6 +390,13 @@ impl<V: ?Sized + Pointable, M> Node<V, M> {
 
     pub fn meta(&self) -> &M {
         &self.meta
+    }
+
+    /// The tag of the current value's pointer (`TOMB_TAG` for a tombstone
+    /// blob): no read of the value itself.
+    #[inline]
+    pub fn tagged(&self, g: &Guard) -> usize {
+        self.value.load(Ordering::Acquire, g).tag()
     }
 
     /// The current value (always present: a node is created with one).
@@ -537,7 +548,8 @@ fn migrate_bucket<V: TableValue + ?Sized, M: Clone>(
         copies.push(Owned::new(Node::new(
             n.hash,
             n.key.clone(),
-            n.value(g).clone_owned(),
+            // The pointer's tag (a tombstone's `TOMB_TAG`) goes with the copy.
+            n.value(g).clone_owned().with_tag(n.tagged(g)),
             n.meta.clone(),
         )));
         cur = n.next.load(Ordering::Acquire, g);
@@ -1244,6 +1256,8 @@ mod tests {
             let n = t.get(strong_hash(k), k, &g).expect("present");
             assert_eq!(n.key(), k.as_slice());
             assert_eq!(n.value(&g).get(), v.as_deref());
+            // Tombstones carry their tag through set_value and the doublings.
+            assert_eq!(n.tagged(&g) == TOMB_TAG, v.is_none(), "tag of {k:?}");
             let copy = n.value(&g).clone_owned();
             assert_eq!(copy.get(), v.as_deref());
         }

@@ -422,6 +422,21 @@ impl Region {
         }
     }
 
+    /// Writes and flushes `src` at `off` in one pass (`write_bytes` + `flush`),
+    /// with non-temporal stores where the strategy writes lines back: for bytes
+    /// nobody reads soon, such as a log record. Durable after this thread's next
+    /// fence; other threads are only sure to see the bytes after that fence too,
+    /// so publish them after it.
+    #[inline]
+    #[track_caller]
+    pub fn write_stream(&self, off: u64, src: &[u8]) {
+        let p = self.check(off, src.len()) as usize;
+        self.persister.stream(p, src);
+        if let Some(sim) = &self.sim {
+            sim.on_flush(off, src.len());
+        }
+    }
+
     /// Waits until this thread's earlier flushes are durable.
     #[inline]
     pub fn fence(&self) {
