@@ -490,12 +490,12 @@ unsafe fn clflush(p: usize) {
 #[inline]
 unsafe fn stream_copy(dst: *mut u8, src: *const u8, len: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128, _mm_stream_si64};
-    debug_assert!(dst as usize % 8 == 0 && len % 8 == 0);
+    debug_assert!((dst as usize).is_multiple_of(8) && len.is_multiple_of(8));
     let mut i = 0;
     // SAFETY (whole body): the caller guarantees `dst..dst+len` is mapped and
     // writable, 8-aligned, and `src..src+len` readable; SSE2 is baseline x86_64.
     unsafe {
-        if (dst as usize) % 16 != 0 && len >= 8 {
+        if !(dst as usize).is_multiple_of(16) && len >= 8 {
             _mm_stream_si64(dst as *mut i64, std::ptr::read_unaligned(src as *const i64));
             i = 8;
         }
