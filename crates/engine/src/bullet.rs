@@ -47,7 +47,7 @@
 
 use crate::crl::{self, Header, Pool, RecPtr, OPC_PAD};
 use crate::direct::{backend_kind, create_backend, BackendKind, BackendOptions};
-use crate::table::{Blob, Table, TOMB_TAG};
+use crate::table::{prefetch_keys, Blob, Table, TOMB_TAG};
 use crate::{
     check_op, incr_value, key_hash, lentry, min_cursor, value, Durability, Error, Op, Outcome,
     Result, Session, Store, StoreStats, OPC_INCR, OPC_PUT, OPC_REMOVE,
@@ -1823,6 +1823,10 @@ impl Drop for BulletSession {
 }
 
 impl Session for BulletSession {
+    fn prefetch(&mut self, keys: &[&[u8]]) {
+        prefetch_keys(&self.sh.table, keys);
+    }
+
     fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         out.clear();
         self.tick();

@@ -162,6 +162,12 @@ pub trait Session {
     fn commit(&mut self) -> Result<()> {
         Ok(())
     }
+    /// A hint that these keys are about to be read or written (a pipeline of
+    /// requests): a store may start fetching their entries from memory, so that
+    /// the misses overlap. Changes nothing; the default does nothing.
+    fn prefetch(&mut self, keys: &[&[u8]]) {
+        let _ = keys;
+    }
 }
 
 /// Computes an `Incr` on a stored value: the value must be a decimal signed 64-bit

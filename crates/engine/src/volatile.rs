@@ -2,7 +2,7 @@
 //! (Bullet's `volatile`); nothing survives the process, and it says so
 //! ([`Durability::Volatile`]).
 
-use crate::table::{Blob, Table};
+use crate::table::{prefetch_keys, Blob, Table};
 use crate::{
     check_op, incr_value, key_hash, Durability, Op, Outcome, Result, Session, Store, StoreStats,
 };
@@ -75,6 +75,10 @@ impl Session for VolatileSession {
             }
             None => Ok(false),
         }
+    }
+
+    fn prefetch(&mut self, keys: &[&[u8]]) {
+        prefetch_keys(&self.table, keys);
     }
 
     fn scan(&mut self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64> {

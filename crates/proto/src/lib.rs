@@ -62,6 +62,7 @@ pub mod reply;
 
 pub use error::ProtoError;
 pub use parse::{
-    encode_request, parse_request, parse_request_into, split_args, Args, Limits, Parsed,
+    encode_request, parse_request, parse_request_into, peek_requests, split_args, Args, Limits,
+    Parsed,
 };
 pub use reply::{format_double, parse_reply, Reply, Version};

@@ -154,6 +154,73 @@ pub fn parse_request(buf: &[u8], limits: &Limits) -> Parsed {
     }
 }
 
+/// Looks ahead over the complete multibulk requests at the front of `buf`
+/// without copying or validating them against any limit, and calls `f` with
+/// each one's first two arguments (the command name and, when there is one,
+/// the argument after it: for most commands, the key). Stops after `max`
+/// requests, at the first incomplete one, at an inline request and at
+/// anything malformed (the real parse, [`parse_request_into`], reports it).
+/// Returns how many requests `f` saw. A server uses it to start fetching the
+/// keys of a pipeline from memory before it executes the first request.
+pub fn peek_requests(buf: &[u8], max: usize, mut f: impl FnMut(&[u8], Option<&[u8]>)) -> usize {
+    // The number at the start of `rest` ("<n>\r\n"): its value and the bytes
+    // the line takes.
+    fn line_number(rest: &[u8]) -> Option<(i64, usize)> {
+        let cr = find(b'\r', &rest[..rest.len().min(24)])?;
+        if cr + 2 > rest.len() {
+            return None;
+        }
+        Some((string2ll(&rest[1..cr])?, cr + 2))
+    }
+    let mut pos = 0;
+    let mut seen = 0;
+    while seen < max && buf.get(pos) == Some(&b'*') {
+        let Some((count, used)) = line_number(&buf[pos..]) else {
+            break;
+        };
+        let mut p = pos + used;
+        if count <= 0 {
+            pos = p;
+            continue;
+        }
+        let mut first: Option<&[u8]> = None;
+        let mut second: Option<&[u8]> = None;
+        let mut complete = true;
+        for i in 0..count {
+            if buf.get(p) != Some(&b'$') {
+                complete = false;
+                break;
+            }
+            let Some((len, used)) = line_number(&buf[p..]) else {
+                complete = false;
+                break;
+            };
+            let Ok(len) = usize::try_from(len) else {
+                complete = false;
+                break;
+            };
+            p += used;
+            if buf.len() - p < len.saturating_add(2) {
+                complete = false;
+                break;
+            }
+            match i {
+                0 => first = Some(&buf[p..p + len]),
+                1 => second = Some(&buf[p..p + len]),
+                _ => {}
+            }
+            p += len + 2;
+        }
+        if !complete {
+            break;
+        }
+        f(first.unwrap_or_default(), second);
+        seen += 1;
+        pos = p;
+    }
+    seen
+}
+
 fn find(byte: u8, buf: &[u8]) -> Option<usize> {
     buf.iter().position(|&b| b == byte)
 }

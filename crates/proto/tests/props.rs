@@ -1,7 +1,7 @@
 use proptest::prelude::*;
 use proto::{
-    encode_request, parse_reply, parse_request, parse_request_into, Args, Limits, Parsed, Reply,
-    Version,
+    encode_request, parse_reply, parse_request, parse_request_into, peek_requests, Args, Limits,
+    Parsed, Reply, Version,
 };
 
 fn small_limits() -> Limits {
@@ -47,6 +47,60 @@ fn reply_strategy() -> impl Strategy<Value = Reply> {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// The look-ahead sees exactly the requests the parser would return, in
+    /// order, up to the first incomplete, inline or malformed one, or `max`.
+    #[test]
+    fn peek_agrees_with_the_parser(
+        reqs in prop::collection::vec(
+            prop::collection::vec(prop::collection::vec(any::<u8>(), 0..12), 0..4),
+            0..8,
+        ),
+        tail in prop::collection::vec(any::<u8>(), 0..24),
+        cut in any::<prop::sample::Index>(),
+        max in 0usize..10,
+    ) {
+        let mut buf = Vec::new();
+        for r in &reqs {
+            encode_request(r, &mut buf);
+        }
+        buf.extend_from_slice(&tail);
+        let buf = &buf[..cut.index(buf.len() + 1)];
+        let mut peeked: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+        let n = peek_requests(buf, max, |a, b| peeked.push((a.to_vec(), b.map(|b| b.to_vec()))));
+        prop_assert_eq!(n, peeked.len());
+        prop_assert!(n <= max);
+        let mut expect = Vec::new();
+        let mut args = Args::default();
+        let mut pos = 0;
+        while expect.len() < max && buf.get(pos) == Some(&b'*') {
+            match parse_request_into(&buf[pos..], &Limits::default(), &mut args) {
+                Ok(Some(used)) => {
+                    pos += used;
+                    let a = args.as_slice();
+                    if !a.is_empty() {
+                        expect.push((a[0].clone(), a.get(1).cloned()));
+                    }
+                }
+                _ => break,
+            }
+        }
+        // The parser may go on where the look-ahead stops (a request it
+        // accepts that the look-ahead does not try): the look-ahead's list is
+        // a prefix of the parser's.
+        prop_assert!(peeked.len() <= expect.len());
+        prop_assert_eq!(&peeked[..], &expect[..peeked.len()]);
+        // With nothing cut off and nothing after them, every request counts.
+        let full = reqs.iter().map(|r| {
+            let mut b = Vec::new();
+            encode_request(r, &mut b);
+            b.len()
+        }).sum::<usize>();
+        if buf.len() == full {
+            let whole = reqs.iter().filter(|r| !r.is_empty()).count();
+            prop_assert_eq!(peeked.len(), whole.min(max));
+        }
+    }
 
     #[test]
     fn request_parser_never_panics(buf in prop::collection::vec(any::<u8>(), 0..300)) {

@@ -156,6 +156,9 @@ pub struct Client {
     kill: bool,
     /// The peer shut down its side: run what is buffered, answer, then close.
     eof: bool,
+    /// An event said the peer shut down its side (or the socket failed): read
+    /// on to the end of the stream, even after a short read.
+    peer_closing: bool,
     /// Stopped at the output high water with input left; resumes (through
     /// `pending`) once a flush brings the output below it.
     stalled: bool,
@@ -258,6 +261,8 @@ struct Worker {
     rbuf: Vec<u8>,
     /// The arguments of the request being executed (slots reused).
     args: proto::Args,
+    /// The store keys of a pipeline being prefetched (see `prefetch_pipeline`).
+    pf_keys: Vec<u8>,
 }
 
 impl Worker {
@@ -286,6 +291,11 @@ impl Worker {
             for ev in events.iter() {
                 if ev.token() == WAKER {
                     continue;
+                }
+                if ev.is_read_closed() || ev.is_error() {
+                    if let Some(c) = self.clients.get_mut(&ev.token()) {
+                        c.peer_closing = true;
+                    }
                 }
                 ready.push(ev.token());
             }
@@ -401,6 +411,7 @@ impl Worker {
                     close_after: false,
                     kill: false,
                     eof: false,
+                    peer_closing: false,
                     stalled: false,
                     resume: Resume::default(),
                     meta,
@@ -428,6 +439,14 @@ impl Worker {
         // Execute what is already buffered first (a client left pending).
         c.stalled = false;
         let mut read_total = 0usize;
+        // A read that returned less than it asked for emptied the socket's
+        // receive queue: more data will come with an event of its own (edge
+        // triggered: data arriving later is a new edge), so there is no need
+        // for one more read that would only say "would block" (a third of a
+        // pipelining client's system calls). Not when the peer is shutting
+        // down: its end of stream may already be queued behind the data, and
+        // no event would announce it again.
+        let mut drained = false;
         loop {
             if !self.run_requests(c) {
                 // Output high water: stop reading and executing until a flush
@@ -445,6 +464,9 @@ impl Worker {
                 c.close_after = true;
                 break;
             }
+            if drained {
+                break;
+            }
             if read_total >= READ_BUDGET {
                 self.pending.push(t);
                 return;
@@ -457,6 +479,7 @@ impl Worker {
                 Ok(0) => c.eof = true,
                 Ok(n) => {
                     c.inbuf.extend_from_slice(&self.rbuf[..n]);
+                    drained = n < self.rbuf.len() && !c.peer_closing;
                     read_total += n;
                     self.ws.net_in.fetch_add(n as u64, Ordering::Relaxed);
                     c.last_active = Instant::now();
@@ -493,11 +516,47 @@ impl Worker {
         // against the time this run of requests started.
         let mut clock = Instant::now();
         let now = crate::keyspace::now_ms();
+        self.prefetch_pipeline(c);
         let mut args = std::mem::take(&mut self.args);
         let r = self.run_requests_with(c, &mut args, &mut clock, now);
         args.trim();
         self.args = args;
         r
+    }
+
+    /// A pipeline of requests waits in `c`'s buffer: the store starts fetching
+    /// their keys' entries from memory before the first one runs, so that the
+    /// cache misses of the batch overlap (a hint; the argument after the
+    /// command name is taken as the key, in the client's current database).
+    fn prefetch_pipeline(&mut self, c: &Client) {
+        const MAX: usize = 32;
+        const MAX_KEY: usize = 256;
+        let buf = &c.inbuf[c.inpos..];
+        if buf.first() != Some(&b'*') {
+            return;
+        }
+        let keys = &mut self.pf_keys;
+        keys.clear();
+        let mut ends = [0usize; MAX];
+        let mut n = 0;
+        proto::peek_requests(buf, MAX, |_, key| {
+            if let Some(k) = key.filter(|k| k.len() <= MAX_KEY) {
+                keys.push(c.db);
+                keys.extend_from_slice(k);
+                ends[n] = keys.len();
+                n += 1;
+            }
+        });
+        if n < 2 {
+            return;
+        }
+        let mut slices: [&[u8]; MAX] = [&[]; MAX];
+        let mut start = 0;
+        for (s, &e) in slices.iter_mut().zip(&ends[..n]) {
+            *s = &keys[start..e];
+            start = e;
+        }
+        self.ks.sess.prefetch(&slices[..n]);
     }
 
     fn run_requests_with(
@@ -1166,6 +1225,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     pending: Vec::new(),
                     rbuf: vec![0; READ_CHUNK],
                     args: proto::Args::default(),
+                    pf_keys: Vec::new(),
                 }
                 .run()
             })
