@@ -1131,9 +1131,8 @@ impl Gleaner {
         if !self.pending.is_empty() {
             match self.flush_writes().and_then(|()| self.h.sync()) {
                 Ok(()) => {
-                    for p in self.pending.drain(..) {
-                        sh.pool.mark_applied(p);
-                    }
+                    sh.pool.mark_applied_all(&self.pending);
+                    self.pending.clear();
                     sh.pool.fence();
                     for (hash, key, newest, removed) in self.releases.drain(..) {
                         // Under the bucket lock: the node found is the current one
@@ -1199,6 +1198,8 @@ impl Gleaner {
             }
             seen += 1;
             let p = RecPtr::new(i, pos);
+            // The log is read in order: fetch a few records ahead.
+            sh.pool.prefetch(RecPtr::new(i, pos + 512), 2);
             let h = sh.pool.header(p)?;
             let next = pos + h.len as u64;
             if h.opcode != OPC_PAD && !h.applied && !self.pending_set.contains(&p.0) {

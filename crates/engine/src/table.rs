@@ -808,8 +808,10 @@ impl<V: TableValue + ?Sized, M: Clone + Send + Sync + 'static> Table<V, M> {
             // or was unlinked after `g` was pinned, so it is alive.
             if let Some(n) = unsafe { b.head.load(Ordering::Acquire, g).as_ref() } {
                 if n.hash == h {
+                    // A value's first two lines: a 100-byte value spans both.
                     let v = n.value.load(Ordering::Acquire, g).into_usize() & !7;
                     prefetch_line(v as *const u8);
+                    prefetch_line(v.wrapping_add(64) as *const u8);
                 }
             }
         }

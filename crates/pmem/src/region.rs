@@ -411,6 +411,25 @@ impl Region {
         unsafe { &*(p as *const AtomicU32) }
     }
 
+    /// A hint: starts fetching the cache line at `off` (ignored outside the
+    /// mapping; never faults).
+    #[inline]
+    pub fn prefetch(&self, off: u64) {
+        if off < self.size.load(Ordering::Acquire) as u64 {
+            // SAFETY: in bounds (checked just above); a prefetch never faults.
+            let p = unsafe { self.base.add(off as usize) };
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: PREFETCHT0 is baseline x86_64 and has no preconditions.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    p as *const i8,
+                )
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = p;
+        }
+    }
+
     /// Writes back the cache lines covering `[off, off+len)`.
     #[inline]
     #[track_caller]
