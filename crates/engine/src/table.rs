@@ -1734,14 +1734,26 @@ mod tests {
             }
         };
         let done = Arc::new(AtomicBool::new(false));
+        // Scans that overlapped a doubling. While there is none yet, the writer
+        // waits inside each doubling it sees for a scan to overlap it (or for
+        // the doubling to end), so the overlap does not depend on timing.
+        let overlapped = Arc::new(AtomicU64::new(0));
         let writer = {
             let t = Arc::clone(&t);
             let done = Arc::clone(&done);
+            let overlapped = Arc::clone(&overlapped);
             thread::spawn(move || {
                 for k in STABLE..ALL {
                     upsert(&*t, strong_hash(&kb(k)), &kb(k), k, ());
                     if k % 2 == 0 && k > STABLE {
                         t.lock(strong_hash(&kb(k - 1))).remove(&kb(k - 1));
+                    }
+                    let waited = Instant::now();
+                    while overlapped.load(Ordering::Acquire) == 0
+                        && t.resizing()
+                        && waited.elapsed() < Duration::from_secs(2)
+                    {
+                        thread::yield_now();
                     }
                 }
                 done.store(true, Ordering::Release);
@@ -1752,7 +1764,10 @@ mod tests {
             let resizing = t.resizing();
             let mut keys = Vec::new();
             full([1, 8, 64][scans % 3], &mut keys);
-            during += (resizing || t.resizing()) as usize;
+            if resizing || t.resizing() {
+                during += 1;
+                overlapped.fetch_add(1, Ordering::Release);
+            }
             let seen: std::collections::HashSet<u64> = keys.iter().copied().collect();
             assert!(
                 (0..STABLE).all(|k| seen.contains(&k)),
