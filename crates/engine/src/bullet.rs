@@ -200,7 +200,11 @@ const GLOCKS: usize = 1 << 16;
 const VERSION_SHIFT: u32 = 24;
 const READER_SLOTS: usize = 512;
 const IDLE: u64 = u64::MAX;
+/// Records a glean batch applies at most.
 const BATCH: usize = 256;
+/// The same with the msync strategy, where each of a batch's fences is an
+/// `msync` of scattered pages (a device flush): larger batches, fewer of them.
+const BATCH_MSYNC: usize = 2048;
 const SIDE_ROOT: u64 = 32;
 /// Session counters are folded into the shared ones every this many operations.
 const FOLD_EVERY: u64 = 256;
@@ -1191,9 +1195,14 @@ impl Gleaner {
         let mut skipped = None;
         let mut did = 0;
         let mut seen = 0;
+        let batch = if sh.pool.heap.region().strategy() == pmem::Strategy::Msync {
+            BATCH_MSYNC
+        } else {
+            BATCH
+        };
         loop {
             pos = sh.pool.skip_gap(pos).min(tail);
-            if pos >= tail || did >= BATCH || seen >= 8 * BATCH {
+            if pos >= tail || did >= batch || seen >= 8 * batch {
                 break;
             }
             seen += 1;
@@ -1730,6 +1739,20 @@ impl BulletSession {
                     .is_ok()
                 {
                     if pool.fits(j, len) {
+                        if pool.group_commit.load(Ordering::Relaxed) {
+                            // The log's earlier records (a previous writer's batch
+                            // may not have committed yet) are durable before this
+                            // session appends after them: recovery reads a log in
+                            // order, so an acknowledged record must not sit behind
+                            // a lost one. From here on, every record of the log
+                            // past this point is this session's, made durable by
+                            // its own commits.
+                            let tail = l.tail.load(Ordering::Acquire);
+                            if let Err(e) = pool.make_durable_to(j, tail) {
+                                l.writer.store(false, Ordering::Release);
+                                return Err(e);
+                            }
+                        }
                         self.wlog = Some(j);
                         return Ok(j);
                     }
@@ -1986,9 +2009,14 @@ impl Session for BulletSession {
             Op::Remove => {}
         }
         let group = sh.pool.group_commit.load(Ordering::Relaxed);
-        if group && prev != 0 {
+        if group && prev != 0 && RecPtr(prev).log() != log {
             // The chain's older record (maybe another writer's, not yet
-            // committed) must be durable before this one can be.
+            // committed) must be durable before this one can be. Not when it is
+            // in this session's own log: everything before this session's
+            // first record there was made durable when it took the log
+            // (`ensure_space`), everything after is its own and commits with
+            // this record, and recovery reads a log in order, so it finds the
+            // older record whenever it finds this one.
             sh.pool.make_durable(RecPtr(prev))?;
         }
         let rec = sh
@@ -2031,6 +2059,9 @@ impl Session for BulletSession {
     fn commit(&mut self) -> Result<()> {
         if self.uncommitted.is_empty() {
             return Ok(());
+        }
+        for &(i, end) in &self.uncommitted {
+            self.sh.pool.committing(i, end);
         }
         // One fence for the batch: every record this thread flushed is durable.
         self.sh.pool.fence();

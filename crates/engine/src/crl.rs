@@ -114,6 +114,9 @@ pub struct LogState {
     /// Group commit: every record below this position is durable (a lower
     /// bound; equal to `tail` when fences are not deferred).
     pub durable: AtomicU64,
+    /// Group commit: the writer's fence in progress makes the log durable up
+    /// to here (see `Pool::committing`).
+    pub committing: AtomicU64,
     /// Held by a writer.
     pub writer: AtomicBool,
     /// Held by a gleaner.
@@ -261,6 +264,7 @@ impl Pool {
                 free_to: AtomicU64::new(head),
                 tail: AtomicU64::new(head),
                 durable: AtomicU64::new(head),
+                committing: AtomicU64::new(head),
                 writer: AtomicBool::new(false),
                 gleaner: AtomicBool::new(false),
                 scan: AtomicU64::new(head),
@@ -469,8 +473,36 @@ impl Pool {
             return Ok(());
         }
         let h = self.header(p)?;
-        let end = p.pos() + h.len as u64;
-        let from = from.max(end.saturating_sub(self.size));
+        self.make_durable_to(p.log(), p.pos() + h.len as u64)
+    }
+
+    /// Group commit: makes log `i` durable up to `end` (a record end or the
+    /// published tail): by waiting for its writer's commit when that is under
+    /// way and covers `end`, else by syncing the range itself.
+    pub fn make_durable_to(&self, i: usize, end: u64) -> Result<()> {
+        let l = &self.logs[i];
+        if l.durable.load(Ordering::Acquire) >= end {
+            return Ok(());
+        }
+        // The log's writer is committing past the record: its fence is under
+        // way, so wait for it rather than sync the same pages again (each sync
+        // is a device flush of its own). Bounded: a commit takes about one
+        // msync; after 50 ms this thread syncs itself.
+        if l.committing.load(Ordering::Acquire) >= end {
+            let t = std::time::Instant::now();
+            while l.durable.load(Ordering::Acquire) < end
+                && t.elapsed() < std::time::Duration::from_millis(50)
+            {
+                std::thread::yield_now();
+            }
+            if l.durable.load(Ordering::Acquire) >= end {
+                return Ok(());
+            }
+        }
+        let from = l
+            .durable
+            .load(Ordering::Acquire)
+            .max(end.saturating_sub(self.size));
         let base = l.base.load(Ordering::Acquire);
         let r = self.r();
         let (a, b) = (from % self.size, end % self.size);
@@ -484,6 +516,13 @@ impl Pool {
         r.fence();
         l.durable.fetch_max(end, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// Group commit: the caller is about to fence its appends to log `i` up to
+    /// `end` (then `mark_durable`); a writer that needs the log durable that far
+    /// waits for that fence instead of issuing its own.
+    pub fn committing(&self, i: usize, end: u64) {
+        self.logs[i].committing.fetch_max(end, Ordering::AcqRel);
     }
 
     /// Group commit: the caller fenced its appends to log `i` up to `end`.
