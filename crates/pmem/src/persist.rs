@@ -364,11 +364,13 @@ impl Persister {
         unsafe {
             let d = addr as *mut u8;
             std::ptr::copy_nonoverlapping(src.as_ptr(), d, mid_start - addr);
-            stream_copy(
-                mid_start as *mut u8,
-                src.as_ptr().add(mid_start - addr),
-                mid_end - mid_start,
-            );
+            if mid_end > mid_start {
+                stream_copy(
+                    mid_start as *mut u8,
+                    src.as_ptr().add(mid_start - addr),
+                    mid_end - mid_start,
+                );
+            }
             std::ptr::copy_nonoverlapping(
                 src.as_ptr().add(mid_end - addr),
                 mid_end as *mut u8,
