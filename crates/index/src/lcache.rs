@@ -178,6 +178,10 @@ impl LinkCache {
     pub fn flush_buckets<M: LinkMem + ?Sized>(&self, m: &M, mask: u64) {
         let mut done = [0u32; MAX_BUCKETS];
         let mut any = false;
+        // Every bucket is raised before any link is flushed: on x86 a locked
+        // instruction waits for the thread's earlier write-backs, so raising
+        // and flushing bucket by bucket would wait for each bucket's flushes
+        // in turn; this way they overlap and the fence below waits once.
         for (bi, d) in done.iter_mut().enumerate().take(self.buckets.len()) {
             if mask & (1 << bi) == 0 {
                 continue;
@@ -188,6 +192,12 @@ impl LinkCache {
             }
             b.ctl.fetch_add(FLUSH_ONE, Ordering::AcqRel);
             *d = 1 << 31; // "raised"
+        }
+        for (bi, d) in done.iter_mut().enumerate().take(self.buckets.len()) {
+            if *d == 0 {
+                continue;
+            }
+            let b = &self.buckets[bi];
             loop {
                 let c = b.ctl.load(Ordering::Acquire);
                 let mut new = false;
