@@ -13,6 +13,16 @@ pub const HDR: u64 = 16;
 /// Allocates and writes a value block owned by `owner`; flushed, not fenced (the
 /// caller fences before publishing it).
 pub fn alloc_value(th: &mut ThreadHeap, owner: u64, v: &[u8]) -> Result<PPtr<u8>> {
+    let p = alloc_value_unflushed(th, owner, v)?;
+    th.region().flush(p.offset(), (HDR as usize) + v.len());
+    Ok(p)
+}
+
+/// [`alloc_value`] without the flush: the caller flushes the block's
+/// `HDR + v.len()` bytes before the fence that precedes its publication (a
+/// batch flushes all its blocks after all its allocations: an allocation's
+/// locked instructions would otherwise wait for the flushes before it).
+pub fn alloc_value_unflushed(th: &mut ThreadHeap, owner: u64, v: &[u8]) -> Result<PPtr<u8>> {
     let p = th.alloc(HDR + v.len() as u64)?;
     let r = th.region();
     let o = p.offset();
@@ -20,7 +30,6 @@ pub fn alloc_value(th: &mut ThreadHeap, owner: u64, v: &[u8]) -> Result<PPtr<u8>
     r.write::<u32>(o + 4, &(v.len() as u32));
     r.write::<u64>(o + 8, &owner);
     r.write_bytes(o + HDR, v);
-    r.flush(o, (HDR as usize) + v.len());
     Ok(p)
 }
 

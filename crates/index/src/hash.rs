@@ -138,13 +138,19 @@ fn parent(b: u64) -> u64 {
 /// Writes a regular node (tag, key, split key, value link `vb`, next link `next`)
 /// and flushes it; the caller fences before linking it.
 fn write_node(r: &Region, node: u64, key: &[u8], so: u64, vb: u64, next: u64) {
+    write_node_unflushed(r, node, key, so, vb, next);
+    r.flush(node, N_KEY as usize + key.len());
+}
+
+/// [`write_node`] without the flush (the caller flushes `N_KEY + key.len()`
+/// bytes at `node` before the fence that precedes the node's link).
+fn write_node_unflushed(r: &Region, node: u64, key: &[u8], so: u64, vb: u64, next: u64) {
     r.write::<u32>(node, &NODE_TAG);
     r.write::<u32>(node + 4, &(key.len() as u32));
     r.write::<u64>(node + N_SO, &so);
     r.write::<u64>(node + N_VAL, &vb);
     r.write_bytes(node + N_KEY, key);
     r.write::<u64>(node + N_NEXT, &next);
-    r.flush(node, N_KEY as usize + key.len());
 }
 
 struct Inner {
@@ -737,6 +743,7 @@ impl Inner {
         }
         let mut alone: Vec<usize> = Vec::new();
         let mut preps: Vec<(usize, Prep)> = Vec::with_capacity(items.len());
+        let mut to_flush: Vec<(u64, usize)> = Vec::with_capacity(2 * items.len());
         // Phase 1. On an error, what was prepared is given back.
         let give_back = |h: &mut HandleState, preps: &mut Vec<(usize, Prep)>| {
             for (_, p) in preps.drain(..) {
@@ -773,7 +780,8 @@ impl Inner {
                     if v & DEL != 0 {
                         return Ok(None);
                     }
-                    let nb = blob::alloc_value(&mut h.th, curr, val)?.offset();
+                    let nb = blob::alloc_value_unflushed(&mut h.th, curr, val)?.offset();
+                    to_flush.push((nb, blob::HDR as usize + val.len()));
                     let t = match h.th.prepare_free_unfenced(PPtr::from_raw(ptr(v))) {
                         Ok(t) => t,
                         Err(e) => {
@@ -790,14 +798,16 @@ impl Inner {
                     }));
                 }
                 let node = h.th.alloc(N_KEY + key.len() as u64)?.offset();
-                let vb = match blob::alloc_value(&mut h.th, node, val) {
+                let vb = match blob::alloc_value_unflushed(&mut h.th, node, val) {
                     Ok(b) => b.offset(),
                     Err(e) => {
                         let _ = h.th.free(PPtr::from_raw(node));
                         return Err(e);
                     }
                 };
-                write_node(r, node, key, so, vb, curr);
+                write_node_unflushed(r, node, key, so, vb, curr);
+                to_flush.push((vb, blob::HDR as usize + val.len()));
+                to_flush.push((node, N_KEY as usize + key.len()));
                 Ok(Some(Prep::Insert {
                     node,
                     vb,
@@ -813,6 +823,11 @@ impl Inner {
                     return Err(e);
                 }
             }
+        }
+        // The blocks are flushed after all the batch's allocations (whose locked
+        // instructions would each wait for the flushes issued before them).
+        for (a, len) in to_flush.drain(..) {
+            r.flush(a, len);
         }
         if !preps.is_empty() {
             // The new blocks and the tickets are durable before any link to them.
@@ -838,7 +853,6 @@ impl Inner {
                         .compare_exchange(old, nb | DIRTY, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
                     {
-                        r.flush(n + N_VAL, 8);
                         linked.push((n + N_VAL, nb));
                         retire.extend(t);
                     } else {
@@ -862,7 +876,6 @@ impl Inner {
                         .compare_exchange(curr, node | DIRTY, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
                     {
-                        r.flush(prev + N_NEXT, 8);
                         linked.push((prev + N_NEXT, node));
                         h.count += 1;
                     } else {
@@ -877,6 +890,10 @@ impl Inner {
             }
         }
         if !linked.is_empty() {
+            // Flushed after all the CASes, for the reason of phase 1's flushes.
+            for &(a, _) in &linked {
+                r.flush(a, 8);
+            }
             r.fence();
             for (a, v) in linked {
                 // A failure: a reader settled it first, or it changed since.
