@@ -763,7 +763,7 @@ fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Re
     let mut buf = Vec::new();
     let mut payload = Vec::new();
     let mut entries = Vec::new();
-    let mut flagged = false;
+    let mut to_flag: Vec<RecPtr> = Vec::new();
     for (key, mut recs) in by_key {
         recs.sort_by_key(|r| r.h.version);
         let maxflag = recs
@@ -787,10 +787,7 @@ fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Re
             // are applied in order). Flag them, or no chain walk from the
             // frontend entry (which stops at the flagged record) reaches them
             // and the log's head never passes them.
-            for r in recs[..split].iter().filter(|r| !r.h.applied) {
-                pool.mark_applied(r.p);
-                flagged = true;
-            }
+            to_flag.extend(recs[..split].iter().filter(|r| !r.h.applied).map(|r| r.p));
             st.replayed += unflagged.len() as u64;
             pool.payload(unflagged[k].p, &unflagged[k].h, &mut payload);
             let mut val = fold(None, unflagged[k].h.opcode, &payload)?;
@@ -816,10 +813,11 @@ fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Re
             0
         };
         let done = maxflag.max(stamp);
-        for r in recs.iter().filter(|r| r.h.version <= done && !r.h.applied) {
-            pool.mark_applied(r.p);
-            flagged = true;
-        }
+        to_flag.extend(
+            recs.iter()
+                .filter(|r| r.h.version <= done && !r.h.applied)
+                .map(|r| r.p),
+        );
         let first = recs.partition_point(|r| r.h.version <= done);
         let pending = &recs[first..];
         if pending.is_empty() {
@@ -854,7 +852,9 @@ fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Re
             newest.h.version,
         ));
     }
-    if flagged {
+    if !to_flag.is_empty() {
+        // All the flags, then all the flushes (see `Pool::mark_applied_all`).
+        pool.mark_applied_all(&to_flag);
         pool.fence();
     }
     st.keys = entries.len() as u64;

@@ -489,6 +489,8 @@ impl Pool {
         // is a device flush of its own). Bounded: a commit takes about one
         // msync; after 50 ms this thread syncs itself.
         if l.committing.load(Ordering::Acquire) >= end {
+            // A failed sync never raises the watermark: report it, not wait.
+            self.r().health()?;
             let t = std::time::Instant::now();
             while l.durable.load(Ordering::Acquire) < end
                 && t.elapsed() < std::time::Duration::from_millis(50)
@@ -615,13 +617,9 @@ impl Pool {
         (h.len as u64 - REC_HDR - h.klen as u64).saturating_sub(padb as u64) as usize
     }
 
-    /// Sets the record's `applied` flag and flushes it (no fence: the gleaner fences
-    /// once per batch, before it leaves its epoch).
-    pub fn mark_applied(&self, p: RecPtr) {
-        self.mark_applied_all(&[p]);
-    }
-
-    /// `mark_applied` for a batch: every flag is set before any is flushed. On
+    /// Sets the records' `applied` flags and flushes them (no fence: the gleaner
+    /// fences once per batch, before it leaves its epoch). Every flag is set
+    /// before any is flushed. On
     /// x86 a locked instruction waits for the thread's earlier write-backs, so
     /// setting and flushing in turn would wait for each flush in sequence;
     /// this way the write-backs overlap, and the caller's fence waits once.
