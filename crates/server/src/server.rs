@@ -464,16 +464,16 @@ impl Worker {
                 c.close_after = true;
                 break;
             }
+            if c.inbuf.len() - c.inpos > self.settings.limits.max_query_buffer {
+                self.query_buffer_limit(c);
+                break;
+            }
             if drained {
                 break;
             }
             if read_total >= READ_BUDGET {
                 self.pending.push(t);
                 return;
-            }
-            if c.inbuf.len() - c.inpos > self.settings.limits.max_query_buffer {
-                self.query_buffer_limit(c);
-                break;
             }
             match c.sock.read(&mut self.rbuf) {
                 Ok(0) => c.eof = true,
