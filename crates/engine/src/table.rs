@@ -57,6 +57,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Pointable, Pointer, Shared};
+use pmem::prefetch_line;
 
 const MIN_BUCKETS: usize = 16;
 /// The table doubles when entries exceed `LOAD_FACTOR * buckets`.
@@ -1232,19 +1233,6 @@ pub fn prefetch_keys<V: TableValue + ?Sized, M: Clone + Send + Sync + 'static>(
         }
         t.prefetch(&hashes[..chunk.len()], &g);
     }
-}
-
-/// A prefetch of the cache line at `p` (any address: a prefetch never faults).
-#[inline(always)]
-fn prefetch_line(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 is baseline x86_64 (SSE) and never faults, whatever
-    // the address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 #[cfg(test)]

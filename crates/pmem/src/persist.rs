@@ -286,31 +286,8 @@ impl Persister {
         let end = addr + len;
         let lines = (end - start).div_ceil(LINE);
         match self.strategy {
-            Strategy::Clwb => {
-                let mut p = start;
-                while p < end {
-                    // SAFETY: `p` lies inside the mapping (callers bounds-check the
-                    // range); clwb only writes back the line and never faults on a
-                    // mapped address. The CPU supports it (checked at open).
-                    unsafe { clwb(p) };
-                    p += LINE;
-                }
-            }
-            Strategy::Clflushopt => {
-                let mut p = start;
-                while p < end {
-                    // SAFETY: as for clwb.
-                    unsafe { clflushopt(p) };
-                    p += LINE;
-                }
-            }
-            Strategy::Clflush => {
-                let mut p = start;
-                while p < end {
-                    // SAFETY: as for clwb.
-                    unsafe { clflush(p) };
-                    p += LINE;
-                }
+            Strategy::Clwb | Strategy::Clflushopt | Strategy::Clflush => {
+                self.write_back(start, end);
             }
             Strategy::Msync => {
                 let ps = addr & !(OS_PAGE - 1);
@@ -383,29 +360,45 @@ impl Persister {
         };
         // The plainly stored ends (each within one line) are written back too.
         if mid_start > addr {
-            self.flush_lines_uncounted(addr, mid_start - addr);
+            self.write_back(addr, mid_start);
         }
         if end > mid_end {
-            self.flush_lines_uncounted(mid_end, end - mid_end);
+            self.write_back(mid_end, end);
         }
         self.counters.add(|s| &s.flushes, counted(addr, end));
     }
 
-    fn flush_lines_uncounted(&self, addr: usize, len: usize) {
-        let start = addr & !(LINE - 1);
-        let end = addr + len;
-        let mut p = start;
-        while p < end {
-            // SAFETY: `p` is inside the caller's checked range; the strategy is one
-            // of the three below, which the CPU supports (checked at open).
-            unsafe {
-                match self.strategy {
-                    Strategy::Clwb => clwb(p),
-                    Strategy::Clflushopt => clflushopt(p),
-                    _ => clflush(p),
+    /// Writes back the lines from the one holding `start` to the one holding
+    /// `end - 1`, with the strategy's instruction (clwb, clflushopt or clflush;
+    /// nothing for the others). Counts nothing.
+    #[inline]
+    fn write_back(&self, start: usize, end: usize) {
+        let mut p = start & !(LINE - 1);
+        match self.strategy {
+            Strategy::Clwb => {
+                while p < end {
+                    // SAFETY: `p` lies inside the mapping (callers bounds-check the
+                    // range); clwb only writes back the line and never faults on a
+                    // mapped address. The CPU supports it (checked at open).
+                    unsafe { clwb(p) };
+                    p += LINE;
                 }
             }
-            p += LINE;
+            Strategy::Clflushopt => {
+                while p < end {
+                    // SAFETY: as for clwb.
+                    unsafe { clflushopt(p) };
+                    p += LINE;
+                }
+            }
+            Strategy::Clflush => {
+                while p < end {
+                    // SAFETY: as for clwb.
+                    unsafe { clflush(p) };
+                    p += LINE;
+                }
+            }
+            _ => {}
         }
     }
 

@@ -416,17 +416,7 @@ impl Region {
     #[inline]
     pub fn prefetch(&self, off: u64) {
         if off < self.size.load(Ordering::Acquire) as u64 {
-            // SAFETY: in bounds (checked just above); a prefetch never faults.
-            let p = unsafe { self.base.add(off as usize) };
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: PREFETCHT0 is baseline x86_64 and has no preconditions.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    p as *const i8,
-                )
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = p;
+            prefetch_line(self.base.wrapping_add(off as usize));
         }
     }
 
@@ -624,4 +614,18 @@ fn read_superblock(file: &File, path: &Path) -> Result<Superblock> {
             detail: "both superblock copies fail their checksum".into(),
         }),
     }
+}
+
+/// A hint: starts fetching the cache line holding `p` into the cache. Any
+/// address will do: a prefetch never faults.
+#[inline(always)]
+pub fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 is baseline x86_64 (SSE) and never faults, whatever the
+    // address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
