@@ -458,6 +458,34 @@ fn bench_alloc_json_two_threads() {
     assert!(!heap.exists(), "the bench heap was not removed");
 }
 
+/// A bench given an existing file as its heap refuses it and leaves it as it
+/// was (it registers its heap for removal before creating it, so it must never
+/// register someone else's file).
+#[test]
+fn bench_refuses_an_existing_heap_file_and_keeps_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let heap = tmp.path().join("mine.heap");
+    std::fs::write(&heap, b"not a heap, and not the bench's").unwrap();
+    let out = ember(&[
+        "bench",
+        "engine",
+        "--keys",
+        "100",
+        "--seconds",
+        "0.1",
+        "--heap",
+        heap.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success(), "the bench accepted an existing file");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("exists already"), "{err}");
+    assert_eq!(
+        std::fs::read(&heap).unwrap(),
+        b"not a heap, and not the bench's",
+        "the file was changed or removed"
+    );
+}
+
 #[test]
 fn bench_alloc_rejects_bad_arguments() {
     let out = ember(&["bench", "alloc", "--strategy", "bogus"]);

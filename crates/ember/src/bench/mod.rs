@@ -275,12 +275,22 @@ impl TempHeap {
                 std::env::temp_dir().join(format!("ember-bench-{}{tag}.heap", std::process::id()))
             }
         };
-        // Create first: only a file this process created is ever removed.
-        let heap = Heap::create(&path, opts).map_err(|e| e.to_string())?;
-        Ok(TempHeap {
-            heap,
-            _file: TempPath::new(path),
-        })
+        // Registered for removal before it is created, so that a signal that
+        // comes while the heap is being created (which takes a while on a
+        // loaded machine) removes it too; but only a file this process creates
+        // is ever removed: an existing one is refused first, and if the
+        // creation fails the file is left as it is.
+        if path.exists() {
+            return Err(format!("{}: the heap file exists already", path.display()));
+        }
+        let mut file = TempPath::new(path.clone());
+        match Heap::create(&path, opts) {
+            Ok(heap) => Ok(TempHeap { heap, _file: file }),
+            Err(e) => {
+                file.keep();
+                Err(e.to_string())
+            }
+        }
     }
 
     pub fn path(&self) -> &Path {
