@@ -206,6 +206,10 @@ const BATCH: usize = 256;
 /// `msync` of scattered pages (a device flush): larger batches, fewer of them.
 const BATCH_MSYNC: usize = 2048;
 const SIDE_ROOT: u64 = 32;
+/// How far past each log's tail the advancer maps pages writable every epoch
+/// (`Pool::populate_ahead`): several epochs of appends at a million puts a
+/// second per writer.
+const POPULATE_AHEAD: u64 = 8 << 20;
 /// Session counters are folded into the shared ones every this many operations.
 const FOLD_EVERY: u64 = 256;
 
@@ -1552,6 +1556,7 @@ fn advancer(sh: Arc<Shared>) {
             backoff("epoch advancer", &e, &mut last);
             continue;
         }
+        sh.pool.populate_ahead(POPULATE_AHEAD);
         let (used, cap) = sh.pool.occupancy();
         let occ = used as f64 / cap as f64;
         if sh.opts.variant.dynamic() {

@@ -420,6 +420,39 @@ impl Region {
         }
     }
 
+    /// A hint: maps the pages covering `[off, off+len)` writable now, so that the
+    /// first stores to them do not each take a page fault (on a file, each such
+    /// fault also reserves the page's block and zeroes it). Changes no byte of the
+    /// heap and no durability state. Returns whether the kernel did it: false on a
+    /// private check mapping, under the crash simulator, outside the heap, or where
+    /// the kernel lacks `MADV_POPULATE_WRITE` (Linux < 5.14) or refused it (no
+    /// space for the blocks: the first store would then fault and fail as before).
+    pub fn populate(&self, off: u64, len: u64) -> bool {
+        if self.access != Access::ReadWrite || self.sim.is_some() || len == 0 {
+            return false;
+        }
+        if !self.contains(off, len) {
+            return false;
+        }
+        const PAGE: u64 = 4096;
+        let (a, b) = (off & !(PAGE - 1), (off + len).div_ceil(PAGE) * PAGE);
+        let b = b.min(self.size());
+        if a >= b {
+            return false;
+        }
+        // SAFETY: `[a, b)` lies inside the mapped part of our own reservation
+        // (checked against `size` above; the mapping only ever grows). The advice
+        // faults the pages in as a write would, without writing any byte.
+        let rc = unsafe {
+            libc::madvise(
+                self.base.add(a as usize) as *mut libc::c_void,
+                (b - a) as usize,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        rc == 0
+    }
+
     /// Writes back the cache lines covering `[off, off+len)`.
     #[inline]
     #[track_caller]
