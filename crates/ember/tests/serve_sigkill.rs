@@ -178,6 +178,26 @@ fn sigkill_bullet_small_logs_gleaning() {
 }
 
 #[test]
+fn sigkill_bullet_one_worker_gleaner_thread() {
+    // One worker (the default on two cores) never takes a gleaner role: a
+    // background thread gleans the small logs.
+    kill_cycles(
+        &[
+            "--engine",
+            "bullet",
+            "--threads",
+            "1",
+            "--logs",
+            "2",
+            "--log-size",
+            "1mb",
+        ],
+        2,
+        6,
+    );
+}
+
+#[test]
 fn sigkill_direct_logfree() {
     kill_cycles(&["--engine", "direct"], 2, 3);
 }

@@ -198,8 +198,10 @@ fn bullet_options(cfg: &Config, variant: engine::bullet::Variant) -> BulletOptio
         group_commit: cfg.durability == DurabilityMode::Msync,
         // msync mode: gleaning waits on the disk (a batch's backend writes are
         // one msync of scattered pages); a background thread takes the gleaner
-        // role so that no worker keeps its clients waiting meanwhile.
-        role_threads: usize::from(cfg.durability == DurabilityMode::Msync),
+        // role so that no worker keeps its clients waiting meanwhile. So too
+        // with a single worker, which could never take the role (one session
+        // always serves).
+        role_threads: usize::from(cfg.durability == DurabilityMode::Msync || cfg.threads == 1),
         ..Default::default()
     }
 }
