@@ -265,7 +265,7 @@ fn crash_and_restart(
     spec: &Spec<'_>,
     (min_s, max_s): (f64, f64),
     restart_timeout: Duration,
-) -> BenchResult<(Round, (String, String))> {
+) -> BenchResult<(Round, super::udorn::EmberInfo)> {
     let stop = ctx.stop_flag();
     let io = Duration::from_secs(30);
     let (s, _) = spec.start(Duration::from_secs(60), stop)?;

@@ -31,10 +31,10 @@ fn heap_mib(keys: u64) -> u64 {
 }
 
 /// The labels of a server's rows (Ember's engine and strategy come from INFO).
-pub(super) fn server_labels(ctx: &Ctx, kind: Kind, ember_info: Option<(String, String)>) -> Labels {
+pub(super) fn server_labels(ctx: &Ctx, kind: Kind, ember_info: Option<EmberInfo>) -> Labels {
     match kind {
         Kind::Ember { msync } => {
-            let (engine, strategy) = ember_info.unwrap_or_default();
+            let (engine, strategy, workers) = ember_info.unwrap_or_default();
             Labels {
                 engine: "ember".into(),
                 variant: engine,
@@ -43,7 +43,11 @@ pub(super) fn server_labels(ctx: &Ctx, kind: Kind, ember_info: Option<(String, S
                 fence_ns: ctx.fence_ns,
                 // `ember serve` has no node-read knob.
                 read_ns: 0,
-                threads: ctx.machine.cores,
+                threads: if workers > 0 {
+                    workers
+                } else {
+                    ctx.machine.cores
+                },
             }
         }
         Kind::Redis(_) => {
@@ -69,14 +73,21 @@ fn server_version(kind: Kind, redis: &str) -> String {
     }
 }
 
-/// Ember's engine and persistence strategy, from INFO.
-pub(super) fn ember_info(s: &super::servers::Server) -> BenchResult<(String, String)> {
+/// Ember's engine, persistence strategy and worker threads.
+pub(super) type EmberInfo = (String, String, usize);
+
+/// Ember's engine, persistence strategy and worker threads, from INFO.
+pub(super) fn ember_info(s: &super::servers::Server) -> BenchResult<EmberInfo> {
     let mut c = s.conn(Duration::from_secs(30))?;
     let info = c.info("ember").map_err(|e| format!("INFO: {e}"))?;
     let engine = super::resp::info_field(&info, "engine")
         .unwrap_or("unknown")
         .to_string();
-    Ok((engine, s.ember_strategy()?))
+    let server = c.info("server").map_err(|e| format!("INFO: {e}"))?;
+    let workers = super::resp::info_field(&server, "io_threads_active")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Ok((engine, s.ember_strategy()?, workers))
 }
 
 fn durability_note(ctx: &Ctx, ember: &str) -> String {
@@ -207,7 +218,7 @@ struct Cycle {
     /// Bytes of the data directory after the shutdown.
     data_bytes: u64,
     /// Ember's engine and persistence strategy (INFO).
-    ember: Option<(String, String)>,
+    ember: Option<EmberInfo>,
 }
 
 /// Start, fill with `keys` keys, timed shutdown, timed launch, check, stop.
