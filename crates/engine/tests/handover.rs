@@ -1,0 +1,101 @@
+//! Group commit, a log handed over: session A appends to a log without
+//! committing and moves to another log; session B takes the log A left, appends
+//! after A's records and commits. Recovery reads a log in order while its records
+//! check, so B's acknowledged record survives a crash only if A's records before
+//! it are durable too: B makes the log durable up to its tail when it takes it
+//! (`BulletSession::ensure_space`). A's flushes are A's thread's, never fenced by
+//! A here; the crash simulator persists a thread's flushes only at that thread's
+//! fence, so without B's sync a crash image may lose any of A's lines.
+
+mod common;
+
+use common::*;
+use engine::bullet::{BulletOptions, BulletStore, Variant};
+use engine::crl::Pool;
+use engine::direct::BackendKind;
+use engine::{Op, Session, Store};
+use pmem::{CrashSim, Heap};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+const LOG: u64 = 4096;
+
+fn opts() -> BulletOptions {
+    BulletOptions {
+        logs: 2,
+        group_commit: true,
+        // Nothing else moves: no gleaning, no head advance during the test.
+        epoch: Duration::from_secs(600),
+        role_threads: 0,
+        ..bullet_opts(Variant::Full, BackendKind::LogFree, LOG)
+    }
+}
+
+/// One handover and one crash image (seeded); true when B's committed record
+/// is found after recovery.
+fn b_survives(seed: u64) -> bool {
+    let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+    let path = dir.path().join("h");
+    {
+        let heap = Heap::create(&path, &sim_opts()).unwrap();
+        BulletStore::create(&heap, &opts())
+            .unwrap()
+            .close()
+            .unwrap();
+        // Both log buffers exist before the test: allocating one persists its
+        // descriptor field, a fence that would make A's earlier records durable
+        // on A's own thread.
+        let pool = Pool::attach(&heap, heap.root().raw()).unwrap();
+        pool.ensure_buffer(0).unwrap();
+        pool.ensure_buffer(1).unwrap();
+    }
+    let sim = Arc::new(CrashSim::new(seed, 0));
+    let rec = Heap::open_sim(&path, &sim_opts(), sim.clone()).unwrap();
+    let (store, _) = BulletStore::open(rec, &opts()).unwrap();
+    let (a_moved, a_moved_rx) = mpsc::channel();
+    let (done, done_rx) = mpsc::channel::<()>();
+    let image = std::thread::scope(|s| {
+        let store = &store;
+        s.spawn(move || {
+            let mut a = store.session().unwrap();
+            for i in 0..8 {
+                a.apply(format!("a:{i}").as_bytes(), Op::Put(&[b'x'; 24]))
+                    .unwrap();
+            }
+            // Too large for what is left of A's log, not for an empty one: A
+            // gives its log up, uncommitted records and all, and takes the other.
+            a.apply(b"big", Op::Put(&vec![b'y'; 3700])).unwrap();
+            a_moved.send(()).unwrap();
+            // Keep A (and its uncommitted records) until the image is taken:
+            // dropping a session commits.
+            done_rx.recv().unwrap();
+        });
+        a_moved_rx.recv().unwrap();
+        let mut b = store.session().unwrap();
+        b.apply(b"b", Op::Put(b"acknowledged")).unwrap();
+        b.commit().unwrap();
+        let img = sim.capture_now(store.heap().region());
+        done.send(()).unwrap();
+        drop(b);
+        img
+    });
+    drop(store);
+    let next = dir.path().join("crashed");
+    pmem::sim::write_image(&next, &image.bytes).unwrap();
+    let rec = Heap::open_sim(&next, &sim_opts(), Arc::new(CrashSim::new(seed, 0))).unwrap();
+    let (store, _) = BulletStore::open(rec, &opts()).unwrap();
+    let mut s = store.session().unwrap();
+    let mut out = Vec::new();
+    s.get(b"b", &mut out).unwrap() && out == b"acknowledged"
+}
+
+#[test]
+fn a_commit_after_a_log_handover_survives_every_crash_image() {
+    for seed in 0..24 {
+        assert!(
+            b_survives(seed),
+            "seed {seed}: B's committed record was lost behind A's uncommitted ones"
+        );
+    }
+}
