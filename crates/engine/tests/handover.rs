@@ -6,6 +6,9 @@
 //! (`BulletSession::ensure_space`). A's flushes are A's thread's, never fenced by
 //! A here; the crash simulator persists a thread's flushes only at that thread's
 //! fence, so without B's sync a crash image may lose any of A's lines.
+//!
+//! And the wait that `Pool::make_durable_to` does for a writer whose commit is
+//! under way (and its fallback after 50 ms).
 
 mod common;
 
@@ -98,4 +101,70 @@ fn a_commit_after_a_log_handover_survives_every_crash_image() {
             "seed {seed}: B's committed record was lost behind A's uncommitted ones"
         );
     }
+}
+
+/// `Pool::make_durable_to` on a log whose writer is committing past the range
+/// waits for that commit instead of syncing the range again; when the commit
+/// does not come within 50 ms, it syncs the range itself.
+#[test]
+fn a_sync_waits_for_the_writer_committing_and_falls_back_after_50_ms() {
+    use std::sync::atomic::Ordering::{Acquire, Relaxed};
+    use std::time::Instant;
+    let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+    let heap = Heap::create(&dir.path().join("h"), &sim_opts()).unwrap();
+    let desc = Pool::create_desc(
+        &heap,
+        2,
+        LOG,
+        engine::crl::BACKEND_HASH,
+        pmem::PPtr::from_raw(0),
+    )
+    .unwrap();
+    let pool = Pool::attach(&heap, desc).unwrap();
+    pool.group_commit.store(true, Relaxed);
+    let flushes = || heap.region().persist_stats().flushes;
+    let append = |n: u64| {
+        for i in 0..n {
+            pool.append(
+                0,
+                1,
+                format!("k{i}").as_bytes(),
+                &[1; 40],
+                engine::crl::RecPtr(0),
+                i,
+            )
+            .unwrap()
+            .unwrap();
+        }
+        pool.logs[0].tail.load(Acquire)
+    };
+
+    // The writer announces its commit, fences 5 ms later, then marks the log.
+    let end = append(3);
+    assert!(pool.logs[0].durable.load(Acquire) < end);
+    pool.committing(0, end);
+    let before = flushes();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(5));
+            pool.fence();
+            pool.mark_durable(0, end);
+        });
+        pool.make_durable_to(0, end).unwrap();
+    });
+    assert!(pool.logs[0].durable.load(Acquire) >= end);
+    if t.elapsed() < Duration::from_millis(45) {
+        assert_eq!(flushes(), before, "synced the range instead of waiting");
+    }
+
+    // A commit announced but never finished: after 50 ms, the caller syncs.
+    let end = append(3);
+    pool.committing(0, end);
+    let before = flushes();
+    let t = Instant::now();
+    pool.make_durable_to(0, end).unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(50));
+    assert!(flushes() > before, "returned without syncing");
+    assert!(pool.logs[0].durable.load(Acquire) >= end);
 }
