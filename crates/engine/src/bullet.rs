@@ -643,6 +643,11 @@ impl BulletStore {
     fn drain_loop(&self, g: &mut Gleaner, deadline: Option<std::time::Instant>) -> Result<bool> {
         let late = || deadline.is_some_and(|d| std::time::Instant::now() >= d);
         loop {
+            if self.sh.pool.group_commit.load(Ordering::Relaxed) {
+                // Gleaners apply only durable records: a drain applies
+                // everything published, committed or not.
+                self.sh.pool.make_all_durable()?;
+            }
             while g.glean_batch(&self.sh)? {
                 if late() {
                     break;
@@ -1198,7 +1203,11 @@ impl Gleaner {
             },
         };
         let l = &sh.pool.logs[i];
-        let tail = l.tail.load(Ordering::Acquire);
+        // Only durable records (group commit: `durable` may lag the tail).
+        let tail = l
+            .tail
+            .load(Ordering::Acquire)
+            .min(l.durable.load(Ordering::Acquire));
         let mut pos = l
             .scan
             .load(Ordering::Relaxed)
@@ -1293,6 +1302,17 @@ impl Gleaner {
                 )));
             }
             last = h.version;
+            // Group commit: the chain's newest records may not be durable yet.
+            // They are left to a later batch: applied now, their effect would
+            // be durable in the backend (and their older records flagged) while
+            // a crash could still lose them from the log, and recovery would
+            // replay an older value into the frontend than the backend holds.
+            // A record is durable only after its `prev`, so the durable records
+            // of a chain are its older part.
+            if self.chain.is_empty() && !sh.pool.is_durable(cur, h.len as u64) {
+                cur = h.prev;
+                continue;
+            }
             self.chain.push((cur, h));
             cur = h.prev;
         }
@@ -1777,6 +1797,11 @@ impl BulletSession {
             }
             if self.sh.stop.load(Ordering::Acquire) {
                 return Err(Error::Closed);
+            }
+            if pool.group_commit.load(Ordering::Relaxed) {
+                // Gleaners apply only durable records, and the records filling
+                // the logs may be uncommitted (this session's among them).
+                pool.make_all_durable()?;
             }
             let did = self.g.glean_batch(&self.sh)?;
             let moved = self.sh.advance()?;

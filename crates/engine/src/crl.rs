@@ -571,6 +571,24 @@ impl Pool {
         self.logs[i].committing.fetch_max(end, Ordering::AcqRel);
     }
 
+    /// Whether the record at `p` (of `len` bytes) is durable. Always, unless
+    /// the pool defers fences to a group commit and its writer has not committed
+    /// it yet (nor anyone synced the log past it).
+    pub fn is_durable(&self, p: RecPtr, len: u64) -> bool {
+        self.logs[p.log()].durable.load(Ordering::Acquire) >= p.pos() + len
+    }
+
+    /// Group commit: makes every log durable up to its published tail (records
+    /// appended but not yet committed by their writers). For a writer that
+    /// waits for log space and for a drain: gleaners apply only durable records.
+    pub fn make_all_durable(&self) -> Result<()> {
+        for i in 0..self.logs.len() {
+            let tail = self.logs[i].tail.load(Ordering::Acquire);
+            self.make_durable_to(i, tail)?;
+        }
+        Ok(())
+    }
+
     /// Group commit: the caller fenced its appends to log `i` up to `end`.
     pub fn mark_durable(&self, i: usize, end: u64) {
         self.logs[i].durable.fetch_max(end, Ordering::AcqRel);
