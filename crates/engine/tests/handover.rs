@@ -18,6 +18,7 @@ use engine::crl::Pool;
 use engine::direct::BackendKind;
 use engine::{Op, Session, Store};
 use pmem::{CrashSim, Heap};
+use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +34,19 @@ fn opts() -> BulletOptions {
         role_threads: 0,
         ..bullet_opts(Variant::Full, BackendKind::LogFree, LOG)
     }
+}
+
+/// Opens the store at `path` under a crash simulator seeded `seed`.
+fn open_under_sim(path: &Path, o: &BulletOptions, seed: u64) -> (BulletStore, Arc<CrashSim>) {
+    let sim = Arc::new(CrashSim::new(seed, 0));
+    let rec = Heap::open_sim(path, &sim_opts(), sim.clone()).unwrap();
+    (BulletStore::open(rec, o).unwrap().0, sim)
+}
+
+/// Writes crash image `bytes` to `path` and recovers the store it holds.
+fn recover(path: &Path, bytes: &[u8], o: &BulletOptions) -> BulletStore {
+    pmem::sim::write_image(path, bytes).unwrap();
+    open_under_sim(path, o, 0).0
 }
 
 /// One handover and one crash image (seeded); true when B's committed record
@@ -53,9 +67,7 @@ fn b_survives(seed: u64) -> bool {
         pool.ensure_buffer(0).unwrap();
         pool.ensure_buffer(1).unwrap();
     }
-    let sim = Arc::new(CrashSim::new(seed, 0));
-    let rec = Heap::open_sim(&path, &sim_opts(), sim.clone()).unwrap();
-    let (store, _) = BulletStore::open(rec, &opts()).unwrap();
+    let (store, sim) = open_under_sim(&path, &opts(), seed);
     let (a_moved, a_moved_rx) = mpsc::channel();
     let (done, done_rx) = mpsc::channel::<()>();
     let image = std::thread::scope(|s| {
@@ -84,10 +96,7 @@ fn b_survives(seed: u64) -> bool {
         img
     });
     drop(store);
-    let next = dir.path().join("crashed");
-    pmem::sim::write_image(&next, &image.bytes).unwrap();
-    let rec = Heap::open_sim(&next, &sim_opts(), Arc::new(CrashSim::new(seed, 0))).unwrap();
-    let (store, _) = BulletStore::open(rec, &opts()).unwrap();
+    let store = recover(&dir.path().join("crashed"), &image.bytes, &opts());
     let mut s = store.session().unwrap();
     let mut out = Vec::new();
     s.get(b"b", &mut out).unwrap() && out == b"acknowledged"
@@ -196,9 +205,7 @@ fn a_gleaner_applies_only_committed_records() {
             let heap = Heap::create(&path, &sim_opts()).unwrap();
             BulletStore::create(&heap, &o).unwrap().close().unwrap();
         }
-        let sim = Arc::new(CrashSim::new(seed, 0));
-        let rec = Heap::open_sim(&path, &sim_opts(), sim.clone()).unwrap();
-        let (store, _) = BulletStore::open(rec, &o).unwrap();
+        let (store, sim) = open_under_sim(&path, &o, seed);
         let images = std::thread::scope(|s| {
             let (appended, appended_rx) = mpsc::channel();
             let (done, done_rx) = mpsc::channel::<()>();
@@ -223,9 +230,7 @@ fn a_gleaner_applies_only_committed_records() {
         drop(store);
         for (n, img) in images.iter().enumerate() {
             let p = dir.path().join(format!("img{n}"));
-            pmem::sim::write_image(&p, &img.bytes).unwrap();
-            let rec = Heap::open_sim(&p, &sim_opts(), Arc::new(CrashSim::new(seed, 0))).unwrap();
-            let (s2, _) = BulletStore::open(rec, &o).unwrap();
+            let s2 = recover(&p, &img.bytes, &o);
             let mut r = s2.session().unwrap();
             let mut before = Vec::new();
             assert!(
