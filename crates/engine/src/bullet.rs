@@ -144,6 +144,10 @@ pub struct BulletOptions {
     /// `msync` of many scattered pages): a session holding the role would keep its
     /// clients waiting meanwhile.
     pub role_threads: usize,
+    /// A new store allocates every log buffer at once and maps it writable
+    /// ([`Pool::preallocate`]); otherwise a buffer is allocated when a writer
+    /// first takes its log, and its pages are faulted in on the way.
+    pub preallocate_logs: bool,
 }
 
 impl Default for BulletOptions {
@@ -159,6 +163,7 @@ impl Default for BulletOptions {
             static_gleaners: 1,
             group_commit: false,
             role_threads: 0,
+            preallocate_logs: true,
         }
     }
 }
@@ -455,6 +460,9 @@ impl BulletStore {
         let desc = Pool::create_desc(heap, opts.logs, opts.log_size, kind, backend.root())?;
         heap.set_root(PPtr::from_raw(desc))?;
         let pool = Pool::attach(heap, desc)?;
+        if opts.preallocate_logs {
+            pool.preallocate()?;
+        }
         let st = Self::assemble(heap.clone(), pool, backend, opts, true, 1)?;
         Ok(st)
     }

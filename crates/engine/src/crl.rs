@@ -358,6 +358,29 @@ impl Pool {
         Ok(p.offset())
     }
 
+    /// Allocates every log's buffer and maps each whole buffer writable, as
+    /// databases preallocate their write-ahead log files: the first lap of a new
+    /// pool then takes no page faults (on a file: a block reservation and a zeroed
+    /// page every 4 KiB, which on two cores cost a 15%-put load about a tenth of
+    /// its throughput), and a heap too small for its logs fails now rather than
+    /// when a writer first needs the last log.
+    pub fn preallocate(&self) -> Result<()> {
+        for i in 0..self.logs.len() {
+            self.ensure_buffer(i).map_err(|e| match e {
+                Error::Heap(pmem::Error::HeapFull { .. } | pmem::Error::TooLarge(_)) => {
+                    Error::Config(format!(
+                        "the heap has no room for {} logs of {} bytes ({e})",
+                        self.logs.len(),
+                        self.size
+                    ))
+                }
+                e => e,
+            })?;
+        }
+        self.populate_ahead(self.size);
+        Ok(())
+    }
+
     /// Maps the next `ahead` bytes (at most a whole buffer) past each log's tail
     /// writable before its writer gets there, so that an append does not take
     /// the page faults of first touching them (on a file: a fault, a block

@@ -102,3 +102,50 @@ fn populated_log_pages_take_no_faults_and_keep_their_records() {
     }
     assert_eq!(seen, written, "records lost or damaged by populate");
 }
+
+#[test]
+fn preallocate_gives_every_log_a_mapped_buffer_or_a_clear_error() {
+    use std::sync::atomic::Ordering::Acquire;
+    let d = tempfile::tempdir().unwrap();
+    let o = HeapOptions {
+        size: 32 << 20,
+        geometry: Geometry::small(),
+        ..Default::default()
+    };
+    let heap = Heap::create(&d.path().join("h"), &o).unwrap();
+    let desc = Pool::create_desc(&heap, 4, LOG, BACKEND_HASH, PPtr::from_raw(0)).unwrap();
+    let pool = Pool::attach(&heap, desc).unwrap();
+    pool.preallocate().unwrap();
+    let bases: Vec<u64> = pool.logs.iter().map(|l| l.base.load(Acquire)).collect();
+    assert!(
+        bases.iter().all(|&b| b != 0),
+        "a log without a buffer: {bases:?}"
+    );
+    let mut sorted = bases.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 4, "two logs share a buffer: {bases:?}");
+    // Each whole ring is populated: a lap of any log takes (almost) no fault.
+    assert!(pool.logs.iter().all(|l| l.populated.load(Acquire) == LOG));
+    if pool.populate_ahead(LOG) == 0 && pool.logs[3].populated.load(Acquire) == LOG {
+        let mut n = 0;
+        let pages = (LOG / 2 / 4096) as i64;
+        let faults = append(&pool, 3, LOG / 2, &mut n);
+        assert!(
+            faults < pages / 8,
+            "{faults} faults over {pages} preallocated pages"
+        );
+    }
+    // The buffers survive a reopen (their offsets are persistent).
+    drop(pool);
+    let pool = Pool::attach(&heap, desc).unwrap();
+    let again: Vec<u64> = pool.logs.iter().map(|l| l.base.load(Acquire)).collect();
+    assert_eq!(again, bases);
+
+    // A heap too small for its logs: a configuration error naming them.
+    let heap2 = Heap::create(&d.path().join("h2"), &o).unwrap();
+    let desc = Pool::create_desc(&heap2, 64, LOG, BACKEND_HASH, PPtr::from_raw(0)).unwrap();
+    let pool = Pool::attach(&heap2, desc).unwrap();
+    let e = pool.preallocate().unwrap_err().to_string();
+    assert!(e.contains("no room for 64 logs of 1048576 bytes"), "{e}");
+}

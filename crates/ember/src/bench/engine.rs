@@ -849,6 +849,7 @@ pub fn run(args: &EngineArgs) -> BenchResult<()> {
                 static_gleaners: plan.static_gleaners,
                 group_commit: false,
                 role_threads: 0,
+                preallocate_logs: true,
             };
             let store = BulletStore::create(&tmp.heap, &opts).map_err(err)?;
             run.store(&store, Some(&tmp), Some(args.backend), || {

@@ -59,6 +59,7 @@ pub fn bullet_opts(v: Variant, b: BackendKind, log_size: u64) -> BulletOptions {
         static_gleaners: 1,
         group_commit: false,
         role_threads: 0,
+        preallocate_logs: true,
     }
 }
 
