@@ -1074,9 +1074,9 @@ struct Gleaner {
     h: AnyHandle,
     slot: usize,
     log: Option<usize>,
-    key: Vec<u8>,
     bval: Vec<u8>,
     chain: Vec<(RecPtr, Header)>,
+    walks: Vec<Walk>,
     cpay: Vec<u8>,
     from: usize,
     /// Records applied in this batch whose flags wait for the batch's backend sync.
@@ -1103,6 +1103,63 @@ enum Glean {
     Skipped,
 }
 
+/// Chains walked in step by a gleaner (see `glean_inner`).
+const WALK_GROUP: usize = 16;
+
+/// One chain walk: from the key's `lentry` back through `prev` to the first
+/// applied record (Bullet §2.3), for the scanned record `p`.
+#[derive(Default)]
+struct Walk {
+    p: RecPtr,
+    hash: u64,
+    key: Vec<u8>,
+    /// The next record to read; null once the walk is over.
+    cur: RecPtr,
+    /// Whether the key had a chain to walk (its entry and `lentry` were there).
+    started: bool,
+    /// The version of the record taken last (a chain's versions decrease).
+    last: u64,
+    /// The records taken, newest first.
+    chain: Vec<(RecPtr, Header)>,
+}
+
+/// Reads the walk's next record: takes it into the chain, or ends the walk at an
+/// applied record (flagged, or pending in this batch), a reclaimed one, or the
+/// chain's end. Under group commit the chain's newest records may not be durable
+/// yet; they are passed over and left to a later batch: applied now, their
+/// effect would be durable in the backend (and their older records flagged)
+/// while a crash could still lose them from the log, and recovery would replay an
+/// older value into the frontend than the backend holds. A record is durable only
+/// after its `prev`, so the durable records of a chain are its older part.
+fn walk_step(pool: &Pool, pending: &std::collections::HashSet<u64>, w: &mut Walk) -> Result<()> {
+    let cur = w.cur;
+    if cur.log() >= pool.logs.len() {
+        return Err(Error::Corrupt(format!("record pointer {:#x}", cur.0)));
+    }
+    if pool.reclaimed(cur) {
+        w.cur = RecPtr(0);
+        return Ok(());
+    }
+    let h = pool.header(cur)?;
+    if h.applied || h.opcode == OPC_PAD || pending.contains(&cur.0) {
+        w.cur = RecPtr(0);
+        return Ok(());
+    }
+    if h.version >= w.last {
+        return Err(Error::Corrupt(format!(
+            "log chain out of version order at {:#x}",
+            cur.0
+        )));
+    }
+    w.last = h.version;
+    if !w.chain.is_empty() || pool.is_durable(cur, h.len as u64) {
+        w.chain.push((cur, h));
+    }
+    w.cur = h.prev;
+    pool.prefetch_header(w.cur);
+    Ok(())
+}
+
 impl Gleaner {
     fn new(sh: &Arc<Shared>) -> Result<Gleaner> {
         let slot = sh.claim_slot()?;
@@ -1110,9 +1167,9 @@ impl Gleaner {
             h: sh.backend.handle()?,
             slot,
             log: None,
-            key: Vec::new(),
             bval: Vec::new(),
             chain: Vec::new(),
+            walks: Vec::new(),
             cpay: Vec::new(),
             from: slot,
             pending: Vec::new(),
@@ -1220,7 +1277,7 @@ impl Gleaner {
             .scan
             .load(Ordering::Relaxed)
             .max(l.head.load(Ordering::SeqCst));
-        let mut skipped = None;
+        let mut skipped: Option<u64> = None;
         let mut did = 0;
         let mut seen = 0;
         let batch = match (sh.pool.heap.region().strategy(), self.inline) {
@@ -1228,32 +1285,109 @@ impl Gleaner {
             (pmem::Strategy::Msync, true) => BATCH_MSYNC_INLINE,
             _ => BATCH,
         };
-        loop {
-            pos = sh.pool.skip_gap(pos).min(tail);
-            if pos >= tail || did >= batch || seen >= 8 * batch {
-                break;
-            }
-            seen += 1;
-            let p = RecPtr::new(i, pos);
-            // The log is read in order: fetch a few records ahead.
-            sh.pool.prefetch(RecPtr::new(i, pos + 512), 2);
-            let h = sh.pool.header(p)?;
-            let next = pos + h.len as u64;
-            if h.opcode != OPC_PAD && !h.applied && !self.pending_set.contains(&p.0) {
-                let mut key = std::mem::take(&mut self.key);
-                // Only the key: the chain's payloads are read when folded.
-                sh.pool.key(p, &h, &mut key);
-                let r = self.apply_key(sh, p, &key);
-                self.key = key;
-                match r? {
-                    Glean::Applied => did += 1,
-                    Glean::Skipped => {
-                        skipped.get_or_insert(pos);
+        // The walks of a group, kept across batches for their buffers.
+        let mut walks = std::mem::take(&mut self.walks);
+        let r = (|| -> Result<()> {
+            loop {
+                // 1. Gather the next unapplied records of distinct keys (the log
+                //    is read in order: fetch a few records ahead).
+                let mut n = 0;
+                let mut end = false;
+                while n < WALK_GROUP {
+                    pos = sh.pool.skip_gap(pos).min(tail);
+                    if pos >= tail || did + n >= batch || seen >= 8 * batch {
+                        end = true;
+                        break;
+                    }
+                    let p = RecPtr::new(i, pos);
+                    sh.pool.prefetch(RecPtr::new(i, pos + 512), 2);
+                    let h = sh.pool.header(p)?;
+                    if h.opcode != OPC_PAD && !h.applied && !self.pending_set.contains(&p.0) {
+                        if walks.len() == n {
+                            walks.push(Walk::default());
+                        }
+                        let (group, rest) = walks.split_at_mut(n);
+                        let w = &mut rest[0];
+                        // Only the key: the chain's payloads are read when folded.
+                        sh.pool.key(p, &h, &mut w.key);
+                        w.hash = key_hash(&w.key);
+                        if group.iter().any(|o| o.hash == w.hash && o.key == w.key) {
+                            // The same key twice: this record waits for the
+                            // group's chains to be applied (it is then pending).
+                            break;
+                        }
+                        walks[n].p = p;
+                        n += 1;
+                    }
+                    seen += 1;
+                    pos += h.len as u64;
+                }
+                if n == 0 {
+                    break;
+                }
+                // 2. Each key's gleaner lock and chain start; the frontend
+                //    buckets are fetched for the whole group first.
+                let g = crossbeam_epoch::pin();
+                let mut hashes = [0u64; WALK_GROUP];
+                for (h, w) in hashes.iter_mut().zip(&walks[..n]) {
+                    *h = w.hash;
+                }
+                sh.table.prefetch(&hashes[..n], &g);
+                for w in &mut walks[..n] {
+                    w.chain.clear();
+                    w.last = u64::MAX;
+                    w.cur = if self.lock_key(sh, w.hash) {
+                        // No entry, or `lentry` = 0: the record is applied and its
+                        // flag is on the way (another gleaner's batch), or the
+                        // entry is a copy a table doubling left behind: the record
+                        // is tried again later.
+                        sh.table.get(w.hash, &w.key, &g).map_or(RecPtr(0), |node| {
+                            RecPtr(lentry::chain_start(&node.meta().lentry))
+                        })
+                    } else {
+                        RecPtr(0)
+                    };
+                    w.started = !w.cur.is_null();
+                    sh.pool.prefetch_header(w.cur);
+                }
+                drop(g);
+                // 3. The chains, walked in step: each step reads one record of
+                //    every chain, whose header was fetched the step before, so
+                //    the group's cache misses overlap instead of queueing.
+                let mut active = n;
+                while active > 0 {
+                    active = 0;
+                    for w in &mut walks[..n] {
+                        if !w.cur.is_null() {
+                            walk_step(&sh.pool, &self.pending_set, w)?;
+                            active += usize::from(!w.cur.is_null());
+                        }
                     }
                 }
+                // 4. Apply the chains in the log's order.
+                for w in &mut walks[..n] {
+                    let r = if w.started {
+                        std::mem::swap(&mut self.chain, &mut w.chain);
+                        self.apply_chain(sh, w.p, w.hash, &w.key)?
+                    } else {
+                        Glean::Skipped
+                    };
+                    match r {
+                        Glean::Applied => did += 1,
+                        Glean::Skipped => {
+                            let at = w.p.pos();
+                            skipped = Some(skipped.map_or(at, |s| s.min(at)));
+                        }
+                    }
+                }
+                if end {
+                    break;
+                }
             }
-            pos = next;
-        }
+            Ok(())
+        })();
+        self.walks = walks;
+        r?;
         l.scan.store(skipped.unwrap_or(pos), Ordering::Relaxed);
         if did == 0 && skipped.is_none() && pos >= tail {
             self.release(sh);
@@ -1261,69 +1395,26 @@ impl Gleaner {
         Ok(did > 0)
     }
 
-    fn apply_key(&mut self, sh: &Shared, p: RecPtr, key: &[u8]) -> Result<Glean> {
-        let hash = key_hash(key);
+    /// Takes the gleaner lock of the key with `hash` for the rest of the batch
+    /// (held already, or free). False when another gleaner holds it.
+    fn lock_key(&mut self, sh: &Shared, hash: u64) -> bool {
         let i = (hash as usize) & (GLOCKS - 1);
         if self.held_bits[i / 64] & (1 << (i % 64)) == 0 {
             if sh.glocks[i]
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
             {
-                return Ok(Glean::Skipped);
+                return false;
             }
             self.held_bits[i / 64] |= 1 << (i % 64);
             self.held.push(i);
         }
-        self.apply_chain(sh, p, hash, key)
+        true
     }
 
+    /// Applies the chain a walk found (in `self.chain`, newest first) for the
+    /// scanned record `p`: Applied when `p` is now applied or pending.
     fn apply_chain(&mut self, sh: &Shared, p: RecPtr, hash: u64, key: &[u8]) -> Result<Glean> {
-        let g = crossbeam_epoch::pin();
-        // No entry, or `lentry` = 0: the record is applied and its flag is on the
-        // way (another gleaner's batch), or the entry is a copy a table doubling
-        // left behind: try again later.
-        let Some(node) = sh.table.get(hash, key, &g) else {
-            return Ok(Glean::Skipped);
-        };
-        let start = RecPtr(lentry::chain_start(&node.meta().lentry));
-        if start.is_null() {
-            return Ok(Glean::Skipped);
-        }
-        self.chain.clear();
-        let mut cur = start;
-        let mut last = u64::MAX;
-        while !cur.is_null() {
-            if cur.log() >= sh.pool.logs.len() {
-                return Err(Error::Corrupt(format!("record pointer {:#x}", cur.0)));
-            }
-            if sh.pool.reclaimed(cur) {
-                break;
-            }
-            let h = sh.pool.header(cur)?;
-            if h.applied || h.opcode == OPC_PAD || self.pending_set.contains(&cur.0) {
-                break;
-            }
-            if h.version >= last {
-                return Err(Error::Corrupt(format!(
-                    "log chain out of version order at {:#x}",
-                    cur.0
-                )));
-            }
-            last = h.version;
-            // Group commit: the chain's newest records may not be durable yet.
-            // They are left to a later batch: applied now, their effect would
-            // be durable in the backend (and their older records flagged) while
-            // a crash could still lose them from the log, and recovery would
-            // replay an older value into the frontend than the backend holds.
-            // A record is durable only after its `prev`, so the durable records
-            // of a chain are its older part.
-            if self.chain.is_empty() && !sh.pool.is_durable(cur, h.len as u64) {
-                cur = h.prev;
-                continue;
-            }
-            self.chain.push((cur, h));
-            cur = h.prev;
-        }
         if self.chain.is_empty() {
             return Ok(
                 if self.pending_set.contains(&p.0) || sh.pool.header(p)?.applied {

@@ -60,7 +60,7 @@ pub const REC_HDR: u64 = 40;
 pub const OPC_PAD: u8 = 0xff;
 
 /// A pointer to a record: `(log + 1) << 56 | pos`; 0 is null.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RecPtr(pub u64);
 
 impl RecPtr {
@@ -730,6 +730,15 @@ impl Pool {
         for k in 0..lines {
             let at = base + (p.pos() + k * 64) % self.size;
             r.prefetch(at);
+        }
+    }
+
+    /// Starts fetching the header of the record at `p` into the cache (a chain
+    /// walk's next step); nothing for a null or out-of-range pointer.
+    #[inline]
+    pub fn prefetch_header(&self, p: RecPtr) {
+        if !p.is_null() && p.log() < self.logs.len() {
+            self.prefetch(p, 1 + u64::from(p.pos() % 64 > 64 - REC_HDR));
         }
     }
 
