@@ -1093,8 +1093,9 @@ struct Gleaner {
     /// for the batch instead of one or more per write) and read back by the
     /// batch's later chains of the same key.
     writes: std::collections::HashMap<Vec<u8>, (u64, Option<Vec<u8>>)>,
-    /// Gleans between other work (a session, `drain`): gives its log back after
-    /// every batch.
+    /// Gleans between other work (a session, `drain`, the advancer's idle
+    /// gleaning): gives its log back after every batch, and with msync takes
+    /// the smaller batches.
     inline: bool,
 }
 
@@ -1718,9 +1719,14 @@ fn advancer(sh: Arc<Shared>) {
         // drain the logs (restarts after an idle period replay nothing).
         // It keeps gleaning, advancing heads once per epoch, until the logs are
         // empty or requests come in again.
+        // Requests that come in wait for at most the batch under way: the
+        // batches are a session's (with msync 2,048 records, not 16,384, whose
+        // writeback took long enough to slow the start of the next load), and
+        // the counter is checked after each.
         let ops = sh.c.ops.load(Ordering::Relaxed);
         if ops == last_ops && used > 0 {
             let mut until = Instant::now() + sh.opts.epoch;
+            g.inline = true;
             while !sh.stop.load(Ordering::Acquire) {
                 match g.glean_batch(&sh) {
                     Ok(true) => {}
@@ -1730,14 +1736,15 @@ fn advancer(sh: Arc<Shared>) {
                         break;
                     }
                 }
+                if sh.c.ops.load(Ordering::Relaxed) != ops {
+                    break;
+                }
                 if Instant::now() >= until {
-                    if sh.c.ops.load(Ordering::Relaxed) != ops {
-                        break;
-                    }
                     let _ = sh.advance();
                     until = Instant::now() + sh.opts.epoch;
                 }
             }
+            g.inline = false;
         }
         last_ops = sh.c.ops.load(Ordering::Relaxed);
     }
