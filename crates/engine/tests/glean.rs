@@ -102,3 +102,84 @@ fn grouped_walks_apply_every_record_once() {
         }
     }
 }
+
+/// Polls `f` (doing `work` between polls) until it holds, for at most 10 s.
+fn until(what: &str, mut work: impl FnMut(), f: impl Fn() -> bool) {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(t.elapsed().as_secs() < 10, "timed out waiting for {what}");
+        work();
+    }
+}
+
+/// A background gleaner thread is paced while sessions only read (and the logs
+/// have room), still drains the logs meanwhile, and is not paced once writes
+/// come back or requests stop.
+#[test]
+fn background_gleaning_is_paced_while_sessions_only_read() {
+    let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+    let hopts = heap_opts(64 << 20, 256 << 20, Strategy::FenceOnly);
+    let heap = Heap::create(&dir.path().join("h"), &hopts).unwrap();
+    // Logs large enough that a gleaner at full speed takes several epochs to
+    // empty them: the paced gleaner does most of that work.
+    let mut o = bullet_opts(Variant::Full, BackendKind::LogFree, 1 << 20);
+    o.role_threads = 1;
+    let st = BulletStore::create(&heap, &o).unwrap();
+    let mut s = st.session().unwrap();
+    let val = [b'v'; 100];
+    let mut n = 0u64;
+    let mut put = |s: &mut engine::bullet::BulletSession| {
+        s.apply(format!("key:{:05}", n % 5000).as_bytes(), Op::Put(&val))
+            .unwrap();
+        n += 1;
+    };
+    // Writes: never paced. Fill the logs past the point where a gleaner starts.
+    while st.log_occupancy_bytes().0 * 10 < st.log_occupancy_bytes().1 * 7 {
+        put(&mut s);
+    }
+    assert!(!st.stats().gleaning_paced);
+    // Reads only: paced, and the paced gleaner still empties the logs.
+    let mut out = Vec::new();
+    let mut i = 0u64;
+    let mut get = |s: &mut engine::bullet::BulletSession| {
+        assert!(s
+            .get(format!("key:{:05}", i % 5000).as_bytes(), &mut out)
+            .unwrap());
+        assert_eq!(out, val);
+        i += 1;
+    };
+    until(
+        "pacing under reads",
+        || get(&mut s),
+        || st.stats().gleaning_paced,
+    );
+    until(
+        "the paced gleaner to drain the logs below 30%",
+        || get(&mut s),
+        || {
+            let (used, cap) = st.log_occupancy_bytes();
+            used * 10 < cap * 3
+        },
+    );
+    // Writes again: not paced.
+    until(
+        "writes to end pacing",
+        || put(&mut s),
+        || !st.stats().gleaning_paced,
+    );
+    // Reads, then nothing at all: not paced (an idle store drains at full speed).
+    until(
+        "pacing under reads",
+        || get(&mut s),
+        || st.stats().gleaning_paced,
+    );
+    until(
+        "idleness to end pacing",
+        || std::thread::sleep(std::time::Duration::from_millis(1)),
+        || !st.stats().gleaning_paced,
+    );
+    drop(s);
+    st.drain().unwrap();
+    st.verify().unwrap();
+    st.close().unwrap();
+}
