@@ -263,10 +263,6 @@ struct Shared {
     sessions: AtomicUsize,
     gleaners: AtomicUsize,
     target: AtomicUsize,
-    /// Set by the advancer for an epoch in which sessions served requests but
-    /// appended nothing, with the logs below [`PACE_BELOW`] full: background
-    /// gleaner threads then take at most a tenth of a core (see `role_gleaner`).
-    paced: AtomicBool,
     /// Every key of the store is in the frontend (a miss is a miss).
     complete: AtomicBool,
     stop: AtomicBool,
@@ -571,7 +567,6 @@ impl BulletStore {
             sessions: AtomicUsize::new(0),
             gleaners: AtomicUsize::new(0),
             target: AtomicUsize::new(0),
-            paced: AtomicBool::new(false),
             complete: AtomicBool::new(complete),
             stop: AtomicBool::new(false),
             advance_lock: Mutex::new(None),
@@ -1109,11 +1104,6 @@ enum Glean {
     Skipped,
 }
 
-/// Below this log occupancy a read-only epoch paces the background gleaners.
-const PACE_BELOW: f64 = 0.9;
-/// A paced gleaner thread sleeps this many times as long as its batch took.
-const PACE_SLEEP: u32 = 9;
-
 /// Chains walked in step by a gleaner (see `glean_inner`).
 const WALK_GROUP: usize = 16;
 
@@ -1636,28 +1626,10 @@ fn role_gleaner(sh: Arc<Shared>) {
             g.release(&sh);
             continue;
         }
-        let t0 = Instant::now();
-        // Paced, a batch is a session's (with msync 2,048 records, not 16,384):
-        // short enough to pace.
-        g.inline = sh.paced.load(Ordering::Acquire);
         match g.glean_batch(&sh) {
             Ok(true) => {}
             Ok(false) => std::thread::sleep(Duration::from_micros(100)),
             Err(e) => backoff("gleaner", &e, &mut last),
-        }
-        // Reads only, and room in the logs: the gleaning can wait, and on a
-        // machine with few cores it takes CPU from the sessions serving them
-        // (a dedicated thread, unlike a session's role, is extra work beside
-        // them). At most a tenth of a core, until writes come back.
-        if sh.paced.load(Ordering::Acquire) {
-            let until = Instant::now() + t0.elapsed() * PACE_SLEEP;
-            while !sh.stop.load(Ordering::Acquire) && sh.paced.load(Ordering::Acquire) {
-                let left = until.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                std::thread::sleep(left.min(Duration::from_millis(2)));
-            }
         }
     }
     if active {
@@ -1691,7 +1663,6 @@ fn advancer(sh: Arc<Shared>) {
     let mut last = String::new();
     let mut last_occ = 0.0;
     let mut last_ops = u64::MAX;
-    let mut last_appended = u64::MAX;
     while !sh.stop.load(Ordering::Acquire) {
         // Sleep out the epoch in short naps, so that closing the store does not
         // wait for a long epoch to end.
@@ -1715,13 +1686,6 @@ fn advancer(sh: Arc<Shared>) {
         sh.pool.populate_ahead(POPULATE_AHEAD);
         let (used, cap) = sh.pool.occupancy();
         let occ = used as f64 / cap as f64;
-        let appended = sh.pool.appended();
-        let served = sh.c.ops.load(Ordering::Relaxed) != last_ops;
-        sh.paced.store(
-            served && appended == last_appended && occ < PACE_BELOW,
-            Ordering::Release,
-        );
-        last_appended = appended;
         if sh.opts.variant.dynamic() {
             let max = if sh.opts.role_threads > 0 {
                 sh.opts.role_threads
@@ -1863,7 +1827,6 @@ impl Store for BulletStore {
             frontend_entries: self.sh.table.len() as u64,
             log_occupancy: used as f64 / cap as f64,
             gleaners: self.sh.gleaners.load(Ordering::Acquire) as u64,
-            gleaning_paced: self.sh.paced.load(Ordering::Acquire),
             records_appended: c.appended.load(Ordering::Relaxed),
             records_applied: c.applied.load(Ordering::Relaxed),
             records_collapsed: c.collapsed.load(Ordering::Relaxed),

@@ -421,15 +421,6 @@ impl Pool {
         asked
     }
 
-    /// A sum that grows with every append: the logs' tails (positions, which
-    /// only grow).
-    pub fn appended(&self) -> u64 {
-        self.logs
-            .iter()
-            .map(|l| l.tail.load(Ordering::Acquire))
-            .sum()
-    }
-
     /// Bytes in use across the pool, and the pool's capacity.
     pub fn occupancy(&self) -> (u64, u64) {
         let mut used = 0;

@@ -100,9 +100,6 @@ pub struct StoreStats {
     pub log_occupancy: f64,
     /// Threads gleaning now (Bullet only).
     pub gleaners: u64,
-    /// Background gleaner threads are paced (Bullet only): the last epoch served
-    /// requests and appended nothing, with room in the logs.
-    pub gleaning_paced: bool,
     /// Log records appended / applied to the backend / skipped by put collapsing.
     pub records_appended: u64,
     pub records_applied: u64,

@@ -223,12 +223,11 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
         }
         let _ = write!(
             o,
-            "store_keys_estimate:{}\r\nfrontend_entries:{}\r\nlog_occupancy:{:.4}\r\ngleaners:{}\r\ngleaning_paced:{}\r\nrecords_appended:{}\r\nrecords_applied:{}\r\nrecords_collapsed:{}\r\nbackend_loads:{}\r\nlog_full_waits:{}\r\nepochs:{}\r\nlast_start_clean:{}\r\nlast_start_ms:{:.3}\r\nlast_start_log_records:{}\r\nlast_start_log_bytes:{}\r\nlast_start_log_replayed:{}\r\nlast_start_leaked_freed:{}\r\nignored_config:{}\r\n\r\n",
+            "store_keys_estimate:{}\r\nfrontend_entries:{}\r\nlog_occupancy:{:.4}\r\ngleaners:{}\r\nrecords_appended:{}\r\nrecords_applied:{}\r\nrecords_collapsed:{}\r\nbackend_loads:{}\r\nlog_full_waits:{}\r\nepochs:{}\r\nlast_start_clean:{}\r\nlast_start_ms:{:.3}\r\nlast_start_log_records:{}\r\nlast_start_log_bytes:{}\r\nlast_start_log_replayed:{}\r\nlast_start_leaked_freed:{}\r\nignored_config:{}\r\n\r\n",
             st.keys,
             st.frontend_entries,
             st.log_occupancy,
             st.gleaners,
-            u8::from(st.gleaning_paced),
             st.records_appended,
             st.records_applied,
             st.records_collapsed,

@@ -202,12 +202,6 @@ pub fn render(sh: &Shared) -> String {
         format!("ember_gleaners {}\n", st.gleaners),
     );
     metric(
-        "ember_gleaning_paced",
-        "gauge",
-        "Bullet: 1 while background gleaners are paced (requests served, nothing appended, room in the logs).",
-        format!("ember_gleaning_paced {}\n", u8::from(st.gleaning_paced)),
-    );
-    metric(
         "ember_log_records_appended_total",
         "counter",
         "Bullet: log records appended.",
