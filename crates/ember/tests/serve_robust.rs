@@ -1597,3 +1597,34 @@ fn protected_mode_refuses_remote_peers_without_password() {
     assert!(n >= 1);
     assert!(srv.running());
 }
+
+/// A new heap too small for Bullet's logs: the start fails with a clear error,
+/// exits non-zero, and leaves no heap file, so a start with a larger heap
+/// begins afresh.
+#[test]
+fn heap_too_small_for_the_logs() {
+    let dir = tmp();
+    let port = free_port().to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .arg("serve")
+        .arg("--heap")
+        .arg(dir.path().join("ember.heap"))
+        .args(["--port", &port, "--logs", "8", "--log-size", "16mb"])
+        .args(["--heap-size", "64mb", "--heap-max-size", "64mb"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("cfg.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let st = wait_child(&mut child, Duration::from_secs(20)).expect("the start fails");
+    assert!(!st.success());
+    let log = std::fs::read_to_string(dir.path().join("cfg.log")).unwrap();
+    assert!(
+        log.contains("no room for 8 logs of 16777216 bytes"),
+        "{log}"
+    );
+    assert!(!dir.path().join("ember.heap").exists());
+    let mut srv = Server::start(dir.path(), &[]);
+    assert_healthy(&mut srv);
+}

@@ -19,7 +19,8 @@
 //!   for each unapplied record takes the key's gleaner lock (or skips the record:
 //!   whoever holds the key applies it), walks the key's chain from the frontend
 //!   `lentry` back through `prev` to the first applied record, and applies the
-//!   chain oldest first. Each backend value carries the version of the newest
+//!   chain oldest first (the chains of up to 16 records of distinct keys are
+//!   walked in step, so that their cache misses overlap). Each backend value carries the version of the newest
 //!   record it includes (see [`crate::value`]), which makes re-applying a record
 //!   after a crash harmless. With put collapsing (variant `full`), a chain is
 //!   folded in DRAM from its newest idempotent record (or from the backend value
@@ -458,11 +459,14 @@ impl BulletStore {
             BackendKind::PHash => crl::BACKEND_PHASH,
         };
         let desc = Pool::create_desc(heap, opts.logs, opts.log_size, kind, backend.root())?;
-        heap.set_root(PPtr::from_raw(desc))?;
         let pool = Pool::attach(heap, desc)?;
         if opts.preallocate_logs {
+            // Before the root: a heap too small for its logs is left without a
+            // store (what was allocated is unreachable, and the next open's leak
+            // sweep frees it), so the next start fails the same clear way.
             pool.preallocate()?;
         }
+        heap.set_root(PPtr::from_raw(desc))?;
         let st = Self::assemble(heap.clone(), pool, backend, opts, true, 1)?;
         Ok(st)
     }

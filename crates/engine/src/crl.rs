@@ -364,21 +364,52 @@ impl Pool {
     /// page every 4 KiB, which on two cores cost a 15%-put load about a tenth of
     /// its throughput), and a heap too small for its logs fails now rather than
     /// when a writer first needs the last log.
+    ///
+    /// On an error the buffers this call allocated are freed again (for a pool
+    /// not yet reachable from the heap's root: the store's creation).
     pub fn preallocate(&self) -> Result<()> {
+        let mut made = Vec::new();
         for i in 0..self.logs.len() {
-            self.ensure_buffer(i).map_err(|e| match e {
-                Error::Heap(pmem::Error::HeapFull { .. } | pmem::Error::TooLarge(_)) => {
-                    Error::Config(format!(
-                        "the heap has no room for {} logs of {} bytes ({e})",
-                        self.logs.len(),
-                        self.size
-                    ))
-                }
-                e => e,
-            })?;
+            let had = self.logs[i].base.load(Ordering::Acquire) != 0;
+            if let Err(e) = self.ensure_buffer(i) {
+                self.free_buffers(&made);
+                return Err(match e {
+                    Error::Heap(pmem::Error::HeapFull { .. } | pmem::Error::TooLarge(_)) => {
+                        Error::Config(format!(
+                            "the heap has no room for {} logs of {} bytes ({e})",
+                            self.logs.len(),
+                            self.size
+                        ))
+                    }
+                    e => e,
+                });
+            }
+            if !had {
+                made.push(i);
+            }
         }
         self.populate_ahead(self.size);
         Ok(())
+    }
+
+    /// Gives logs `which` back their buffers' space: each descriptor field is
+    /// cleared and persisted before its block is freed (the reverse would leave,
+    /// for a moment, a descriptor naming a free block). Best effort: a block
+    /// that cannot be freed stays allocated and unreachable.
+    fn free_buffers(&self, which: &[usize]) {
+        let Ok(mut th) = self.heap.thread() else {
+            return;
+        };
+        for &i in which {
+            let b = self.logs[i].base.swap(0, Ordering::AcqRel);
+            if b == 0 {
+                continue;
+            }
+            let f = self.log_field(i, 0);
+            self.r().write(f, &0u64);
+            self.r().persist(f, 8);
+            let _ = th.free(PPtr::from_raw(b));
+        }
     }
 
     /// Maps the next `ahead` bytes (at most a whole buffer) past each log's tail

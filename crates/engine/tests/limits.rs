@@ -342,3 +342,31 @@ fn a_drain_cut_short_leaves_the_rest_to_the_next_open() {
     st.verify().unwrap();
     st.close().unwrap();
 }
+
+/// A heap that cannot hold the store's logs: creation fails with a
+/// configuration error naming them, and leaves the heap without a store (no
+/// root), so that the next attempt fails the same way instead of opening a
+/// store without its logs.
+#[test]
+fn a_heap_too_small_for_the_logs_gets_no_store() {
+    let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+    let hopts = heap_opts(8 << 20, 8 << 20, Strategy::FenceOnly);
+    let heap = Heap::create(&dir.path().join("h"), &hopts).unwrap();
+    let mut o = bullet_opts(Variant::Full, BackendKind::LogFree, 1 << 20);
+    o.logs = 16;
+    for _ in 0..2 {
+        let e = BulletStore::create(&heap, &o)
+            .err()
+            .expect("16 MiB of logs in 8 MiB");
+        assert!(
+            matches!(e, Error::Config(_)) && e.to_string().contains("no room for 16 logs"),
+            "{e}"
+        );
+        assert!(heap.root().is_null());
+    }
+    // The same heap takes a store whose logs fit.
+    o.logs = 2;
+    let st = BulletStore::create(&heap, &o).unwrap();
+    assert!(!heap.root().is_null());
+    st.close().unwrap();
+}

@@ -127,15 +127,27 @@ pub fn open(cfg: &Config) -> Result<(AnyStore, Startup), String> {
     let store = if root.is_null() {
         // A new heap (or one created but never given a store): make the store.
         let (heap, _) = rec.finish(|_| false).map_err(|e| e.to_string())?;
-        match &cfg.engine {
-            EngineChoice::Direct(k) => AnyStore::Direct(
-                DirectStore::create(&heap, &backend(*k)).map_err(|e| e.to_string())?,
-            ),
+        let made = match &cfg.engine {
+            EngineChoice::Direct(k) => {
+                DirectStore::create(&heap, &backend(*k)).map(AnyStore::Direct)
+            }
             EngineChoice::Bullet(v) => {
-                let o = bullet_options(cfg, *v);
-                AnyStore::Bullet(BulletStore::create(&heap, &o).map_err(|e| e.to_string())?)
+                BulletStore::create(&heap, &bullet_options(cfg, *v)).map(AnyStore::Bullet)
             }
             EngineChoice::Volatile => unreachable!("handled above"),
+        };
+        match made {
+            Ok(s) => s,
+            Err(e) => {
+                // A heap file this start created and could not make a store in
+                // (e.g. too small for Bullet's logs) goes, so that a start with
+                // a larger --heap-size begins afresh.
+                drop(heap);
+                if !st.existed {
+                    let _ = std::fs::remove_file(&cfg.heap);
+                }
+                return Err(e.to_string());
+            }
         }
     } else if is_bullet_root(rec.heap(), root) {
         let EngineChoice::Bullet(v) = cfg.engine else {
