@@ -34,18 +34,25 @@ fn append(pool: &Pool, i: usize, bytes: u64, n: &mut u64) -> i64 {
     thread_minor_faults() - before
 }
 
-#[test]
-fn populated_log_pages_take_no_faults_and_keep_their_records() {
-    use std::sync::atomic::Ordering::Acquire;
-    let d = tempfile::tempdir().unwrap();
+/// A 32 MiB heap `name` in `d` with a pool of `logs` logs of `LOG` bytes (no
+/// buffer yet), and the pool's descriptor.
+fn new_pool(d: &std::path::Path, name: &str, logs: usize) -> (Heap, Pool, u64) {
     let o = HeapOptions {
         size: 32 << 20,
         geometry: Geometry::small(),
         ..Default::default()
     };
-    let heap = Heap::create(&d.path().join("h"), &o).unwrap();
-    let desc = Pool::create_desc(&heap, 3, LOG, BACKEND_HASH, PPtr::from_raw(0)).unwrap();
+    let heap = Heap::create(&d.join(name), &o).unwrap();
+    let desc = Pool::create_desc(&heap, logs, LOG, BACKEND_HASH, PPtr::from_raw(0)).unwrap();
     let pool = Pool::attach(&heap, desc).unwrap();
+    (heap, pool, desc)
+}
+
+#[test]
+fn populated_log_pages_take_no_faults_and_keep_their_records() {
+    use std::sync::atomic::Ordering::Acquire;
+    let d = tempfile::tempdir().unwrap();
+    let (_heap, pool, _) = new_pool(d.path(), "h", 3);
     pool.ensure_buffer(0).unwrap();
     pool.ensure_buffer(1).unwrap();
     let mut n = 0;
@@ -107,14 +114,7 @@ fn populated_log_pages_take_no_faults_and_keep_their_records() {
 fn preallocate_gives_every_log_a_mapped_buffer_or_a_clear_error() {
     use std::sync::atomic::Ordering::Acquire;
     let d = tempfile::tempdir().unwrap();
-    let o = HeapOptions {
-        size: 32 << 20,
-        geometry: Geometry::small(),
-        ..Default::default()
-    };
-    let heap = Heap::create(&d.path().join("h"), &o).unwrap();
-    let desc = Pool::create_desc(&heap, 4, LOG, BACKEND_HASH, PPtr::from_raw(0)).unwrap();
-    let pool = Pool::attach(&heap, desc).unwrap();
+    let (heap, pool, desc) = new_pool(d.path(), "h", 4);
     pool.preallocate().unwrap();
     let bases: Vec<u64> = pool.logs.iter().map(|l| l.base.load(Acquire)).collect();
     assert!(
@@ -143,9 +143,7 @@ fn preallocate_gives_every_log_a_mapped_buffer_or_a_clear_error() {
     assert_eq!(again, bases);
 
     // A heap too small for its logs: a configuration error naming them.
-    let heap2 = Heap::create(&d.path().join("h2"), &o).unwrap();
-    let desc = Pool::create_desc(&heap2, 64, LOG, BACKEND_HASH, PPtr::from_raw(0)).unwrap();
-    let pool = Pool::attach(&heap2, desc).unwrap();
+    let (_heap2, pool, _) = new_pool(d.path(), "h2", 64);
     let e = pool.preallocate().unwrap_err().to_string();
     assert!(e.contains("no room for 64 logs of 1048576 bytes"), "{e}");
 }
