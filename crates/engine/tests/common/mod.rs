@@ -190,3 +190,15 @@ pub fn open_sim(
     let (s, h) = open(kind, rec, log_size)?;
     Ok((s, h, clean))
 }
+
+/// Drains `st` on another thread; true when the drain succeeded within
+/// `secs` seconds (a drain that never ends fails the caller's assertion rather
+/// than hanging the test).
+pub fn drain_within(st: &BulletStore, secs: u64) -> bool {
+    let st2 = st.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(st2.drain().is_ok());
+    });
+    rx.recv_timeout(Duration::from_secs(secs)) == Ok(true)
+}
