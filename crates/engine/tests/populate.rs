@@ -126,8 +126,12 @@ fn preallocate_gives_every_log_a_mapped_buffer_or_a_clear_error() {
     sorted.dedup();
     assert_eq!(sorted.len(), 4, "two logs share a buffer: {bases:?}");
     // Each whole ring is populated: a lap of any log takes (almost) no fault.
-    assert!(pool.logs.iter().all(|l| l.populated.load(Acquire) == LOG));
-    if pool.populate_ahead(LOG) == 0 && pool.logs[3].populated.load(Acquire) == LOG {
+    // (Without MADV_POPULATE_WRITE nothing is populated and nothing is asked.)
+    if pool.logs.iter().all(|l| l.populated.load(Acquire) == 0) {
+        eprintln!("populate: MADV_POPULATE_WRITE not supported by this kernel; skipped");
+    } else {
+        assert!(pool.logs.iter().all(|l| l.populated.load(Acquire) == LOG));
+        assert_eq!(pool.populate_ahead(LOG), 0, "populated twice");
         let mut n = 0;
         let pages = (LOG / 2 / 4096) as i64;
         let faults = append(&pool, 3, LOG / 2, &mut n);
