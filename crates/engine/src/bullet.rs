@@ -51,7 +51,7 @@ use crate::direct::{backend_kind, create_backend, BackendKind, BackendOptions};
 use crate::table::{prefetch_keys, Blob, Table, TOMB_TAG};
 use crate::{
     check_op, incr_value, key_hash, lentry, min_cursor, value, Durability, Error, Op, Outcome,
-    Result, Session, Store, StoreStats, OPC_INCR, OPC_PUT, OPC_REMOVE,
+    PendingCommit, Result, Session, Store, StoreStats, OPC_INCR, OPC_PUT, OPC_REMOVE,
 };
 use index::any::{attach_any, AnyHandle, AnyIndex};
 use index::phash::PHashHandle;
@@ -1785,6 +1785,8 @@ pub struct BulletSession {
     rng: u64,
     /// Group commit: logs appended to since the last commit, and their ends.
     uncommitted: Vec<(usize, u64)>,
+    /// Detached commits (`commit_detached`) not completed yet.
+    detached: Arc<AtomicU64>,
 }
 
 impl Store for BulletStore {
@@ -1803,6 +1805,7 @@ impl Store for BulletStore {
         Ok(BulletSession {
             rng: 0x9e37_79b9_7f4a_7c15 ^ (g.slot as u64 + 1),
             uncommitted: Vec::new(),
+            detached: Arc::new(AtomicU64::new(0)),
             sh: self.sh.clone(),
             _life: self.life.clone(),
             g,
@@ -2207,6 +2210,15 @@ impl Session for BulletSession {
         if self.uncommitted.is_empty() {
             return Ok(());
         }
+        if self.detached.load(Ordering::Acquire) > 0 {
+            // A detached commit's records, before these in the same logs, may
+            // not be durable yet, so this thread's fence would not make the
+            // logs durable up to these ends: sync each from its watermark.
+            for (i, end) in self.uncommitted.drain(..) {
+                self.sh.pool.make_durable_to(i, end)?;
+            }
+            return Ok(());
+        }
         for &(i, end) in &self.uncommitted {
             self.sh.pool.committing(i, end);
         }
@@ -2217,6 +2229,36 @@ impl Session for BulletSession {
             self.sh.pool.mark_durable(i, end);
         }
         Ok(())
+    }
+
+    /// The batch's fence detached from this thread (`Region::detach_fence`):
+    /// with msync, the device write runs wherever the work is completed while
+    /// this session goes on. Writers that need these records durable wait for
+    /// it (`committing`) as for a commit on this thread.
+    fn commit_detached(&mut self) -> Result<Option<PendingCommit>> {
+        if self.uncommitted.is_empty() {
+            return Ok(None);
+        }
+        for &(i, end) in &self.uncommitted {
+            self.sh.pool.committing(i, end);
+        }
+        let fence = self.sh.pool.heap.region().detach_fence();
+        let marks = std::mem::take(&mut self.uncommitted);
+        let sh = self.sh.clone();
+        let detached = self.detached.clone();
+        detached.fetch_add(1, Ordering::AcqRel);
+        Ok(Some(PendingCommit::new(move || {
+            let r = sh.pool.heap.region();
+            r.complete_fence(fence);
+            let ok = r.health();
+            if ok.is_ok() {
+                for (i, end) in marks {
+                    sh.pool.mark_durable(i, end);
+                }
+            }
+            detached.fetch_sub(1, Ordering::AcqRel);
+            Ok(ok?)
+        })))
     }
 
     fn maintain(&mut self) -> Result<bool> {

@@ -162,11 +162,37 @@ pub trait Session {
     fn commit(&mut self) -> Result<()> {
         Ok(())
     }
+    /// [`Session::commit`] taken apart, for a pipelined group commit: returns
+    /// the work that makes every update this session applied so far durable,
+    /// to be completed later, on any thread, while this session applies more.
+    /// Updates applied after the call are not covered. Complete such work in
+    /// the order it was detached: a later one's updates may follow the
+    /// earlier one's in the same log. None when nothing awaits durability; the
+    /// default commits here and returns None.
+    fn commit_detached(&mut self) -> Result<Option<PendingCommit>> {
+        self.commit()?;
+        Ok(None)
+    }
     /// A hint that these keys are about to be read or written (a pipeline of
     /// requests): a store may start fetching their entries from memory, so that
     /// the misses overlap. Changes nothing; the default does nothing.
     fn prefetch(&mut self, keys: &[&[u8]]) {
         let _ = keys;
+    }
+}
+
+/// The durability work of a [`Session::commit_detached`]: once `complete`
+/// returns Ok, the updates it covers are durable.
+#[must_use = "the updates are durable only once completed"]
+pub struct PendingCommit(Box<dyn FnOnce() -> Result<()> + Send>);
+
+impl PendingCommit {
+    pub fn new(f: impl FnOnce() -> Result<()> + Send + 'static) -> Self {
+        PendingCommit(Box::new(f))
+    }
+    /// Makes the updates durable (waits for the device); any thread.
+    pub fn complete(self) -> Result<()> {
+        (self.0)()
     }
 }
 

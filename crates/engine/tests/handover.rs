@@ -53,21 +53,7 @@ fn recover(path: &Path, bytes: &[u8], o: &BulletOptions) -> BulletStore {
 /// is found after recovery.
 fn b_survives(seed: u64) -> bool {
     let dir = tempfile::tempdir_in(shm_dir()).unwrap();
-    let path = dir.path().join("h");
-    {
-        let heap = Heap::create(&path, &sim_opts()).unwrap();
-        BulletStore::create(&heap, &opts())
-            .unwrap()
-            .close()
-            .unwrap();
-        // Both log buffers exist before the test: allocating one persists its
-        // descriptor field, a fence that would make A's earlier records durable
-        // on A's own thread.
-        let pool = Pool::attach(&heap, heap.root().raw()).unwrap();
-        pool.ensure_buffer(0).unwrap();
-        pool.ensure_buffer(1).unwrap();
-    }
-    let (store, sim) = open_under_sim(&path, &opts(), seed);
+    let (store, sim) = fresh(&dir.path().join("h"), seed);
     let (a_moved, a_moved_rx) = mpsc::channel();
     let (done, done_rx) = mpsc::channel::<()>();
     let image = std::thread::scope(|s| {
@@ -260,4 +246,105 @@ fn a_gleaner_applies_only_committed_records() {
         "{} of {checked} images: {bad:#?}",
         bad.len()
     );
+}
+
+/// A fresh store at `path`, opened under a simulator. Both log buffers exist
+/// before the test: allocating one persists its descriptor field, a fence that
+/// would make a session's earlier records durable on its own thread.
+fn fresh(path: &Path, seed: u64) -> (BulletStore, Arc<CrashSim>) {
+    {
+        let heap = Heap::create(path, &sim_opts()).unwrap();
+        BulletStore::create(&heap, &opts())
+            .unwrap()
+            .close()
+            .unwrap();
+        let pool = Pool::attach(&heap, heap.root().raw()).unwrap();
+        pool.ensure_buffer(0).unwrap();
+        pool.ensure_buffer(1).unwrap();
+    }
+    open_under_sim(path, &opts(), seed)
+}
+
+/// Puts each key with itself as value.
+fn put_all(s: &mut impl Session, keys: &[String]) {
+    for k in keys {
+        s.apply(k.as_bytes(), Op::Put(k.as_bytes())).unwrap();
+    }
+}
+
+/// How many of `keys` read their value after recovering `img`.
+fn found(dir: &Path, img: &pmem::CrashImage, keys: &[String]) -> usize {
+    let store = recover(&dir.join("crashed"), &img.bytes, &opts());
+    let mut s = store.session().unwrap();
+    let mut out = Vec::new();
+    keys.iter()
+        .filter(|k| s.get(k.as_bytes(), &mut out).unwrap() && out == k.as_bytes())
+        .count()
+}
+
+/// A pipelined group commit: the session detaches its batch's fence and goes
+/// on writing; another thread completes it. The batch survives every crash
+/// image taken after the completion, and before it some image loses part of it
+/// (the completion is what made it durable, not something else on the way).
+#[test]
+fn a_detached_commit_completed_on_another_thread_survives_every_crash_image() {
+    let keys: Vec<String> = (0..8).map(|i| format!("key-{i}")).collect();
+    let mut lost_before = 0;
+    for seed in 0..24 {
+        let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+        let (store, sim) = fresh(&dir.path().join("h"), seed);
+        let mut s = store.session().unwrap();
+        put_all(&mut s, &keys);
+        let pending = s.commit_detached().unwrap().expect("a batch to commit");
+        assert!(s.commit_detached().unwrap().is_none(), "nothing new since");
+        // The next batch, on this thread, while the first is in flight.
+        s.apply(b"later", Op::Put(b"not covered")).unwrap();
+        let before = sim.capture_now(store.heap().region());
+        std::thread::scope(|t| {
+            t.spawn(|| pending.complete().unwrap());
+        });
+        let after = sim.capture_now(store.heap().region());
+        drop(s);
+        drop(store);
+        assert_eq!(
+            found(dir.path(), &after, &keys),
+            keys.len(),
+            "seed {seed}: a record of the completed batch was lost"
+        );
+        if found(dir.path(), &before, &keys) < keys.len() {
+            lost_before += 1;
+        }
+    }
+    assert!(
+        lost_before > 0,
+        "no image before the completion lost anything: the test shows nothing"
+    );
+}
+
+/// A plain commit while a detached one is still in flight makes both
+/// batches durable: the detached batch's records sit before the new ones in
+/// the same log, so the commit cannot just fence its own flushes.
+#[test]
+fn a_commit_behind_a_detached_one_in_flight_covers_both_batches() {
+    let first: Vec<String> = (0..6).map(|i| format!("first-{i}")).collect();
+    let second: Vec<String> = (0..6).map(|i| format!("second-{i}")).collect();
+    for seed in 0..24 {
+        let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+        let (store, sim) = fresh(&dir.path().join("h"), seed);
+        let mut s = store.session().unwrap();
+        put_all(&mut s, &first);
+        let pending = s.commit_detached().unwrap().expect("a batch to commit");
+        put_all(&mut s, &second);
+        s.commit().unwrap();
+        let img = sim.capture_now(store.heap().region());
+        pending.complete().unwrap();
+        drop(s);
+        drop(store);
+        let all: Vec<String> = first.iter().chain(&second).cloned().collect();
+        assert_eq!(
+            found(dir.path(), &img, &all),
+            all.len(),
+            "seed {seed}: a committed record was lost"
+        );
+    }
 }

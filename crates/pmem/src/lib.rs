@@ -43,6 +43,6 @@ pub use heap::{FreeTicket, Heap, HeapOptions, Recovery, RecoveryReport, ThreadHe
 pub use layout::{Geometry, APT_BLOCK_FLAG};
 pub use persist::{cpu_features, PersistStats, Strategy};
 pub use pptr::PPtr;
-pub use region::{prefetch_line, Access, Region};
+pub use region::{prefetch_line, Access, DetachedFence, Region};
 pub use sim::{CrashImage, CrashSim};
 pub use tx::{Tx, TxOutcome};

@@ -406,43 +406,58 @@ impl Persister {
     #[inline]
     pub(crate) fn fence(&self) {
         match self.strategy {
-            Strategy::Msync => {
-                let ranges = MSYNC_DIRTY.with(|d| std::mem::take(&mut *d.borrow_mut()));
-                let mut merged: Vec<(usize, usize)> = ranges;
-                merged.sort_unstable();
-                let mut i = 0;
-                while i < merged.len() {
-                    let (s, mut e) = merged[i];
-                    let mut j = i + 1;
-                    while j < merged.len() && merged[j].0 <= e + MSYNC_GAP {
-                        e = e.max(merged[j].1);
-                        j += 1;
-                    }
-                    // SAFETY: the range is page aligned and was flushed while mapped;
-                    // msync on a range that is no longer mapped fails with ENOMEM and
-                    // touches nothing; any failure is recorded (see `failed`).
-                    let rc = unsafe { libc::msync(s as *mut libc::c_void, e - s, libc::MS_SYNC) };
-                    if rc != 0 {
-                        let errno = std::io::Error::last_os_error()
-                            .raw_os_error()
-                            .unwrap_or(libc::EIO);
-                        let _ = self.failed.compare_exchange(
-                            0,
-                            errno,
-                            Ordering::SeqCst,
-                            Ordering::SeqCst,
-                        );
-                    }
-                    self.counters.add(|s| &s.msyncs, 1);
-                    i = j;
-                }
-            }
+            Strategy::Msync => self.sync(self.take_dirty()),
             Strategy::None => {}
             _ => sfence(),
         }
+        self.counted_fence();
+    }
+
+    /// The page ranges this thread flushed since its last fence (msync
+    /// strategy; empty for the others), taken: the thread's next fence no
+    /// longer covers them, a `sync` of them does.
+    pub(crate) fn take_dirty(&self) -> Vec<(usize, usize)> {
+        if self.strategy != Strategy::Msync {
+            return Vec::new();
+        }
+        MSYNC_DIRTY.with(|d| std::mem::take(&mut *d.borrow_mut()))
+    }
+
+    /// Counts a fence, and waits the emulated fence latency.
+    pub(crate) fn counted_fence(&self) {
         self.counters.add(|s| &s.fences, 1);
         if self.fence_ns > 0 {
             spin_ns(self.fence_ns);
+        }
+    }
+
+    /// msyncs page ranges (from `take_dirty`), merging those closer than
+    /// `MSYNC_GAP`; a failure is recorded (see `failed`). Any thread.
+    pub(crate) fn sync(&self, ranges: Vec<(usize, usize)>) {
+        let mut merged: Vec<(usize, usize)> = ranges;
+        merged.sort_unstable();
+        let mut i = 0;
+        while i < merged.len() {
+            let (s, mut e) = merged[i];
+            let mut j = i + 1;
+            while j < merged.len() && merged[j].0 <= e + MSYNC_GAP {
+                e = e.max(merged[j].1);
+                j += 1;
+            }
+            // SAFETY: the range is page aligned and was flushed while mapped;
+            // msync on a range that is no longer mapped fails with ENOMEM and
+            // touches nothing; any failure is recorded (see `failed`).
+            let rc = unsafe { libc::msync(s as *mut libc::c_void, e - s, libc::MS_SYNC) };
+            if rc != 0 {
+                let errno = std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EIO);
+                let _ = self
+                    .failed
+                    .compare_exchange(0, errno, Ordering::SeqCst, Ordering::SeqCst);
+            }
+            self.counters.add(|s| &s.msyncs, 1);
+            i = j;
         }
     }
 }

@@ -488,6 +488,37 @@ impl Region {
         self.persister.fence();
     }
 
+    /// A fence taken apart: what this thread flushed so far, detached from the
+    /// thread, for [`Region::complete_fence`] to make durable later, on any
+    /// thread (a pipelined group commit: the msync runs on another thread while
+    /// this one goes on). This thread's next fence no longer covers these
+    /// flushes. Only the msync strategy defers the sync: with the others the
+    /// fence is an instruction, cheap, and happens here (the crash simulator's
+    /// view of it is deferred all the same).
+    pub fn detach_fence(&self) -> DetachedFence {
+        let sim_lines = self.sim.as_ref().map(|s| s.detach());
+        let ranges = if self.persister.strategy == Strategy::Msync {
+            self.persister.take_dirty()
+        } else {
+            // The hardware fence orders this thread's write-backs: here.
+            self.persister.fence();
+            Vec::new()
+        };
+        DetachedFence { ranges, sim_lines }
+    }
+
+    /// Makes the flushes of a [`Region::detach_fence`] durable (any thread).
+    /// Check [`Region::health`] after it, as after a fence.
+    pub fn complete_fence(&self, f: DetachedFence) {
+        if let (Some(sim), Some(lines)) = (&self.sim, f.sim_lines) {
+            sim.on_fence_lines(self, lines);
+        }
+        if self.persister.strategy == Strategy::Msync {
+            self.persister.sync(f.ranges);
+            self.persister.counted_fence();
+        }
+    }
+
     /// flush + fence.
     #[inline]
     #[track_caller]
@@ -661,4 +692,20 @@ pub fn prefetch_line(p: *const u8) {
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+/// The flushes of a fence taken apart ([`Region::detach_fence`]); durable once
+/// given to [`Region::complete_fence`]. Dropped instead, they stay as durable
+/// as unfenced flushes are.
+#[must_use = "the flushes are durable only once completed"]
+pub struct DetachedFence {
+    ranges: Vec<(usize, usize)>,
+    sim_lines: Option<Vec<u64>>,
+}
+
+impl DetachedFence {
+    /// Whether it holds nothing to sync.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty() && self.sim_lines.as_ref().is_none_or(|l| l.is_empty())
+    }
 }

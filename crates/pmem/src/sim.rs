@@ -95,6 +95,22 @@ impl CrashSim {
     }
 
     pub(crate) fn on_fence(&self, region: &Region) {
+        let lines = self.detach();
+        self.on_fence_lines(region, lines);
+    }
+
+    /// Takes the lines the calling thread flushed since its last fence, for a
+    /// fence completed later, maybe by another thread (`Region::detach_fence`).
+    pub(crate) fn detach(&self) -> Vec<u64> {
+        let mut st = self.st.lock().unwrap();
+        st.pending
+            .remove(&std::thread::current().id())
+            .unwrap_or_default()
+    }
+
+    /// A fence over `lines`: maybe a crash image first (the lines not yet
+    /// persisted), then the lines' current bytes persist.
+    pub(crate) fn on_fence_lines(&self, region: &Region, lines: Vec<u64>) {
         let fence = self.fences.fetch_add(1, Ordering::SeqCst) + 1;
         let mut st = self.st.lock().unwrap();
         let ppm = self.capture_ppm.load(Ordering::Relaxed);
@@ -107,10 +123,6 @@ impl CrashSim {
             });
             self.captured.fetch_add(1, Ordering::SeqCst);
         }
-        let lines = st
-            .pending
-            .remove(&std::thread::current().id())
-            .unwrap_or_default();
         let size = region.size();
         for l in lines {
             if l + LINE as u64 <= size && l as usize + LINE <= st.persisted.len() {
