@@ -292,13 +292,6 @@ impl Keyspace {
         Ok(f.is_some())
     }
 
-    /// Makes every write of this worker's batch durable (group commit; see
-    /// `Session::commit`).
-    pub fn commit(&mut self) -> KsResult<()> {
-        self.sess.commit()?;
-        Ok(())
-    }
-
     /// Visits every live key of every database once, with its header: a full
     /// scan (the store's scan may return a key twice, so keys are deduplicated
     /// here; expired keys met on the way are deleted, as a read would).

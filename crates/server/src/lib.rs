@@ -16,6 +16,7 @@
 //! - [`info`], [`metrics`], [`stats`]: observability.
 
 pub mod cmd;
+pub mod commit;
 pub mod config;
 pub mod info;
 pub mod keyspace;

@@ -4,13 +4,16 @@
 //! # A batch
 //! A worker wakes with a set of ready connections. For each it reads what the
 //! socket has, parses every complete request and executes it; replies go to the
-//! connection's output buffer. Every write is durable before its command
-//! returns (the store's apply persists it), so by the time the worker writes
-//! the output buffers at the end of the batch, everything they acknowledge is
-//! durable. Then it runs the session's maintenance (Bullet's gleaning role) and
+//! connection's output buffer. Then the batch commits: in `pmem` mode every
+//! write was durable when its command returned (the store's apply persists
+//! it); in `msync` mode the batch's writes become durable with one `msync` on
+//! the worker's syncer thread (see `commit`), and the batch's replies wait for
+//! it while the worker serves the next batches. Output is written only up to
+//! what is durable. Then it runs the session's maintenance (Bullet's gleaning role) and
 //! periodic tasks (active expiry on worker 0, idle timeouts).
 
 use crate::cmd::{self, Ctx};
+use crate::commit::Committer;
 use crate::config::Config;
 use crate::keyspace::{Keyspace, Stripes};
 use crate::stats::{Stats, WorkerStats};
@@ -147,6 +150,12 @@ pub struct Client {
     inpos: usize,
     pub out: Vec<u8>,
     outpos: usize,
+    /// Bytes dropped from the front of `out` so far: `out_base + i` is the
+    /// absolute position of `out[i]` (see `commit`).
+    out_base: u64,
+    /// Output may be written up to this absolute position: replies past it
+    /// wait for their batch's commit.
+    ready_to: u64,
     pub db: u8,
     pub resp: Version,
     pub authed: bool,
@@ -263,6 +272,8 @@ struct Worker {
     args: proto::Args,
     /// The store keys of a pipeline being prefetched (see `prefetch_pipeline`).
     pf_keys: Vec<u8>,
+    /// Commits in flight on the syncer thread, and the replies they hold.
+    committer: Committer,
 }
 
 impl Worker {
@@ -301,22 +312,12 @@ impl Worker {
             }
             ready.sort_unstable();
             ready.dedup();
+            // Replies whose commits completed while the worker polled.
+            self.reap_commits(false);
             for &t in &ready {
                 self.serve(t);
             }
-            // Group commit: in msync mode the batch's log appends become durable
-            // here, with one msync, before any reply of the batch is written.
-            if let Err(e) = self.ks.commit() {
-                eprintln!(
-                    "ember: commit failed, closing the batch's clients unacknowledged: {}",
-                    e.reply_text()
-                );
-                for &t in &ready {
-                    if let Some(c) = self.clients.get_mut(&t) {
-                        c.kill = true;
-                    }
-                }
-            }
+            self.commit_batch(&ready);
             for &t in &ready {
                 self.flush(t);
             }
@@ -332,11 +333,119 @@ impl Worker {
                 self.tick();
             }
         }
-        // Shutdown: close every connection of this worker.
+        // Shutdown: the commits in flight complete and release their
+        // replies; then every connection of this worker closes.
+        self.reap_commits(true);
         let tokens: Vec<Token> = self.clients.keys().copied().collect();
         for t in tokens {
             self.flush(t);
             self.drop_client(t);
+        }
+    }
+
+    /// Group commit, after a batch: its log appends become durable before any
+    /// of its replies is written. In msync mode the commit is detached and
+    /// runs on the syncer thread while this worker serves the next batches,
+    /// whose writes accumulate for the commit after it (submitted when it
+    /// completes: one device write at a time, each covering everything served
+    /// during the previous one). A batch's replies, reads too, are held until
+    /// the commit covering it completes (see `commit`). Elsewhere every write
+    /// was durable when it returned and the replies are released at once.
+    fn commit_batch(&mut self, ready: &[Token]) {
+        let next = self.committer.in_flight();
+        if !next {
+            match self.ks.sess.commit_detached() {
+                Ok(Some(p)) => self.committer.submit(p),
+                Ok(None) => {}
+                Err(e) => {
+                    eprintln!(
+                        "ember: commit failed, closing the batch's clients unacknowledged: {e}"
+                    );
+                    for t in ready {
+                        if let Some(c) = self.clients.get_mut(t) {
+                            c.kill = true;
+                        }
+                    }
+                }
+            }
+            if !self.committer.in_flight() {
+                for t in ready {
+                    if let Some(c) = self.clients.get_mut(t) {
+                        c.ready_to = c.out_base + c.out.len() as u64;
+                    }
+                }
+                return;
+            }
+        }
+        let marks = ready
+            .iter()
+            .filter_map(|t| {
+                let c = self.clients.get(t)?;
+                Some((*t, c.out_base + c.out.len() as u64))
+            })
+            .collect();
+        let now = self.committer.hold(marks, next);
+        debug_assert!(now.is_empty());
+    }
+
+    /// Takes the outcomes of the commits the syncer completed (waits for all
+    /// when `wait_all`): writes the replies they held, or closes the clients
+    /// of a batch whose commit failed, unacknowledged. With none in flight any
+    /// more, what the batches since accumulated is submitted as the next.
+    fn reap_commits(&mut self, wait_all: bool) {
+        loop {
+            if !self.committer.holding() && !self.committer.in_flight() {
+                return;
+            }
+            let r = if wait_all {
+                self.committer.finish()
+            } else {
+                self.committer.reap(false)
+            };
+            for e in &r.errors {
+                eprintln!("ember: commit failed, closing the batch's clients unacknowledged: {e}");
+            }
+            self.kill_and_flush(r.failed);
+            self.release(r.release);
+            if self.committer.in_flight() || !self.committer.waiting_for_next() {
+                return;
+            }
+            match self.ks.sess.commit_detached() {
+                Ok(Some(p)) => self.committer.submit(p),
+                Ok(None) => {
+                    let r = self.committer.release_next();
+                    self.release(r);
+                }
+                Err(e) => {
+                    eprintln!(
+                        "ember: commit failed, closing the batch's clients unacknowledged: {e}"
+                    );
+                    let f = self.committer.fail_next();
+                    self.kill_and_flush(f);
+                }
+            }
+            if !wait_all {
+                return;
+            }
+        }
+    }
+
+    /// Output released by completed commits: written now.
+    fn release(&mut self, marks: Vec<(Token, u64)>) {
+        for (t, pos) in marks {
+            if let Some(c) = self.clients.get_mut(&t) {
+                c.ready_to = c.ready_to.max(pos);
+            }
+            self.flush(t);
+        }
+    }
+
+    fn kill_and_flush(&mut self, tokens: Vec<Token>) {
+        for t in tokens {
+            if let Some(c) = self.clients.get_mut(&t) {
+                c.kill = true;
+            }
+            self.flush(t);
         }
     }
 
@@ -405,6 +514,8 @@ impl Worker {
                     inpos: 0,
                     out: Vec::new(),
                     outpos: 0,
+                    out_base: 0,
+                    ready_to: 0,
                     db: 0,
                     resp: Version::Resp2,
                     authed,
@@ -675,9 +786,11 @@ impl Worker {
         let Some(c) = self.clients.get_mut(&t) else {
             return;
         };
+        // What may be written: the replies whose commits are complete.
+        let limit = (c.ready_to.saturating_sub(c.out_base) as usize).min(c.out.len());
         if !c.kill {
-            while c.outpos < c.out.len() {
-                match c.sock.write(&c.out[c.outpos..]) {
+            while c.outpos < limit {
+                match c.sock.write(&c.out[c.outpos..limit]) {
                     Ok(0) => {
                         c.kill = true;
                         break;
@@ -696,6 +809,7 @@ impl Worker {
             }
         }
         if c.outpos == c.out.len() {
+            c.out_base += c.out.len() as u64;
             if c.out.capacity() > KEEP_BUF {
                 c.out = Vec::new();
             } else {
@@ -706,6 +820,7 @@ impl Worker {
             // Drop what was written once it is at least half the buffer, so
             // the copying stays linear in the bytes sent.
             c.out.drain(..c.outpos);
+            c.out_base += c.outpos as u64;
             c.outpos = 0;
         }
         let done = c.kill || (c.close_after && c.out.is_empty());
@@ -719,7 +834,8 @@ impl Worker {
             c.stalled = false;
             self.pending.push(t);
         }
-        let want = !c.out.is_empty();
+        // Writable events matter only for output that may be written.
+        let want = c.out_base + (c.outpos as u64) < c.ready_to.min(c.out_base + c.out.len() as u64);
         if want != c.want_write {
             c.want_write = want;
             let interest = if want {
@@ -1195,7 +1311,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             .unwrap_or_else(|p| p.into_inner())
             .push(waker.clone());
         let (tx, rx) = channel();
-        doors.push((tx, waker));
+        doors.push((tx, waker.clone()));
         let sh2 = sh.clone();
         let ws = sh.stats.workers[id].clone();
         let h = std::thread::Builder::new()
@@ -1226,6 +1342,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     rbuf: vec![0; READ_CHUNK],
                     args: proto::Args::default(),
                     pf_keys: Vec::new(),
+                    committer: Committer::new(format!("ember-sync-{id}"), waker),
                 }
                 .run()
             })
