@@ -193,13 +193,14 @@ fn refuses_foreign_heaps_and_other_engines() {
 /// completes. Pipelining clients at once (writes, reads of their own writes,
 /// counters, and pipelines of reads only behind writes in flight): every reply
 /// arrives, in order and right; a graceful shutdown and restart keeps it all;
-/// and the server made fewer msyncs than the requests it served (writes
-/// shared commits).
+/// the server made fewer msyncs than the requests it served (writes shared
+/// commits), and handed commits to its syncer thread (pipelines of 96
+/// requests: above the batch size that commits in line).
 #[test]
 fn msync_pipelined_commits_reply_in_order_and_keep_everything() {
     const CLIENTS: usize = 6;
     const ROUNDS: usize = 60;
-    const DEPTH: usize = 16;
+    const DEPTH: usize = 32;
     let dir = tempfile::tempdir().unwrap();
     let mut srv = Server::start(dir.path(), &["--durability", "msync"]);
     std::thread::scope(|s| {
@@ -244,6 +245,10 @@ fn msync_pipelined_commits_reply_in_order_and_keep_everything() {
         msyncs < writes,
         "{msyncs} msyncs for {writes} writes: no group commit"
     );
+    let pipelined: u64 = info_field(&mut con, "ember", "group_commits_pipelined")
+        .parse()
+        .unwrap();
+    assert!(pipelined > 0, "no commit went to the syncer thread");
     drop(con);
     assert!(srv.terminate(), "no clean exit:\n{}", srv.log());
     srv.restart();

@@ -23,6 +23,7 @@
 use engine::PendingCommit;
 use mio::{Token, Waker};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -38,6 +39,9 @@ pub struct Committer {
     tx: Option<Sender<(u64, PendingCommit)>>,
     done: Option<Receiver<Done>>,
     thread: Option<JoinHandle<()>>,
+    /// The CPU the worker last submitted from (-1: unknown), which the syncer
+    /// follows (see `syncer`).
+    cpu: Arc<AtomicI32>,
     /// Outcomes of commits completed in line (no syncer thread).
     inline: VecDeque<Done>,
     /// Tickets of the last commit submitted and of the last completed.
@@ -68,6 +72,7 @@ impl Committer {
             tx: None,
             done: None,
             thread: None,
+            cpu: Arc::new(AtomicI32::new(-1)),
             inline: VecDeque::new(),
             submitted: 0,
             completed: 0,
@@ -96,13 +101,17 @@ impl Committer {
     pub fn submit(&mut self, p: PendingCommit) {
         self.submitted += 1;
         let ticket = self.submitted;
+        // SAFETY: no arguments; returns the CPU this thread runs on, or -1.
+        self.cpu
+            .store(unsafe { libc::sched_getcpu() }, Ordering::Relaxed);
         if self.tx.is_none() {
             let (tx, rx) = channel::<(u64, PendingCommit)>();
             let (dtx, drx) = channel::<Done>();
             let waker = self.waker.clone();
+            let cpu = self.cpu.clone();
             match std::thread::Builder::new()
                 .name(self.name.clone())
-                .spawn(move || syncer(rx, dtx, waker))
+                .spawn(move || syncer(rx, dtx, waker, cpu))
             {
                 Ok(h) => {
                     self.tx = Some(tx);
@@ -221,13 +230,50 @@ impl Drop for Committer {
 /// The syncer: completes commits in order, waking the worker after each (the
 /// next one queued is another device write: the replies already durable go
 /// out meanwhile).
-fn syncer(rx: Receiver<(u64, PendingCommit)>, done: Sender<Done>, waker: Arc<Waker>) {
+///
+/// It runs on the CPU its worker last submitted from. An `msync` write-protects
+/// the pages it writes out, and when another thread of the process runs on
+/// another CPU (the worker, appending to those pages) every such change costs
+/// an inter-processor interrupt to flush that CPU's TLB: on this 2-vCPU
+/// virtual machine, a VM exit each. On the worker's CPU the flush is local,
+/// and the syncer still overlaps the device's wait with the worker's work (it
+/// sleeps while the device writes). Measured against the commit in line, with
+/// every batch handed over: `msync` SET without pipelining 0.74x → 0.88x,
+/// with `-P 16` 0.96x → 1.09x (BENCHMARKS, 2026-11-24).
+fn syncer(
+    rx: Receiver<(u64, PendingCommit)>,
+    done: Sender<Done>,
+    waker: Arc<Waker>,
+    cpu: Arc<AtomicI32>,
+) {
+    let mut on = -1;
     while let Ok((ticket, p)) = rx.recv() {
+        let want = cpu.load(Ordering::Relaxed);
+        if want >= 0 && want != on {
+            follow(want);
+            on = want;
+        }
         let r = p.complete().map_err(|e| e.to_string());
         if done.send((ticket, r)).is_err() {
             return;
         }
         let _ = waker.wake();
+    }
+}
+
+/// Moves the calling thread to `cpu` (best effort: a CPU outside the
+/// process's allowed set is refused, and the thread stays where it was).
+fn follow(cpu: i32) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays within it
+    // for any cpu below CPU_SETSIZE (checked); sched_setaffinity(0, ..) applies
+    // to the calling thread and only reads the set.
+    unsafe {
+        if cpu as usize >= libc::CPU_SETSIZE as usize {
+            return;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
 

@@ -223,6 +223,11 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
         }
         let _ = write!(
             o,
+            "group_commits_pipelined:{}\r\n",
+            sh.stats.totals().commits_pipelined
+        );
+        let _ = write!(
+            o,
             "store_keys_estimate:{}\r\nfrontend_entries:{}\r\nlog_occupancy:{:.4}\r\ngleaners:{}\r\nrecords_appended:{}\r\nrecords_applied:{}\r\nrecords_collapsed:{}\r\nbackend_loads:{}\r\nlog_full_waits:{}\r\nepochs:{}\r\nlast_start_clean:{}\r\nlast_start_ms:{:.3}\r\nlast_start_log_records:{}\r\nlast_start_log_bytes:{}\r\nlast_start_log_replayed:{}\r\nlast_start_leaked_freed:{}\r\nignored_config:{}\r\n\r\n",
             st.keys,
             st.frontend_entries,

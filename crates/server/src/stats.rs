@@ -27,6 +27,8 @@ pub struct WorkerStats {
     pub net_in: AtomicU64,
     pub net_out: AtomicU64,
     pub expired_keys: AtomicU64,
+    /// Group commits handed to the worker's syncer thread (msync mode).
+    pub commits_pipelined: AtomicU64,
     /// Count per latency bucket (`LATENCY_BOUNDS_US.len() + 1`).
     pub latency: Vec<AtomicU64>,
     pub latency_sum_us: AtomicU64,
@@ -43,6 +45,7 @@ impl WorkerStats {
             net_in: AtomicU64::new(0),
             net_out: AtomicU64::new(0),
             expired_keys: AtomicU64::new(0),
+            commits_pipelined: AtomicU64::new(0),
             latency: (0..=LATENCY_BOUNDS_US.len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -95,6 +98,7 @@ pub struct Totals {
     pub net_in: u64,
     pub net_out: u64,
     pub expired_keys: u64,
+    pub commits_pipelined: u64,
     pub errors: u64,
     /// Per command: calls, usec, failed, rejected.
     pub per_cmd: Vec<(u64, u64, u64, u64)>,
@@ -125,6 +129,7 @@ impl Stats {
             t.net_in += ld(&w.net_in);
             t.net_out += ld(&w.net_out);
             t.expired_keys += ld(&w.expired_keys);
+            t.commits_pipelined += ld(&w.commits_pipelined);
             t.latency_sum_us += ld(&w.latency_sum_us);
             for (i, c) in w.cmds.iter().enumerate() {
                 let e = &mut t.per_cmd[i];
