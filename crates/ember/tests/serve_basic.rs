@@ -188,21 +188,31 @@ fn refuses_foreign_heaps_and_other_engines() {
     assert_eq!(std::fs::read(&heap).unwrap(), vec![0x5a; 1 << 20]);
 }
 
-/// `msync` mode commits a batch on the worker's syncer thread while the worker
-/// serves the next batches, holding each batch's replies until its commit
-/// completes. Pipelining clients at once (writes, reads of their own writes,
-/// counters, and pipelines of reads only behind writes in flight): every reply
-/// arrives, in order and right; a graceful shutdown and restart keeps it all;
-/// the server made fewer msyncs than the requests it served (writes shared
-/// commits), and handed commits to its syncer thread (pipelines of 96
-/// requests: above the batch size that commits in line).
+/// `msync` mode with `commit-pipeline yes` commits a large batch on the
+/// worker's syncer thread while the worker serves the next batches, holding
+/// each batch's replies until its commit completes (and without it, in line).
+/// Pipelining clients at once (writes, reads of their own writes, counters,
+/// and pipelines of reads only behind writes in flight): every reply arrives,
+/// in order and right; a graceful shutdown and restart keeps it all; the
+/// server made fewer msyncs than the requests it served (writes shared
+/// commits), and handed commits to its syncer thread exactly when asked to
+/// (pipelines of 96 requests: above the batch size that commits in line).
 #[test]
 fn msync_pipelined_commits_reply_in_order_and_keep_everything() {
+    for pipeline in ["yes", "no"] {
+        msync_commits(pipeline);
+    }
+}
+
+fn msync_commits(pipeline: &str) {
     const CLIENTS: usize = 6;
     const ROUNDS: usize = 60;
     const DEPTH: usize = 32;
     let dir = tempfile::tempdir().unwrap();
-    let mut srv = Server::start(dir.path(), &["--durability", "msync"]);
+    let mut srv = Server::start(
+        dir.path(),
+        &["--durability", "msync", "--commit-pipeline", pipeline],
+    );
     std::thread::scope(|s| {
         for id in 0..CLIENTS {
             let srv = &srv;
@@ -248,7 +258,14 @@ fn msync_pipelined_commits_reply_in_order_and_keep_everything() {
     let pipelined: u64 = info_field(&mut con, "ember", "group_commits_pipelined")
         .parse()
         .unwrap();
-    assert!(pipelined > 0, "no commit went to the syncer thread");
+    if pipeline == "yes" {
+        assert!(pipelined > 0, "no commit went to the syncer thread");
+    } else {
+        assert_eq!(
+            pipelined, 0,
+            "commit-pipeline no, yet commits were handed over"
+        );
+    }
     drop(con);
     assert!(srv.terminate(), "no clean exit:\n{}", srv.log());
     srv.restart();

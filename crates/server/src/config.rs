@@ -19,7 +19,7 @@ pub struct ServeArgs {
     /// A configuration file in redis.conf syntax (port, bind, requirepass,
     /// maxclients, timeout, hz, protected-mode, databases, proto-max-bulk-len,
     /// client-query-buffer-limit, heap, heap-size, heap-max-size, engine,
-    /// durability, threads, metrics-port, logs, log-size, fence-ns,
+    /// durability, commit-pipeline, threads, metrics-port, logs, log-size, fence-ns,
     /// tcp-backlog; Redis's
     /// snapshot/AOF/encoding directives are accepted and have no effect).
     #[arg(long, value_name = "FILE")]
@@ -76,6 +76,13 @@ pub struct ServeArgs {
     /// [default: pmem].
     #[arg(long, value_name = "pmem|msync")]
     pub durability: Option<String>,
+    /// msync mode: a batch of 64 requests or more commits on a syncer thread
+    /// while the worker serves the next requests, whose replies wait for the
+    /// commit after it (pipelined group commit). Pays off when the disk's
+    /// flush is slow next to serving a batch; costs when background gleaning
+    /// competes for the CPU (BENCHMARKS.md) [default: no].
+    #[arg(long, value_name = "yes|no")]
+    pub commit_pipeline: Option<String>,
     /// Worker threads serving clients [default: number of CPUs - 1, at least 1:
     /// one core is left to the store's background threads and the network stack].
     #[arg(long)]
@@ -178,6 +185,7 @@ pub struct Config {
     pub heap_max_size: u64,
     pub engine: EngineChoice,
     pub durability: DurabilityMode,
+    pub commit_pipeline: bool,
     pub threads: usize,
     pub metrics_port: Option<u16>,
     pub logs: usize,
@@ -210,6 +218,7 @@ impl Default for Config {
             heap_max_size: 64 * 1024 * MB,
             engine: EngineChoice::Bullet(engine::bullet::Variant::Full),
             durability: DurabilityMode::Pmem,
+            commit_pipeline: false,
             threads: default_threads(),
             metrics_port: None,
             logs: 8,
@@ -305,6 +314,7 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("heap-max-size", false),
     ("engine", false),
     ("durability", false),
+    ("commit-pipeline", false),
     ("threads", false),
     ("metrics-port", false),
     ("logs", false),
@@ -426,6 +436,7 @@ impl Config {
                     d => return Err(format!("unknown durability '{d}' (expected pmem or msync)")),
                 }
             }
+            "commit-pipeline" => self.commit_pipeline = parse_bool(one()?)?,
             "threads" => {
                 let n = parse_u64(one()?)?;
                 if !(1..=64).contains(&n) {
@@ -536,6 +547,7 @@ impl Config {
         set("heap-max-size", a.heap_max_size.clone())?;
         set("engine", a.engine.clone())?;
         set("durability", a.durability.clone())?;
+        set("commit-pipeline", a.commit_pipeline.clone())?;
         set("threads", a.threads.map(|v| v.to_string()))?;
         set("metrics-port", a.metrics_port.map(|v| v.to_string()))?;
         set("logs", a.logs.map(|v| v.to_string()))?;
@@ -566,6 +578,7 @@ impl Config {
             "heap-max-size" => self.heap_max_size.to_string(),
             "engine" => self.engine.name(),
             "durability" => self.durability.name().into(),
+            "commit-pipeline" => if self.commit_pipeline { "yes" } else { "no" }.into(),
             "threads" => self.threads.to_string(),
             "metrics-port" => self.metrics_port.unwrap_or(0).to_string(),
             "logs" => self.logs.to_string(),

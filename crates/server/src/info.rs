@@ -223,7 +223,8 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
         }
         let _ = write!(
             o,
-            "group_commits_pipelined:{}\r\n",
+            "commit_pipeline:{}\r\ngroup_commits_pipelined:{}\r\n",
+            if cfg.commit_pipeline { "yes" } else { "no" },
             sh.stats.totals().commits_pipelined
         );
         let _ = write!(

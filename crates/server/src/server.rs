@@ -6,10 +6,10 @@
 //! socket has, parses every complete request and executes it; replies go to the
 //! connection's output buffer. Then the batch commits: in `pmem` mode every
 //! write was durable when its command returned (the store's apply persists
-//! it); in `msync` mode the batch's writes become durable with one `msync` on
-//! the worker's syncer thread (see `commit`), and the batch's replies wait for
-//! it while the worker serves the next batches. Output is written only up to
-//! what is durable. Then it runs the session's maintenance (Bullet's gleaning role) and
+//! it); in `msync` mode the batch's writes become durable with one `msync`,
+//! on the worker's thread or, with `commit-pipeline yes`, on its syncer thread
+//! (see `commit`) while the worker serves the next batches and the batch's
+//! replies wait. Output is written only up to what is durable. Then it runs the session's maintenance (Bullet's gleaning role) and
 //! periodic tasks (active expiry on worker 0, idle timeouts).
 
 use crate::cmd::{self, Ctx};
@@ -282,6 +282,8 @@ struct Worker {
     committer: Committer,
     /// Requests executed in the current batch.
     batch_requests: usize,
+    /// `commit-pipeline`: large batches commit on the syncer thread.
+    pipeline: bool,
 }
 
 impl Worker {
@@ -360,6 +362,7 @@ impl Worker {
     /// the commit covering it completes (see `commit`). Elsewhere every write
     /// was durable when it returned and the replies are released at once.
     ///
+    /// Only with `commit-pipeline yes`; otherwise every batch commits in line.
     /// A batch of fewer than `PIPELINE_MIN_REQUESTS` requests with nothing in
     /// flight commits in line, as it would without the syncer: handing a
     /// commit over and being woken for its end costs two thread switches, and
@@ -367,7 +370,7 @@ impl Worker {
     /// still (the requests that arrive meanwhile are few, and the `msync`'s
     /// own CPU work runs on this worker's CPU either way; see `commit`).
     fn commit_batch(&mut self, ready: &[Token]) {
-        let small = self.batch_requests < PIPELINE_MIN_REQUESTS;
+        let small = !self.pipeline || self.batch_requests < PIPELINE_MIN_REQUESTS;
         self.batch_requests = 0;
         let next = self.committer.in_flight();
         if !next && small {
@@ -1366,6 +1369,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     }
                 };
                 let settings = Settings::load(&sh2);
+                let pipeline_commits = sh2.cfg().commit_pipeline;
                 Worker {
                     id,
                     sh: sh2,
@@ -1383,6 +1387,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     pf_keys: Vec::new(),
                     committer: Committer::new(format!("ember-sync-{id}"), waker),
                     batch_requests: 0,
+                    pipeline: pipeline_commits,
                 }
                 .run()
             })
