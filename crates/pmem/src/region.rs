@@ -702,10 +702,3 @@ pub struct DetachedFence {
     ranges: Vec<(usize, usize)>,
     sim_lines: Option<Vec<u64>>,
 }
-
-impl DetachedFence {
-    /// Whether it holds nothing to sync.
-    pub fn is_empty(&self) -> bool {
-        self.ranges.is_empty() && self.sim_lines.as_ref().is_none_or(|l| l.is_empty())
-    }
-}

@@ -48,9 +48,9 @@ pub struct Committer {
     /// Tickets of the last commit submitted and of the last completed.
     submitted: u64,
     completed: u64,
-    /// Batches whose replies wait: the ticket they wait for (`submitted + 1`:
-    /// the next commit, not submitted yet), and each client's output position
-    /// at the end of the batch.
+    /// Batches whose replies wait: the ticket they wait for (`submitted + 1`
+    /// when it is the next commit, not submitted yet), and each client's
+    /// output position at the end of the batch.
     held: VecDeque<(u64, Vec<(Token, u64)>)>,
 }
 

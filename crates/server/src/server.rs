@@ -9,8 +9,9 @@
 //! it); in `msync` mode the batch's writes become durable with one `msync`,
 //! on the worker's thread or, with `commit-pipeline yes`, on its syncer thread
 //! (see `commit`) while the worker serves the next batches and the batch's
-//! replies wait. Output is written only up to what is durable. Then it runs the session's maintenance (Bullet's gleaning role) and
-//! periodic tasks (active expiry on worker 0, idle timeouts).
+//! replies wait. Output is written only up to what is durable. Then it runs
+//! the session's maintenance (Bullet's gleaning role) and periodic tasks
+//! (active expiry on worker 0, idle timeouts).
 
 use crate::cmd::{self, Ctx};
 use crate::commit::Committer;
@@ -54,10 +55,15 @@ const UNAUTH_MAX_MULTIBULK: usize = 10;
 const UNAUTH_MAX_BULK: usize = 16384;
 /// A batch of fewer requests commits in line rather than on the syncer thread
 /// (see `Worker::commit_batch`). Measured with 50 clients: without pipelining
-/// (at most 50 requests a batch) handing commits over cost 10-25% of `msync`
-/// SET throughput; with `-P 16` (hundreds a batch) it gained 8-10%, and more
-/// when the disk was slow.
+/// (at most 50 requests a batch) handing every commit over cost 7-29% of
+/// `msync` SET throughput; with `-P 16` (hundreds a batch) it gained 8-15%,
+/// and up to 2x when the disk was slow (BENCHMARKS.md).
 const PIPELINE_MIN_REQUESTS: usize = 64;
+
+/// Says that a batch's clients are being closed unacknowledged.
+fn commit_failed(e: &str) {
+    eprintln!("ember: commit failed, closing the batch's clients unacknowledged: {e}");
+}
 
 /// What every thread shares.
 pub struct Shared {
@@ -373,36 +379,20 @@ impl Worker {
         let small = !self.pipeline || self.batch_requests < PIPELINE_MIN_REQUESTS;
         self.batch_requests = 0;
         let next = self.committer.in_flight();
-        if !next && small {
-            if let Err(e) = self.ks.sess.commit() {
-                eprintln!("ember: commit failed, closing the batch's clients unacknowledged: {e}");
-                for t in ready {
-                    if let Some(c) = self.clients.get_mut(t) {
-                        c.kill = true;
-                    }
-                }
-            }
-            for t in ready {
-                if let Some(c) = self.clients.get_mut(t) {
-                    c.ready_to = c.out_base + c.out.len() as u64;
-                }
-            }
-            return;
-        }
         if !next {
-            match self.ks.sess.commit_detached() {
-                Ok(Some(p)) => self.submit(p),
-                Ok(None) => {}
-                Err(e) => {
-                    eprintln!(
-                        "ember: commit failed, closing the batch's clients unacknowledged: {e}"
-                    );
-                    for t in ready {
-                        if let Some(c) = self.clients.get_mut(t) {
-                            c.kill = true;
-                        }
+            let r = if small {
+                self.ks.sess.commit()
+            } else {
+                self.ks.sess.commit_detached().map(|p| {
+                    if let Some(p) = p {
+                        self.submit(p);
                     }
-                }
+                })
+            };
+            if let Err(e) = r {
+                commit_failed(&e.to_string());
+                let tokens = ready.to_vec();
+                self.kill_and_flush(tokens);
             }
             if !self.committer.in_flight() {
                 for t in ready {
@@ -439,7 +429,7 @@ impl Worker {
                 self.committer.reap(false)
             };
             for e in &r.errors {
-                eprintln!("ember: commit failed, closing the batch's clients unacknowledged: {e}");
+                commit_failed(e);
             }
             self.kill_and_flush(r.failed);
             self.release(r.release);
@@ -453,9 +443,7 @@ impl Worker {
                     self.release(r);
                 }
                 Err(e) => {
-                    eprintln!(
-                        "ember: commit failed, closing the batch's clients unacknowledged: {e}"
-                    );
+                    commit_failed(&e.to_string());
                     let f = self.committer.fail_next();
                     self.kill_and_flush(f);
                 }
