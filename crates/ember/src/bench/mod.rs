@@ -47,6 +47,16 @@ pub enum Which {
 }
 
 pub fn run(args: &BenchArgs) -> ExitCode {
+    // A benchmark thread that panics leaves its peers waiting at their
+    // barriers (start, stop): the process would hang until killed, with the
+    // panic's message lost. Its figures are void anyway: print the message
+    // (the default hook) and exit at once, failed.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        eprintln!("ember bench: a benchmark thread panicked; exiting");
+        std::process::exit(101);
+    }));
     let r = match &args.which {
         Which::Alloc(a) => alloc::run(a),
         Which::Persist(a) => persist::run(a),
