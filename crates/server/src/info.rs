@@ -225,7 +225,7 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
             o,
             "commit_pipeline:{}\r\ngroup_commits_pipelined:{}\r\n",
             if cfg.commit_pipeline { "yes" } else { "no" },
-            sh.stats.totals().commits_pipelined
+            tot.commits_pipelined
         );
         let _ = write!(
             o,
