@@ -1750,9 +1750,13 @@ mod tests {
         let (mut scans, mut during) = (0, 0);
         while !done.load(Ordering::Acquire) || scans < 3 {
             let resizing = t.resizing();
+            let buckets = t.buckets();
             let mut keys = Vec::new();
             full([1, 8, 64][scans % 3], &mut keys);
-            if resizing || t.resizing() {
+            // A doubling under way at either end, or one that began within the
+            // scan (`buckets` is the newest array's; a small table's doubling
+            // can begin and end within one scan).
+            if resizing || t.resizing() || t.buckets() != buckets {
                 during += 1;
                 overlapped.fetch_add(1, Ordering::Release);
             }
