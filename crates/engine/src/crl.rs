@@ -452,6 +452,16 @@ impl Pool {
         asked
     }
 
+    /// Bytes ever appended across the pool (the sum of the logs' tails, which
+    /// only appends move): equal at two instants when nothing was appended
+    /// between them.
+    pub fn appended_bytes(&self) -> u64 {
+        self.logs
+            .iter()
+            .map(|l| l.tail.load(Ordering::Acquire))
+            .sum()
+    }
+
     /// Bytes in use across the pool, and the pool's capacity.
     pub fn occupancy(&self) -> (u64, u64) {
         let mut used = 0;

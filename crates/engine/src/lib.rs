@@ -112,6 +112,9 @@ pub struct StoreStats {
     pub log_full_waits: u64,
     /// Epochs completed by the epoch advancer.
     pub epochs: u64,
+    /// Background gleaners whose priority was lowered mid-batch because the
+    /// role was no longer wanted (Bullet with role threads only).
+    pub gleaner_roles_lowered: u64,
 }
 
 /// A store: shared by every thread (`Clone` is a cheap handle).

@@ -229,7 +229,7 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
         );
         let _ = write!(
             o,
-            "store_keys_estimate:{}\r\nfrontend_entries:{}\r\nlog_occupancy:{:.4}\r\ngleaners:{}\r\nrecords_appended:{}\r\nrecords_applied:{}\r\nrecords_collapsed:{}\r\nbackend_loads:{}\r\nlog_full_waits:{}\r\nepochs:{}\r\nlast_start_clean:{}\r\nlast_start_ms:{:.3}\r\nlast_start_log_records:{}\r\nlast_start_log_bytes:{}\r\nlast_start_log_replayed:{}\r\nlast_start_leaked_freed:{}\r\nignored_config:{}\r\n\r\n",
+            "store_keys_estimate:{}\r\nfrontend_entries:{}\r\nlog_occupancy:{:.4}\r\ngleaners:{}\r\nrecords_appended:{}\r\nrecords_applied:{}\r\nrecords_collapsed:{}\r\nbackend_loads:{}\r\nlog_full_waits:{}\r\nepochs:{}\r\ngleaner_roles_lowered:{}\r\nlast_start_clean:{}\r\nlast_start_ms:{:.3}\r\nlast_start_log_records:{}\r\nlast_start_log_bytes:{}\r\nlast_start_log_replayed:{}\r\nlast_start_leaked_freed:{}\r\nignored_config:{}\r\n\r\n",
             st.keys,
             st.frontend_entries,
             st.log_occupancy,
@@ -240,6 +240,7 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
             st.backend_loads,
             st.log_full_waits,
             st.epochs,
+            st.gleaner_roles_lowered,
             if s.was_clean { 1 } else { 0 },
             s.open_ms,
             s.log_records,
