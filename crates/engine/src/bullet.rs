@@ -34,8 +34,8 @@
 //!   occupancy (§4.3.2: above 60% one more, below 30% one fewer; with msync
 //!   also one fewer after a few epochs in which nothing was written, so that a
 //!   read-only phase has every thread serving; a background role thread no
-//!   longer wanted finishes its batch at low priority). Frontend memory is reclaimed through
-//!   crossbeam-epoch.
+//!   longer wanted finishes its batch at low priority). Frontend memory is
+//!   reclaimed through crossbeam-epoch.
 //! - **Recovery** (§5): the heap replays its transactions and sweeps leaks first;
 //!   then every log is read from head to tail and the records not yet in the
 //!   backend are replayed into the frontend (not the backend). Recovery time grows
@@ -1667,10 +1667,11 @@ fn role_keeper(sh: Arc<Shared>, n: usize) {
             .name(format!("ember-gleaner-{n}"))
             .spawn(move || role_gleaner(s, n));
         match t {
+            // Lowered: a new thread. Otherwise the store is closing, or the
+            // thread could not start (its message is printed) or panicked: a
+            // new one would fail the same way.
             Ok(t) => {
-                if t.join().is_err() {
-                    // The panic's message is printed already; a gleaner that
-                    // panics once would again.
+                if !matches!(t.join(), Ok(true)) {
                     return;
                 }
             }
@@ -1689,11 +1690,12 @@ fn role_keeper(sh: Arc<Shared>, n: usize) {
 /// the thread is in a batch, it lowers the thread's priority (`lower_roles`):
 /// the batch ends (its backend writes must be made durable before its records
 /// are flagged, with msync much of a second) at the priority of a background
-/// task, out of the way of the requests, and the thread then ends.
-fn role_gleaner(sh: Arc<Shared>, n: usize) {
+/// task, out of the way of the requests, and the thread then ends. True when
+/// it ended for that reason.
+fn role_gleaner(sh: Arc<Shared>, n: usize) -> bool {
     let slot = &sh.roles[n];
     let Some(mut g) = thread_gleaner(&sh, "gleaner") else {
-        return;
+        return false;
     };
     g.cut = Cut::RoleWanted;
     *slot.tid.lock().unwrap_or_else(|e| e.into_inner()) = current_tid();
@@ -1735,11 +1737,12 @@ fn role_gleaner(sh: Arc<Shared>, n: usize) {
         }
     }
     *slot.tid.lock().unwrap_or_else(|e| e.into_inner()) = 0;
-    slot.lowered.store(false, Ordering::Release);
+    let lowered = slot.lowered.swap(false, Ordering::AcqRel);
     if active {
         sh.gleaners.fetch_sub(1, Ordering::AcqRel);
     }
     g.retire(&sh);
+    lowered
 }
 
 /// The calling thread's kernel id.
