@@ -1529,18 +1529,8 @@ mod lc_retire_tests {
     //! the grace period passed, the old block was free while the persisted
     //! image of the node's value link still pointed at it.
     use super::*;
-    use pmem::{CrashSim, Geometry, HeapOptions, Strategy};
-
-    fn opts() -> HeapOptions {
-        HeapOptions {
-            size: 2 << 20,
-            max_size: 16 << 20,
-            reserve: 16 << 20,
-            geometry: Geometry::small(),
-            strategy: Strategy::FenceOnly,
-            ..Default::default()
-        }
-    }
+    use crate::test_util::{images_linking, sim_opts as opts};
+    use pmem::CrashSim;
 
     fn node_of(t: &LfHash, key: &[u8]) -> u64 {
         let inner = &*t.inner;
@@ -1611,15 +1601,7 @@ mod lc_retire_tests {
             t.inner.domain.collect();
         }
         let freed = !heap.is_allocated(PPtr::from_raw(b));
-        // The persisted image: no unpersisted line (mode 0) among a few tries.
-        let mut stale = 0;
-        for _ in 0..16 {
-            let img = sim.capture_now(r);
-            let w = u64::from_le_bytes(img.bytes[(n0 + N_VAL) as usize..][..8].try_into().unwrap());
-            if ptr(w) == b {
-                stale += 1;
-            }
-        }
+        let stale = images_linking(&sim, r, n0 + N_VAL, b);
         std::mem::forget(a);
         assert!(stale > 0, "no crash image links the old block");
         assert!(

@@ -28,6 +28,36 @@ pub mod reclaim;
 pub mod recover;
 pub mod skiplist;
 
+/// Pieces of this crate's unit tests.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use pmem::{CrashSim, Geometry, HeapOptions, Region, Strategy};
+
+    /// A small heap for crash-simulator unit tests.
+    pub fn sim_opts() -> HeapOptions {
+        HeapOptions {
+            size: 2 << 20,
+            max_size: 16 << 20,
+            reserve: 16 << 20,
+            geometry: Geometry::small(),
+            strategy: Strategy::FenceOnly,
+            ..Default::default()
+        }
+    }
+
+    /// Of 16 crash images taken now, how many hold at `at` a link to `target`.
+    pub fn images_linking(sim: &CrashSim, r: &Region, at: u64, target: u64) -> usize {
+        let at = at as usize;
+        (0..16)
+            .filter(|_| {
+                let img = sim.capture_now(r);
+                let w = u64::from_le_bytes(img.bytes[at..at + 8].try_into().expect("8 bytes"));
+                crate::link::ptr(w) == target
+            })
+            .count()
+    }
+}
+
 pub use error::{Error, Result};
 pub use hash::{HashOptions, LfHash};
 pub use phash::{PHash, PHashOptions};

@@ -1595,18 +1595,8 @@ mod lc_retire_tests {
     //! and a grace period, the block was free while the persisted image of the
     //! node's value link still pointed at it).
     use super::*;
-    use pmem::{CrashSim, Geometry, HeapOptions, Strategy};
-
-    fn opts() -> HeapOptions {
-        HeapOptions {
-            size: 2 << 20,
-            max_size: 16 << 20,
-            reserve: 16 << 20,
-            geometry: Geometry::small(),
-            strategy: Strategy::FenceOnly,
-            ..Default::default()
-        }
-    }
+    use crate::test_util::{images_linking, sim_opts as opts};
+    use pmem::CrashSim;
 
     fn k(i: u32) -> Vec<u8> {
         format!("key{i:04}").into_bytes()
@@ -1650,17 +1640,7 @@ mod lc_retire_tests {
         a.put(&k(0), &[2u8; 100]).unwrap();
         assert_ne!(ptr(link::load(r, val_at(n0))), old);
         assert!(t.link_cache().unwrap().busy() > 0);
-        let stale_img = |sim: &CrashSim| {
-            (0..16)
-                .filter(|_| {
-                    let img = sim.capture_now(r);
-                    let at = val_at(n0) as usize;
-                    ptr(u64::from_le_bytes(
-                        img.bytes[at..at + 8].try_into().unwrap(),
-                    )) == old
-                })
-                .count()
-        };
+        let stale_img = |sim: &CrashSim| images_linking(sim, r, val_at(n0), old);
         assert!(stale_img(&sim) > 0);
         // 32 removes: 64 more tickets, the batch handed to the collector, and
         // fewer operations than a sync takes. Not of k0's neighbour (a remove
