@@ -107,6 +107,13 @@ impl Participant {
         guard.flush();
     }
 
+    /// Hands the tickets retired so far to the epoch now (tests).
+    #[cfg(test)]
+    pub(crate) fn hand_over(&mut self) {
+        let g = self.local.pin();
+        self.defer_batch(&g);
+    }
+
     /// Tickets retired and not yet redeemed.
     pub fn outstanding(&self) -> usize {
         self.outstanding.load(Ordering::Relaxed)
