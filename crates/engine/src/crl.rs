@@ -466,7 +466,11 @@ impl Pool {
     pub fn occupancy(&self) -> (u64, u64) {
         let mut used = 0;
         for l in &self.logs {
-            used += l.tail.load(Ordering::Acquire) - l.free_to.load(Ordering::Acquire);
+            // `free_to` first: it never passes the tail, which only grows, so
+            // a tail read after it is at least as far (the other order could
+            // see a head that moved past the tail read before it).
+            let free_to = l.free_to.load(Ordering::Acquire);
+            used += l.tail.load(Ordering::Acquire) - free_to;
         }
         (used, self.size * self.logs.len() as u64)
     }
@@ -474,7 +478,8 @@ impl Pool {
     /// Free bytes of log `i` for its writer.
     pub fn free_bytes(&self, i: usize) -> u64 {
         let l = &self.logs[i];
-        self.size - (l.tail.load(Ordering::Acquire) - l.free_to.load(Ordering::Acquire))
+        let free_to = l.free_to.load(Ordering::Acquire);
+        self.size - (l.tail.load(Ordering::Acquire) - free_to)
     }
 
     /// Appends a record to log `i` (the caller holds it as writer) and returns where.
@@ -784,11 +789,12 @@ impl Pool {
     }
 
     /// Whether log `i`'s writer can append `len` bytes now (counting the pad
-    /// record a wrap would need).
+    /// record a wrap would need). Also asked of a log another writer may hold
+    /// (a hint then): `free_to` is read first, as in `occupancy`.
     pub fn fits(&self, i: usize, len: u64) -> bool {
         let l = &self.logs[i];
-        let tail = l.tail.load(Ordering::Acquire);
         let free_to = l.free_to.load(Ordering::Acquire);
+        let tail = l.tail.load(Ordering::Acquire);
         let phys = tail % self.size;
         let pad = if phys + len > self.size {
             self.size - phys
