@@ -508,6 +508,7 @@ impl BulletStore {
         let t = Instant::now();
         let pool = Pool::attach(&heap, desc)?;
         debug_assert_eq!(pool.size, size);
+        pool.clear_stale_flags();
         let mut stats = BulletRecovery {
             index: istats,
             ..Default::default()
@@ -1033,10 +1034,7 @@ impl Shared {
     }
 
     fn finish_advance(&self, moved: &[(usize, u64)]) {
-        for &(i, pos) in moved {
-            self.pool.persist_head(i, pos);
-            self.pool.logs[i].free_to.store(pos, Ordering::Release);
-        }
+        self.pool.persist_heads(moved);
     }
 
     fn claim_glean_log(&self, from: usize) -> Option<usize> {

@@ -7,6 +7,7 @@
 //! 16  u64 log size       24 u64 backend descriptor (index root)
 //! 32  u64 side table (variants st, lfr; 0 = none)   40 u64 salt (random, per store)
 //! 64 + 128*i: log i      +0 u64 base (0 = not allocated yet)   +8 u64 head
+//!                        +16 u64 cleared (applied flags below it are all clear)
 //! ```
 //! Positions are logical byte counts that only grow; a record at position `p` lives
 //! at `base + p % size`. The live records of a log are those from `head` up to the
@@ -15,11 +16,19 @@
 //! the append a second flush and fence (the paper persists a tail index after each
 //! record: three persist barriers, two once `lentry` moved to DRAM; ours takes one).
 //!
+//! A log's block is its `size`-byte ring followed by its *applied flags*: one
+//! bit per 8 bytes of ring (`size / 64` bytes, rounded up to a cache line), the
+//! bit of a record's first 8 bytes being that record's flag. Dense flags cost a
+//! gleaner one flush per cache line of flags, 512 ring positions or a few dozen
+//! records, where a flag in each record's header cost one flush per record; and
+//! under `msync` one written-out page of flags per 32,768 ring positions, where
+//! flags in the headers wrote every page of the ring out a second time.
+//!
 //! A record (Figure 3a), 8-byte aligned:
 //! ```text
 //! 0  u32 len (whole record, padded to 8)   4  u32 klen
-//! 8  u8 opcode   9  u8 applied   10 u8 tail padding (0..=7)   11 zero
-//! 12 u32 checksum (CRC-32C-seeded by the salt, of the record with `applied`
+//! 8  u8 opcode   9  zero (reserved)   10 u8 tail padding (0..=7)   11 zero
+//! 12 u32 checksum (CRC-32C-seeded by the salt, of the record with byte 9
 //!        and the checksum taken as 0)
 //! 16 u64 pos     (its own position: a pointer to a reclaimed record is detected)
 //! 24 u64 prev    (the key's previous record, in any log; 0 = none)
@@ -43,13 +52,28 @@
 //! record below it), waits until every reader that might have started earlier has
 //! left (an epoch grace period), then persists `head` and only then lets writers
 //! reuse the space ([`LogState::free_to`]).
+//!
+//! A reused position must start with its flag clear: a record appended there
+//! over a stale flag would read as applied after a crash, and be lost. So the
+//! advancer ([`Pool::persist_heads`]), moving a head from `h0` to `h1`:
+//! 1. writes `head = h1` and `cleared = h0` (every flag below `h0` was cleared
+//!    and fenced by the previous advance), flushes, fences;
+//! 2. clears the flags of `[h0, h1)`, flushes, fences;
+//! 3. only then frees the space (`free_to = h1`).
+//!
+//! Clearing before the head is durable would be wrong: after a crash the old
+//! head's records would read as unapplied, and one whose key was since removed
+//! from the backend (by a later record in another log) would be applied again.
+//! A crash between 1 and 2 leaves stale flags only in `[cleared, head)`, below
+//! the head, where nothing is read; opening the store clears them
+//! ([`Pool::clear_stale_flags`]) before any append.
 
 use crate::{Error, Result};
 use pmem::{Heap, PPtr, Region};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub const ROOT_TAG: u32 = u32::from_le_bytes(*b"EBLT");
-pub const ROOT_VERSION: u32 = 2;
+pub const ROOT_VERSION: u32 = 3;
 pub const SALT_OFF: u64 = 40;
 pub const LOGS_OFF: u64 = 64;
 pub const LOG_DESC: u64 = 128;
@@ -57,6 +81,15 @@ pub const MAX_LOGS: usize = 255;
 pub const MIN_LOG_SIZE: u64 = 4096;
 
 pub const REC_HDR: u64 = 40;
+/// Offsets in a log's descriptor slot.
+const LOG_HEAD: u64 = 8;
+const LOG_CLEARED: u64 = 16;
+
+/// Bytes of applied flags after a ring of `size` bytes: a bit per 8 bytes,
+/// whole cache lines.
+pub fn flags_len(size: u64) -> u64 {
+    (size / 8).div_ceil(512) * 64
+}
 pub const OPC_PAD: u8 = 0xff;
 
 /// A pointer to a record: `(log + 1) << 56 | pos`; 0 is null.
@@ -250,15 +283,18 @@ impl Pool {
         for i in 0..nlogs {
             let f = desc + LOGS_OFF + i as u64 * LOG_DESC;
             let base: u64 = r.read(f);
-            let head: u64 = r.read(f + 8);
+            let head: u64 = r.read(f + LOG_HEAD);
+            let cleared: u64 = r.read(f + LOG_CLEARED);
             if base != 0 {
-                if !r.contains(base, size) {
+                if !r.contains(base, size + flags_len(size)) {
                     return Err(Error::Corrupt(format!("log {i} buffer outside the heap")));
                 }
-                if head > RecPtr::POS_MASK / 2 {
-                    return Err(Error::Corrupt(format!("log {i}: head {head}")));
+                if head > RecPtr::POS_MASK / 2 || cleared > head {
+                    return Err(Error::Corrupt(format!(
+                        "log {i}: head {head}, flags cleared to {cleared}"
+                    )));
                 }
-            } else if head != 0 {
+            } else if head != 0 || cleared != 0 {
                 return Err(Error::Corrupt(format!("log {i}: a head without a buffer")));
             }
             logs.push(LogState {
@@ -350,7 +386,13 @@ impl Pool {
             return Ok(b);
         }
         let mut th = self.heap.thread()?;
-        let p = th.alloc(self.size)?;
+        // The flags must start clear; the ring's bytes need not (a record is
+        // found only where its position stamp and checksum match).
+        let p = th.alloc(self.size + flags_len(self.size))?;
+        let fl = p.offset() + self.size;
+        self.r().fill(fl, flags_len(self.size) as usize, 0);
+        self.r().flush(fl, flags_len(self.size) as usize);
+        self.r().fence();
         let f = self.log_field(i, 0);
         self.r().write(f, &p.offset());
         self.r().persist(f, 8);
@@ -516,7 +558,6 @@ impl Pool {
             let mut hdr = [0u8; REC_HDR as usize];
             hdr[0..4].copy_from_slice(&(pad as u32).to_le_bytes());
             hdr[8] = OPC_PAD;
-            hdr[9] = 1;
             hdr[16..24].copy_from_slice(&tail.to_le_bytes());
             // A pad record's checksum covers its header only (`len` = the gap).
             let c = crc_parts(self.salt, &mut hdr, &[], &[]);
@@ -704,11 +745,13 @@ impl Pool {
         let pos: u64 = r.read(at + 16);
         let prev: u64 = r.read(at + 24);
         let version: u64 = r.read(at + 32);
+        let (w, bit) = self.flag_bit(p);
+        let flagged = r.atomic_u64(w).load(Ordering::Acquire) & bit != 0;
         let h = Header {
             len,
             klen,
             opcode: b[0],
-            applied: b[1] != 0,
+            applied: flagged || b[0] == OPC_PAD,
             pos,
             prev: RecPtr(prev),
             version,
@@ -748,21 +791,97 @@ impl Pool {
         (h.len as u64 - REC_HDR - h.klen as u64).saturating_sub(padb as u64) as usize
     }
 
-    /// Sets the records' `applied` flags and flushes them (no fence: the gleaner
-    /// fences once per batch, before it leaves its epoch). Every flag is set
-    /// before any is flushed. On
-    /// x86 a locked instruction waits for the thread's earlier write-backs, so
-    /// setting and flushing in turn would wait for each flush in sequence;
-    /// this way the write-backs overlap, and the caller's fence waits once.
+    /// The word holding the applied flag of the record at `p`, and its bit.
+    fn flag_bit(&self, p: RecPtr) -> (u64, u64) {
+        let base = self.logs[p.log()].base.load(Ordering::Acquire);
+        let slot = (p.pos() % self.size) / 8;
+        (base + self.size + slot / 64 * 8, 1 << (slot % 64))
+    }
+
+    /// Sets the records' applied flags and flushes their lines, each once (no
+    /// fence: the gleaner fences once per batch, before it leaves its epoch).
+    /// Every flag is set before any line is flushed. On x86 a locked
+    /// instruction waits for the thread's earlier write-backs, so setting and
+    /// flushing in turn would wait for each flush in sequence; this way the
+    /// write-backs overlap, and the caller's fence waits once.
     pub fn mark_applied_all(&self, ps: &[RecPtr]) {
         let r = self.r();
+        let mut lines = Vec::with_capacity(ps.len() / 8 + 1);
         for &p in ps {
-            r.atomic_u64(self.at(p) + 8)
-                .fetch_or(1 << 8, Ordering::Release);
+            let (w, bit) = self.flag_bit(p);
+            r.atomic_u64(w).fetch_or(bit, Ordering::Release);
+            lines.push(w & !63);
         }
-        for &p in ps {
-            r.flush(self.at(p) + 8, 8);
+        lines.sort_unstable();
+        lines.dedup();
+        for l in lines {
+            r.flush(l, 64);
         }
+    }
+
+    /// Clears the applied flags of log `i`'s positions `[from, to)` (at most a
+    /// ring) and flushes them; no fence. Words shared with live positions are
+    /// cleared bit by bit, atomically (a gleaner may be flagging a neighbour).
+    fn clear_flags(&self, i: usize, from: u64, to: u64) {
+        debug_assert!(from <= to && to - from <= self.size);
+        if from >= to {
+            return;
+        }
+        let (a, b) = (from % self.size, to % self.size);
+        if a < b {
+            self.clear_slots(i, a / 8, b.div_ceil(8));
+        } else {
+            self.clear_slots(i, a / 8, self.size.div_ceil(8));
+            self.clear_slots(i, 0, b.div_ceil(8));
+        }
+    }
+
+    /// Clears flag bits `[s, e)` of log `i` (ring offsets / 8) and flushes them.
+    fn clear_slots(&self, i: usize, s: u64, e: u64) {
+        if s >= e {
+            return;
+        }
+        let r = self.r();
+        let flags = self.logs[i].base.load(Ordering::Acquire) + self.size;
+        let mut k = s;
+        while k < e {
+            let w = k / 64;
+            let lo = k % 64;
+            let hi = (e - w * 64).min(64);
+            let mask = if hi - lo == 64 {
+                !0
+            } else {
+                ((1u64 << (hi - lo)) - 1) << lo
+            };
+            let a = r.atomic_u64(flags + w * 8);
+            if a.load(Ordering::Relaxed) & mask != 0 {
+                a.fetch_and(!mask, Ordering::Release);
+            }
+            k = w * 64 + hi;
+        }
+        let (first, last) = (flags + s / 64 * 8, flags + (e - 1) / 64 * 8);
+        r.flush(first & !63, ((last & !63) - (first & !63) + 64) as usize);
+    }
+
+    /// Opening a store, before any append: clears the flags a crash may have
+    /// left set below each log's head (between the head's persist and the
+    /// flags' clearing, see "Reclamation"), flushes and fences them.
+    pub fn clear_stale_flags(&self) {
+        for (i, l) in self.logs.iter().enumerate() {
+            if l.base.load(Ordering::Acquire) == 0 {
+                continue;
+            }
+            let cleared: u64 = self.r().read(self.log_field(i, LOG_CLEARED));
+            let head = l.head.load(Ordering::Acquire);
+            let tail = l.tail.load(Ordering::Acquire);
+            // Never into the live records: a crash between two advances can
+            // leave `cleared` more than a ring behind the head.
+            let from = cleared.max(tail.saturating_sub(self.size));
+            if from < head {
+                self.clear_flags(i, from, head);
+            }
+        }
+        self.r().fence();
     }
 
     /// Starts fetching the `lines` cache lines from the record at `p` on
@@ -808,13 +927,29 @@ impl Pool {
         self.r().fence();
     }
 
-    /// Persists a new head of log `i` (the advancer, after the grace period).
-    /// Records below it are never read again, so a stale checksum-valid record
-    /// there cannot be mistaken for a live one.
-    pub fn persist_head(&self, i: usize, head: u64) {
-        let f = self.log_field(i, 8);
-        self.r().write(f, &head);
-        self.r().persist(f, 8);
+    /// Persists new heads `(log, head)` (the advancer, after the grace period),
+    /// clears the applied flags of the positions they free, and then frees
+    /// them to writers (`free_to`): steps 1–3 of "Reclamation", two fences for
+    /// all logs. Records below a head are never read again, so a stale
+    /// checksum-valid record there cannot be mistaken for a live one.
+    pub fn persist_heads(&self, moved: &[(usize, u64)]) {
+        let r = self.r();
+        for &(i, head) in moved {
+            let old = self.logs[i].free_to.load(Ordering::Acquire);
+            let f = self.log_field(i, 0);
+            r.write(f + LOG_HEAD, &head);
+            r.write(f + LOG_CLEARED, &old);
+            r.flush(f + LOG_HEAD, 16);
+        }
+        r.fence();
+        for &(i, head) in moved {
+            let old = self.logs[i].free_to.load(Ordering::Acquire);
+            self.clear_flags(i, old, head);
+        }
+        r.fence();
+        for &(i, head) in moved {
+            self.logs[i].free_to.store(head, Ordering::Release);
+        }
     }
 }
 
@@ -861,4 +996,103 @@ fn random_salt() -> u64 {
             .map_or(0, |d| d.as_nanos()),
     );
     h.finish() | 1
+}
+
+#[cfg(test)]
+mod flag_tests {
+    use super::*;
+    use pmem::{Geometry, HeapOptions, Strategy};
+
+    fn pool(dir: &std::path::Path, size: u64) -> (Heap, Pool) {
+        let opts = HeapOptions {
+            size: 8 << 20,
+            max_size: 8 << 20,
+            reserve: 8 << 20,
+            geometry: Geometry {
+                nslots: 4,
+                ..Geometry::small()
+            },
+            strategy: Strategy::FenceOnly,
+            ..Default::default()
+        };
+        let heap = Heap::create(&dir.join("h"), &opts).unwrap();
+        let desc = Pool::create_desc(&heap, 1, size, BACKEND_HASH, PPtr::from_raw(0)).unwrap();
+        let pool = Pool::attach(&heap, desc).unwrap();
+        pool.ensure_buffer(0).unwrap();
+        (heap, pool)
+    }
+
+    fn flagged(pool: &Pool, pos: u64) -> bool {
+        let (w, bit) = pool.flag_bit(RecPtr::new(0, pos));
+        pool.r().atomic_u64(w).load(Ordering::Acquire) & bit != 0
+    }
+
+    /// Clearing a range clears exactly its positions, in partial words at both
+    /// ends and around the ring's end, and leaves neighbours' flags set.
+    #[test]
+    fn clearing_a_range_keeps_the_neighbours_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 8192;
+        let (_heap, pool) = pool(dir.path(), size);
+        assert_eq!(flags_len(size), 128);
+        let all: Vec<RecPtr> = (0..size / 8).map(|s| RecPtr::new(0, s * 8)).collect();
+        // (from, to) in logical positions; the second wraps around the ring
+        // (lap 3), the third is a whole ring.
+        for (from, to) in [
+            (8 * 5, 8 * 200),
+            (3 * size + 8 * 1000, 4 * size + 8 * 70),
+            (size, 2 * size),
+        ] {
+            pool.mark_applied_all(&all);
+            pool.clear_flags(0, from, to);
+            for p in 0..size / 8 {
+                let phys = p * 8;
+                let inside = (from..to).any(|q| q % size == phys);
+                assert_eq!(
+                    flagged(&pool, phys),
+                    !inside,
+                    "range {from}..{to}: position {phys}"
+                );
+            }
+        }
+    }
+
+    /// A header reads `applied` from the flags; a pad record always reads as
+    /// applied.
+    #[test]
+    fn headers_read_the_flag_bits() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_heap, pool) = pool(dir.path(), 4096);
+        let a = pool
+            .append(0, 1, b"k", b"v", RecPtr::NULL, 1)
+            .unwrap()
+            .unwrap();
+        let b = pool.append(0, 1, b"k", b"w", a, 2).unwrap().unwrap();
+        assert!(!pool.header(a).unwrap().applied);
+        pool.mark_applied_all(&[a]);
+        assert!(pool.header(a).unwrap().applied);
+        assert!(!pool.header(b).unwrap().applied);
+        // Fill to the ring's end: the next record needs a pad record first.
+        let mut last = b;
+        while pool.fits(0, 2048) {
+            last = pool
+                .append(0, 1, b"k", &[7; 100], last, 3)
+                .unwrap()
+                .unwrap();
+        }
+        let t = pool.logs[0].tail.load(Ordering::Acquire);
+        pool.persist_heads(&[(0, t)]);
+        let c = pool
+            .append(0, 1, b"k", &[7; 2000], last, 4)
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.pos() % 4096, 0, "wrapped after a pad");
+        let pad = pool.header(RecPtr::new(0, t)).unwrap();
+        assert_eq!(pad.opcode, OPC_PAD);
+        assert!(pad.applied);
+        assert!(
+            !pool.header(c).unwrap().applied,
+            "a reused position's flag is clear"
+        );
+    }
 }

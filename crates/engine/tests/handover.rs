@@ -36,17 +36,9 @@ fn opts() -> BulletOptions {
     }
 }
 
-/// Opens the store at `path` under a crash simulator seeded `seed`.
-fn open_under_sim(path: &Path, o: &BulletOptions, seed: u64) -> (BulletStore, Arc<CrashSim>) {
-    let sim = Arc::new(CrashSim::new(seed, 0));
-    let rec = Heap::open_sim(path, &sim_opts(), sim.clone()).unwrap();
-    (BulletStore::open(rec, o).unwrap().0, sim)
-}
-
 /// Writes crash image `bytes` to `path` and recovers the store it holds.
 fn recover(path: &Path, bytes: &[u8], o: &BulletOptions) -> BulletStore {
-    pmem::sim::write_image(path, bytes).unwrap();
-    open_under_sim(path, o, 0).0
+    recover_bullet(path, bytes, o, 0).0
 }
 
 /// One handover and one crash image (seeded); true when B's committed record
@@ -191,7 +183,7 @@ fn a_gleaner_applies_only_committed_records() {
             let heap = Heap::create(&path, &sim_opts()).unwrap();
             BulletStore::create(&heap, &o).unwrap().close().unwrap();
         }
-        let (store, sim) = open_under_sim(&path, &o, seed);
+        let (store, sim) = open_bullet_under_sim(&path, &o, seed);
         let images = std::thread::scope(|s| {
             let (appended, appended_rx) = mpsc::channel();
             let (done, done_rx) = mpsc::channel::<()>();
@@ -262,7 +254,7 @@ fn fresh(path: &Path, seed: u64) -> (BulletStore, Arc<CrashSim>) {
         pool.ensure_buffer(0).unwrap();
         pool.ensure_buffer(1).unwrap();
     }
-    open_under_sim(path, &opts(), seed)
+    open_bullet_under_sim(path, &opts(), seed)
 }
 
 /// Puts each key with itself as value.

@@ -202,3 +202,26 @@ pub fn drain_within(st: &BulletStore, secs: u64) -> bool {
     });
     rx.recv_timeout(Duration::from_secs(secs)) == Ok(true)
 }
+
+/// Opens the Bullet store at `path` under a crash simulator seeded `seed`.
+pub fn open_bullet_under_sim(
+    path: &Path,
+    o: &BulletOptions,
+    seed: u64,
+) -> (BulletStore, Arc<CrashSim>) {
+    let sim = Arc::new(CrashSim::new(seed, 0));
+    let rec = Heap::open_sim(path, &sim_opts(), sim.clone()).unwrap();
+    (BulletStore::open(rec, o).unwrap().0, sim)
+}
+
+/// Writes crash image `bytes` to `path` and recovers the Bullet store it
+/// holds, under a simulator seeded `seed`.
+pub fn recover_bullet(
+    path: &Path,
+    bytes: &[u8],
+    o: &BulletOptions,
+    seed: u64,
+) -> (BulletStore, Arc<CrashSim>) {
+    pmem::sim::write_image(path, bytes).unwrap();
+    open_bullet_under_sim(path, o, seed)
+}
