@@ -60,7 +60,6 @@ use index::any::{attach_any, AnyHandle, AnyIndex};
 use index::phash::PHashHandle;
 use index::{Index, Ops, PHash, PHashOptions, RecoverStats, Recoverable};
 use pmem::{Heap, PPtr, Recovery};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -527,8 +526,7 @@ impl BulletStore {
             ..opts.clone()
         };
         let st = Self::assemble(heap, pool, backend, &sized, false, replay.next_epoch)?;
-        for (k, v, lentry, version) in replay.entries {
-            let hash = key_hash(&k);
+        for (hash, k, v, lentry, version) in replay.entries {
             let mut l = st.sh.table.lock(hash);
             if l.find(&k).is_none() {
                 l.insert(
@@ -751,9 +749,9 @@ impl BulletStore {
     }
 }
 
-/// A frontend entry rebuilt from the logs: key, value (None: tombstone),
-/// lentry, version.
-type ReplayEntry = (Vec<u8>, Option<Box<[u8]>>, u64, u64);
+/// A frontend entry rebuilt from the logs: key hash, key, value (None:
+/// tombstone), lentry, version.
+type ReplayEntry = (u64, Vec<u8>, Option<Box<[u8]>>, u64, u64);
 
 /// The outcome of reading the logs at recovery.
 struct Replay {
@@ -761,18 +759,32 @@ struct Replay {
     next_epoch: u64,
 }
 
+/// A record found at recovery.
+#[derive(Clone, Copy)]
+struct Found {
+    p: RecPtr,
+    h: Header,
+    /// Where its key is in `replay`'s copy of the keys.
+    koff: usize,
+}
+
 /// Reads every log from head to tail; for each key with records not yet in the
 /// backend, computes the frontend value (backend value + those records, in version
 /// order). Records found to be in the backend already (their version is at most
 /// the backend stamp, or at most a flagged record's) are flagged, so the prefix of
 /// each key's chain that is flagged is exactly what the backend holds.
+///
+/// The records are grouped by key without a map: one array of (key hash,
+/// version, index) sorted, then runs of one hash split by key bytes (only a
+/// hash collision makes a run hold two keys). No allocation per key or record
+/// besides the entries themselves: a map of keys to record lists cost an
+/// allocation of each and a tenth of a large recovery's time freeing them.
+/// The keys are copied into one buffer as the logs are read, so that going
+/// through them in hash order reads that buffer, not the logs at random.
 fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Replay> {
-    struct Rec {
-        p: RecPtr,
-        h: Header,
-    }
-    // Keys are copied once per key, payloads only for the records a fold needs.
-    let mut by_key: HashMap<Box<[u8]>, Vec<Rec>> = HashMap::new();
+    let mut recs: Vec<Found> = Vec::new();
+    let mut keys: Vec<u8> = Vec::new();
+    let mut order: Vec<(u64, u64, u32)> = Vec::new();
     let mut max_version = 0;
     let mut key = Vec::new();
     for (i, l) in pool.logs.iter().enumerate() {
@@ -807,21 +819,192 @@ fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Re
             st.records += 1;
             pool.key(p, &h, &mut key);
             max_version = max_version.max(h.version);
-            match by_key.get_mut(key.as_slice()) {
-                Some(v) => v.push(Rec { p, h }),
-                None => {
-                    by_key.insert(key.as_slice().into(), vec![Rec { p, h }]);
-                }
-            }
+            let n = u32::try_from(recs.len())
+                .map_err(|_| Error::Corrupt("more than 2^32 log records".into()))?;
+            order.push((order_hash(&key), h.version, n));
+            recs.push(Found {
+                p,
+                h,
+                koff: keys.len(),
+            });
+            keys.extend_from_slice(&key);
         }
     }
-    let mut bh = backend.handle()?;
-    let mut buf = Vec::new();
-    let mut payload = Vec::new();
+    order.sort_unstable();
+    // Two halves on two threads (split at a run of one hash) when there is
+    // enough to share: each key's fold is independent of the others'.
+    let collide = collide_now();
+    let mut split = order.len() / 2;
+    while split > 0 && split < order.len() && order[split].0 == order[split - 1].0 {
+        split += 1;
+    }
+    let parts: Vec<&[(u64, u64, u32)]> = if order.len() >= PARALLEL_REPLAY {
+        vec![&order[..split], &order[split..]]
+    } else {
+        vec![&order[..]]
+    };
+    let run = |part: &[(u64, u64, u32)]| replay_part(pool, backend, &recs, &keys, part, collide);
+    let mut done: Vec<Result<PartOut>> = Vec::new();
+    std::thread::scope(|sc| {
+        let mut handles = Vec::new();
+        for part in &parts[1..] {
+            match std::thread::Builder::new()
+                .name("ember-replay".into())
+                .spawn_scoped(sc, move || run(part))
+            {
+                Ok(h) => handles.push(h),
+                // No thread: this one does that part too.
+                Err(_) => done.push(run(part)),
+            }
+        }
+        done.push(run(parts[0]));
+        for h in handles {
+            done.push(
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Corrupt("a replay thread panicked".into()))),
+            );
+        }
+    });
     let mut entries = Vec::new();
-    let mut to_flag: Vec<RecPtr> = Vec::new();
-    for (key, mut recs) in by_key {
-        recs.sort_by_key(|r| r.h.version);
+    let mut to_flag = Vec::new();
+    for r in done {
+        let (e, f, replayed) = r?;
+        st.replayed += replayed;
+        if entries.is_empty() {
+            entries = e;
+        } else {
+            entries.extend(e);
+        }
+        to_flag.extend(f);
+    }
+    if !to_flag.is_empty() {
+        // All the flags, then all the flushes (see `Pool::mark_applied_all`).
+        pool.mark_applied_all(&to_flag);
+        pool.fence();
+    }
+    st.keys = entries.len() as u64;
+    Ok(Replay {
+        entries,
+        next_epoch: (max_version >> VERSION_SHIFT) + 1,
+    })
+}
+
+/// Records at recovery from which `replay` folds on two threads (few in unit
+/// tests, so that theirs take that path).
+const PARALLEL_REPLAY: usize = if cfg!(test) { 64 } else { 20_000 };
+
+/// What `replay_part` found: frontend entries, records to flag, and how many
+/// records it replayed.
+type PartOut = (Vec<ReplayEntry>, Vec<RecPtr>, u64);
+
+/// `replay`'s work on one part of the records in (hash, version) order (a part
+/// begins and ends at hash runs' boundaries).
+fn replay_part(
+    pool: &Pool,
+    backend: &AnyIndex,
+    recs: &[Found],
+    keys: &[u8],
+    order: &[(u64, u64, u32)],
+    collide: bool,
+) -> Result<PartOut> {
+    let mut r = Replayer {
+        pool,
+        bh: backend.handle()?,
+        buf: Vec::new(),
+        payload: Vec::new(),
+        entries: Vec::new(),
+        to_flag: Vec::new(),
+        replayed: 0,
+    };
+    let key_of = |f: &Found| &keys[f.koff..f.koff + f.h.klen as usize];
+    let mut group: Vec<Found> = Vec::new();
+    let mut a = 0;
+    while a < order.len() {
+        let hash = order[a].0;
+        let mut b = a + 1;
+        while b < order.len() && order[b].0 == hash {
+            b += 1;
+        }
+        if let Some(o) = order.get(b) {
+            pool.prefetch_header(recs[o.2 as usize].p);
+        }
+        group.clear();
+        group.extend(order[a..b].iter().map(|o| recs[o.2 as usize]));
+        let key = key_of(&group[0]);
+        if b - a > 1 && group.iter().any(|f| key_of(f) != key) {
+            // A hash collision: the run's records of other keys go to groups
+            // of their own, in order (still by version).
+            let mut rest: Vec<Found> = Vec::new();
+            group.retain(|f| {
+                let mine = key_of(f) == key;
+                if !mine {
+                    rest.push(*f);
+                }
+                mine
+            });
+            while !rest.is_empty() {
+                let other = key_of(&rest[0]);
+                let (g2, r2): (Vec<Found>, Vec<Found>) =
+                    rest.iter().partition(|f| key_of(f) == other);
+                r.key(entry_hash(hash, other, collide), other, &g2)?;
+                rest = r2;
+            }
+        }
+        r.key(entry_hash(hash, key, collide), key, &group)?;
+        a = b;
+    }
+    Ok((r.entries, r.to_flag, r.replayed))
+}
+#[cfg(test)]
+thread_local! {
+    /// Tests: `replay` groups records under a hash that collides for every
+    /// other key (`order_hash`).
+    static COLLIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread's `replay` forces hash collisions (tests).
+fn collide_now() -> bool {
+    #[cfg(test)]
+    if COLLIDE.with(|c| c.get()) {
+        return true;
+    }
+    false
+}
+
+/// The hash `replay` groups a key's records under.
+fn order_hash(key: &[u8]) -> u64 {
+    if collide_now() {
+        return key.len() as u64 % 2;
+    }
+    key_hash(key)
+}
+
+/// The frontend hash of `key`, grouped under `hash` (`collide`: by
+/// `order_hash`'s test stand-in).
+fn entry_hash(hash: u64, key: &[u8], collide: bool) -> u64 {
+    if collide {
+        key_hash(key)
+    } else {
+        hash
+    }
+}
+
+/// `replay`'s state while it goes through the keys.
+struct Replayer<'a> {
+    pool: &'a Pool,
+    bh: AnyHandle,
+    buf: Vec<u8>,
+    payload: Vec<u8>,
+    entries: Vec<ReplayEntry>,
+    to_flag: Vec<RecPtr>,
+    /// Records not yet in the backend, replayed.
+    replayed: u64,
+}
+
+impl Replayer<'_> {
+    /// One key's records, in version order: its frontend entry, if it needs
+    /// one, and the records to flag.
+    fn key(&mut self, hash: u64, key: &[u8], recs: &[Found]) -> Result<()> {
         let maxflag = recs
             .iter()
             .filter(|r| r.h.applied)
@@ -843,33 +1026,25 @@ fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Re
             // are applied in order). Flag them, or no chain walk from the
             // frontend entry (which stops at the flagged record) reaches them
             // and the log's head never passes them.
-            to_flag.extend(recs[..split].iter().filter(|r| !r.h.applied).map(|r| r.p));
-            st.replayed += unflagged.len() as u64;
-            pool.payload(unflagged[k].p, &unflagged[k].h, &mut payload);
-            let mut val = fold(None, unflagged[k].h.opcode, &payload)?;
-            for r in &unflagged[k + 1..] {
-                pool.payload(r.p, &r.h, &mut payload);
-                val = fold(val, r.h.opcode, &payload)?;
-            }
+            self.to_flag
+                .extend(recs[..split].iter().filter(|r| !r.h.applied).map(|r| r.p));
+            self.replayed += unflagged.len() as u64;
+            let val = self.fold(None, &unflagged[k..])?;
             let newest = unflagged.last().expect("non-empty");
-            entries.push((
-                key.into_vec(),
-                val.map(Vec::into_boxed_slice),
-                newest.p.0,
-                newest.h.version,
-            ));
-            continue;
+            self.entries
+                .push((hash, key.to_vec(), val, newest.p.0, newest.h.version));
+            return Ok(());
         }
-        let found = bh.get(&key, &mut buf)?;
+        let found = self.bh.get(key, &mut self.buf)?;
         let stamp = if found {
-            value::decode(&buf)
+            value::decode(&self.buf)
                 .ok_or_else(|| Error::Corrupt("backend value without a stamp".into()))?
                 .0
         } else {
             0
         };
         let done = maxflag.max(stamp);
-        to_flag.extend(
+        self.to_flag.extend(
             recs.iter()
                 .filter(|r| r.h.version <= done && !r.h.applied)
                 .map(|r| r.p),
@@ -877,47 +1052,31 @@ fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Re
         let first = recs.partition_point(|r| r.h.version <= done);
         let pending = &recs[first..];
         if pending.is_empty() {
-            continue;
+            return Ok(());
         }
-        st.replayed += pending.len() as u64;
-        // Fold from the newest put or remove (everything before it is overwritten),
-        // or from the backend value when there is none.
-        let (mut val, from) = match pending.iter().rposition(|r| r.h.opcode != OPC_INCR) {
-            Some(k) => {
-                pool.payload(pending[k].p, &pending[k].h, &mut payload);
-                (fold(None, pending[k].h.opcode, &payload)?, k + 1)
-            }
-            None => {
-                let v = if found {
-                    value::decode(&buf).map(|(_, v)| v.to_vec())
-                } else {
-                    None
-                };
-                (v, 0)
-            }
+        self.replayed += pending.len() as u64;
+        // Increments only (a put or remove would have been folded above, or
+        // is in the backend): onto the backend value.
+        let base = if found {
+            value::decode(&self.buf).map(|(_, v)| v.to_vec())
+        } else {
+            None
         };
-        for r in &pending[from..] {
-            pool.payload(r.p, &r.h, &mut payload);
-            val = fold(val, r.h.opcode, &payload)?;
-        }
+        let val = self.fold(base, pending)?;
         let newest = pending.last().expect("non-empty");
-        entries.push((
-            key.into_vec(),
-            val.map(Vec::into_boxed_slice),
-            newest.p.0,
-            newest.h.version,
-        ));
+        self.entries
+            .push((hash, key.to_vec(), val, newest.p.0, newest.h.version));
+        Ok(())
     }
-    if !to_flag.is_empty() {
-        // All the flags, then all the flushes (see `Pool::mark_applied_all`).
-        pool.mark_applied_all(&to_flag);
-        pool.fence();
+
+    /// Folds `recs` (in version order) onto `val`.
+    fn fold(&mut self, mut val: Option<Vec<u8>>, recs: &[Found]) -> Result<Option<Box<[u8]>>> {
+        for r in recs {
+            self.pool.payload(r.p, &r.h, &mut self.payload);
+            val = fold(val, r.h.opcode, &self.payload)?;
+        }
+        Ok(val.map(Vec::into_boxed_slice))
     }
-    st.keys = entries.len() as u64;
-    Ok(Replay {
-        entries,
-        next_epoch: (max_version >> VERSION_SHIFT) + 1,
-    })
 }
 
 /// Applies one record's operation to a value.
@@ -2504,7 +2663,6 @@ impl Session for BulletSession {
 #[cfg(test)]
 mod role_tests {
     use super::*;
-    use pmem::{Geometry, HeapOptions, Strategy};
 
     #[test]
     fn gleaners_wanted_follows_occupancy_and_writes() {
@@ -2533,18 +2691,7 @@ mod role_tests {
     }
 
     fn heap(dir: &std::path::Path) -> Heap {
-        let opts = HeapOptions {
-            size: 96 << 20,
-            max_size: 256 << 20,
-            reserve: 256 << 20,
-            geometry: Geometry {
-                nslots: 16,
-                ..Geometry::small()
-            },
-            strategy: Strategy::FenceOnly,
-            ..Default::default()
-        };
-        Heap::create(&dir.join("h"), &opts).unwrap()
+        Heap::create(&dir.join("h"), &crate::test_heap_opts(96 << 20, 256 << 20)).unwrap()
     }
 
     fn opts(epoch: Duration) -> BulletOptions {
@@ -2685,5 +2832,103 @@ mod role_tests {
         }
         drop(s);
         st.close().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod replay_tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn heap_opts() -> pmem::HeapOptions {
+        crate::test_heap_opts(64 << 20, 64 << 20)
+    }
+
+    fn opts() -> BulletOptions {
+        BulletOptions {
+            logs: 4,
+            log_size: 1 << 20,
+            backend: BackendOptions {
+                buckets: 1024,
+                ..Default::default()
+            },
+            frontend_buckets: 1024,
+            // Nothing gleans but the explicit drain: records stay in the logs.
+            epoch: Duration::from_secs(600),
+            static_gleaners: 0,
+            role_threads: 0,
+            ..Default::default()
+        }
+    }
+
+    /// Recovery groups the logs' records by key hash; keys whose hashes
+    /// collide (here: forced, every other key under one hash) still get their
+    /// own values, including keys whose records are partly in the backend.
+    #[test]
+    fn replay_separates_keys_whose_hashes_collide() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h");
+        let mut model: HashMap<String, Option<Vec<u8>>> = HashMap::new();
+        {
+            let heap = Heap::create(&path, &heap_opts()).unwrap();
+            let st = BulletStore::create(&heap, &opts()).unwrap();
+            let mut s = st.session().unwrap();
+            let mut round = |s: &mut BulletSession, r: usize| {
+                for k in 0..200usize {
+                    let key = format!("key-{k}{}", "x".repeat(k % 3));
+                    match (k + r) % 4 {
+                        0 | 1 => {
+                            let v = format!("v{r}-{k}").into_bytes();
+                            s.apply(key.as_bytes(), Op::Put(&v)).unwrap();
+                            model.insert(key, Some(v));
+                        }
+                        2 => {
+                            let n = match model.get(&key) {
+                                Some(Some(v)) => match std::str::from_utf8(v)
+                                    .ok()
+                                    .and_then(|t| t.parse::<i64>().ok())
+                                {
+                                    Some(n) => n,
+                                    None => continue,
+                                },
+                                _ => 0,
+                            };
+                            s.apply(key.as_bytes(), Op::Incr(k as i64)).unwrap();
+                            model.insert(key, Some((n + k as i64).to_string().into_bytes()));
+                        }
+                        _ => {
+                            s.apply(key.as_bytes(), Op::Remove).unwrap();
+                            model.insert(key, None);
+                        }
+                    }
+                }
+            };
+            round(&mut s, 0);
+            round(&mut s, 1);
+            // Part of the records in the backend and flagged, the rest not.
+            drop(s);
+            st.drain().unwrap();
+            let mut s = st.session().unwrap();
+            round(&mut s, 2);
+            round(&mut s, 3);
+            round(&mut s, 6);
+            drop(s);
+            assert!(st.log_occupancy_bytes().0 > 0);
+            // Dropped without `close`: the next open replays the logs.
+        }
+        COLLIDE.with(|c| c.set(true));
+        let rec = Heap::open(&path, &heap_opts()).unwrap();
+        let (st, stats) = BulletStore::open(rec, &opts()).unwrap();
+        COLLIDE.with(|c| c.set(false));
+        assert!(stats.replayed > 0 && stats.keys > 100, "{stats:?}");
+        let mut s = st.session().unwrap();
+        let mut out = Vec::new();
+        for (k, v) in &model {
+            let found = s.get(k.as_bytes(), &mut out).unwrap();
+            assert_eq!(found.then_some(out.clone()), *v, "key {k}");
+        }
+        drop(s);
+        st.drain().unwrap();
+        st.verify().unwrap();
     }
 }

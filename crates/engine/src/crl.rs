@@ -1001,21 +1001,9 @@ fn random_salt() -> u64 {
 #[cfg(test)]
 mod flag_tests {
     use super::*;
-    use pmem::{Geometry, HeapOptions, Strategy};
 
     fn pool(dir: &std::path::Path, size: u64) -> (Heap, Pool) {
-        let opts = HeapOptions {
-            size: 8 << 20,
-            max_size: 8 << 20,
-            reserve: 8 << 20,
-            geometry: Geometry {
-                nslots: 4,
-                ..Geometry::small()
-            },
-            strategy: Strategy::FenceOnly,
-            ..Default::default()
-        };
-        let heap = Heap::create(&dir.join("h"), &opts).unwrap();
+        let heap = Heap::create(&dir.join("h"), &crate::test_heap_opts(8 << 20, 8 << 20)).unwrap();
         let desc = Pool::create_desc(&heap, 1, size, BACKEND_HASH, PPtr::from_raw(0)).unwrap();
         let pool = Pool::attach(&heap, desc).unwrap();
         pool.ensure_buffer(0).unwrap();

@@ -267,6 +267,23 @@ pub(crate) fn check_op(key: &[u8], op: &Op<'_>) -> Result<()> {
     Ok(())
 }
 
+/// Unit tests: options of a small heap of `size` bytes (growing to `max`) with
+/// the fence-only strategy.
+#[cfg(test)]
+pub(crate) fn test_heap_opts(size: u64, max: u64) -> pmem::HeapOptions {
+    pmem::HeapOptions {
+        size,
+        max_size: max,
+        reserve: max,
+        geometry: pmem::Geometry {
+            nslots: 16,
+            ..pmem::Geometry::small()
+        },
+        strategy: pmem::Strategy::FenceOnly,
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
