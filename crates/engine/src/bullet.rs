@@ -151,6 +151,9 @@ pub struct BulletOptions {
     /// ([`Pool::preallocate`]); otherwise a buffer is allocated when a writer
     /// first takes its log, and its pages are faulted in on the way.
     pub preallocate_logs: bool,
+    /// Recovery folds the logs' records on two threads from this many records
+    /// on (fewer: on the opening thread alone).
+    pub parallel_replay_from: usize,
 }
 
 impl Default for BulletOptions {
@@ -167,6 +170,7 @@ impl Default for BulletOptions {
             group_commit: false,
             role_threads: 0,
             preallocate_logs: true,
+            parallel_replay_from: 20_000,
         }
     }
 }
@@ -512,7 +516,7 @@ impl BulletStore {
             index: istats,
             ..Default::default()
         };
-        let replay = replay(&pool, &backend, &mut stats)?;
+        let replay = replay(&pool, &backend, opts.parallel_replay_from, &mut stats)?;
         // After a restart the frontend holds only what the logs replayed: a miss
         // must read the backend (its key count is not exact after a crash, so it
         // cannot tell us the backend is empty).
@@ -780,8 +784,16 @@ struct Found {
 /// besides the entries themselves: a map of keys to record lists cost an
 /// allocation of each and a tenth of a large recovery's time freeing them.
 /// The keys are copied into one buffer as the logs are read, so that going
-/// through them in hash order reads that buffer, not the logs at random.
-fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Replay> {
+/// through them in hash order reads that buffer, not the logs at random. That
+/// is every record's key (the map held each key once): recovery's memory is
+/// the logs' key bytes plus about 90 bytes a record, at most about the logs'
+/// size.
+fn replay(
+    pool: &Pool,
+    backend: &AnyIndex,
+    parallel_from: usize,
+    st: &mut BulletRecovery,
+) -> Result<Replay> {
     let mut recs: Vec<Found> = Vec::new();
     let mut keys: Vec<u8> = Vec::new();
     let mut order: Vec<(u64, u64, u32)> = Vec::new();
@@ -819,8 +831,9 @@ fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Re
             st.records += 1;
             pool.key(p, &h, &mut key);
             max_version = max_version.max(h.version);
-            let n = u32::try_from(recs.len())
-                .map_err(|_| Error::Corrupt("more than 2^32 log records".into()))?;
+            let n = u32::try_from(recs.len()).map_err(|_| {
+                Error::Config("more than 2^32 log records: too many to recover at once".into())
+            })?;
             order.push((order_hash(&key), h.version, n));
             recs.push(Found {
                 p,
@@ -838,7 +851,7 @@ fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Re
     while split > 0 && split < order.len() && order[split].0 == order[split - 1].0 {
         split += 1;
     }
-    let parts: Vec<&[(u64, u64, u32)]> = if order.len() >= PARALLEL_REPLAY {
+    let parts: Vec<&[(u64, u64, u32)]> = if order.len() >= parallel_from.max(2) {
         vec![&order[..split], &order[split..]]
     } else {
         vec![&order[..]]
@@ -859,12 +872,16 @@ fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Re
         }
         done.push(run(parts[0]));
         for h in handles {
-            done.push(
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::Corrupt("a replay thread panicked".into()))),
-            );
+            // A panic there is a panic here, as in the part run here.
+            done.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
         }
     });
+    if parts.len() > 1 && done.iter().any(Result::is_err) {
+        // Run in parallel, a part can fail for want of a second heap thread
+        // slot (a backend handle takes one): again one after the other, each
+        // handle dropped before the next. Parts have no effect until merged.
+        done = parts.iter().map(|part| run(part)).collect();
+    }
     let mut entries = Vec::new();
     let mut to_flag = Vec::new();
     for r in done {
@@ -888,10 +905,6 @@ fn replay(pool: &Pool, backend: &AnyIndex, st: &mut BulletRecovery) -> Result<Re
         next_epoch: (max_version >> VERSION_SHIFT) + 1,
     })
 }
-
-/// Records at recovery from which `replay` folds on two threads (few in unit
-/// tests, so that theirs take that path).
-const PARALLEL_REPLAY: usize = if cfg!(test) { 64 } else { 20_000 };
 
 /// What `replay_part` found: frontend entries, records to flag, and how many
 /// records it replayed.
@@ -2853,12 +2866,39 @@ mod replay_tests {
                 ..Default::default()
             },
             frontend_buckets: 1024,
-            // Nothing gleans but the explicit drain: records stay in the logs.
+            // Nothing gleans but the test: records stay in the logs.
             epoch: Duration::from_secs(600),
             static_gleaners: 0,
             role_threads: 0,
+            // Both halves of the fold on two threads.
+            parallel_replay_from: 2,
             ..Default::default()
         }
+    }
+
+    /// The two halves of a recovery's fold each take a heap thread slot (a
+    /// backend handle); with one slot the second half cannot get one, and the
+    /// halves run one after the other instead.
+    #[test]
+    fn replay_with_one_thread_slot_runs_the_halves_in_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h");
+        let mut ho = heap_opts();
+        ho.geometry.nslots = 1;
+        {
+            let heap = Heap::create(&path, &ho).unwrap();
+            let st = BulletStore::create(&heap, &opts()).unwrap();
+            let mut s = st.session().unwrap();
+            for k in 0..300u64 {
+                s.apply(format!("k{k}").as_bytes(), Op::Incr(k as i64))
+                    .unwrap();
+            }
+        }
+        let rec = Heap::open(&path, &ho).unwrap();
+        // (The store then has no slot for a session: only the replay is
+        // checked, by its counts.)
+        let (_st, stats) = BulletStore::open(rec, &opts()).unwrap();
+        assert_eq!((stats.keys, stats.replayed), (300, 300), "{stats:?}");
     }
 
     /// Recovery groups the logs' records by key hash; keys whose hashes
@@ -2902,6 +2942,17 @@ mod replay_tests {
                         }
                     }
                 }
+                // Counters: after the partial glean below, their unflagged
+                // records are all increments, folded onto the backend value.
+                for c in 0..50usize {
+                    let key = format!("cnt-{c}{}", "y".repeat(c % 2));
+                    s.apply(key.as_bytes(), Op::Incr(c as i64 + 1)).unwrap();
+                    let n = match model.get(&key) {
+                        Some(Some(v)) => std::str::from_utf8(v).unwrap().parse::<i64>().unwrap(),
+                        _ => 0,
+                    };
+                    model.insert(key, Some((n + c as i64 + 1).to_string().into_bytes()));
+                }
             };
             round(&mut s, 0);
             round(&mut s, 1);
@@ -2911,7 +2962,31 @@ mod replay_tests {
             let mut s = st.session().unwrap();
             round(&mut s, 2);
             round(&mut s, 3);
+            drop(s);
+            // One batch of one log: its records are applied and flagged but
+            // stay in the log (no head advance), so recovery finds flagged
+            // records, and increments after them (folded onto the backend).
+            let mut g = Gleaner::new(&st.sh).unwrap();
+            assert!(g.glean_batch(&st.sh).unwrap());
+            g.retire(&st.sh);
+            let mut s = st.session().unwrap();
             round(&mut s, 6);
+            // Increments only since the batch, for the keys holding numbers:
+            // recovery folds them onto the backend's value.
+            for (k, v) in model.iter_mut() {
+                let n = match v {
+                    Some(b) => match std::str::from_utf8(b)
+                        .ok()
+                        .and_then(|t| t.parse::<i64>().ok())
+                    {
+                        Some(n) => n,
+                        None => continue,
+                    },
+                    None => 0,
+                };
+                s.apply(k.as_bytes(), Op::Incr(5)).unwrap();
+                *v = Some((n + 5).to_string().into_bytes());
+            }
             drop(s);
             assert!(st.log_occupancy_bytes().0 > 0);
             // Dropped without `close`: the next open replays the logs.
@@ -2921,6 +2996,8 @@ mod replay_tests {
         let (st, stats) = BulletStore::open(rec, &opts()).unwrap();
         COLLIDE.with(|c| c.set(false));
         assert!(stats.replayed > 0 && stats.keys > 100, "{stats:?}");
+        // Some records were flagged, so not all were replayed.
+        assert!(stats.replayed < stats.records, "{stats:?}");
         let mut s = st.session().unwrap();
         let mut out = Vec::new();
         for (k, v) in &model {

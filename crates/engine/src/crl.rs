@@ -824,6 +824,8 @@ impl Pool {
     /// cleared bit by bit, atomically (a gleaner may be flagging a neighbour).
     fn clear_flags(&self, i: usize, from: u64, to: u64) {
         debug_assert!(from <= to && to - from <= self.size);
+        // Record positions are 8-aligned, so whole slots.
+        debug_assert!(from.is_multiple_of(8) && to.is_multiple_of(8));
         if from >= to {
             return;
         }
@@ -874,8 +876,8 @@ impl Pool {
             let cleared: u64 = self.r().read(self.log_field(i, LOG_CLEARED));
             let head = l.head.load(Ordering::Acquire);
             let tail = l.tail.load(Ordering::Acquire);
-            // Never into the live records: a crash between two advances can
-            // leave `cleared` more than a ring behind the head.
+            // Never into the live records: writers may wrap past `cleared +
+            // size` before the next advance moves `cleared` (it lags a head).
             let from = cleared.max(tail.saturating_sub(self.size));
             if from < head {
                 self.clear_flags(i, from, head);
@@ -932,18 +934,21 @@ impl Pool {
     /// them to writers (`free_to`): steps 1–3 of "Reclamation", two fences for
     /// all logs. Records below a head are never read again, so a stale
     /// checksum-valid record there cannot be mistaken for a live one.
+    /// One thread at a time (the advancer's lock).
     pub fn persist_heads(&self, moved: &[(usize, u64)]) {
         let r = self.r();
-        for &(i, head) in moved {
-            let old = self.logs[i].free_to.load(Ordering::Acquire);
+        let olds: Vec<u64> = moved
+            .iter()
+            .map(|&(i, _)| self.logs[i].free_to.load(Ordering::Acquire))
+            .collect();
+        for (&(i, head), &old) in moved.iter().zip(&olds) {
             let f = self.log_field(i, 0);
             r.write(f + LOG_HEAD, &head);
             r.write(f + LOG_CLEARED, &old);
             r.flush(f + LOG_HEAD, 16);
         }
         r.fence();
-        for &(i, head) in moved {
-            let old = self.logs[i].free_to.load(Ordering::Acquire);
+        for (&(i, head), &old) in moved.iter().zip(&olds) {
             self.clear_flags(i, old, head);
         }
         r.fence();
@@ -1042,6 +1047,51 @@ mod flag_tests {
                     "range {from}..{to}: position {phys}"
                 );
             }
+        }
+    }
+
+    /// Writers may wrap past the last advance's `cleared + size` before the
+    /// next advance: reopening then clears stale flags only below the head and
+    /// never those of live records that share their ring positions with the
+    /// range `[cleared, head)`.
+    #[test]
+    fn stale_flag_clearing_spares_wrapped_live_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 4096;
+        let (_heap, pool) = pool(dir.path(), size);
+        let mut first = Vec::new();
+        while pool.fits(0, 200) {
+            first.push(
+                pool.append(0, 1, b"k", &[1; 100], RecPtr::NULL, 1)
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        pool.mark_applied_all(&first);
+        let t1 = pool.logs[0].tail.load(Ordering::Acquire);
+        // The advance: read boundary, then head and `cleared` (= 0) persisted.
+        pool.logs[0].head.store(t1, Ordering::Release);
+        pool.persist_heads(&[(0, t1)]);
+        // Around the ring, over positions below t1 (below `cleared + size`).
+        let mut second = Vec::new();
+        while pool.fits(0, 200) {
+            second.push(
+                pool.append(0, 1, b"k", &[2; 100], RecPtr::NULL, 2)
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        let t2 = pool.logs[0].tail.load(Ordering::Acquire);
+        assert!(t2 > size, "the second lap wrapped");
+        assert!(second.iter().any(|p| p.pos() % size < t1 % size));
+        pool.mark_applied_all(&second);
+        pool.clear_stale_flags();
+        for p in &second {
+            assert!(
+                pool.header(*p).unwrap().applied,
+                "live record at {} lost its flag",
+                p.pos()
+            );
         }
     }
 

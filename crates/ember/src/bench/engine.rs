@@ -850,6 +850,7 @@ pub fn run(args: &EngineArgs) -> BenchResult<()> {
                 group_commit: false,
                 role_threads: 0,
                 preallocate_logs: true,
+                ..Default::default()
             };
             let store = BulletStore::create(&tmp.heap, &opts).map_err(err)?;
             run.store(&store, Some(&tmp), Some(args.backend), || {

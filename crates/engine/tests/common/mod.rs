@@ -60,6 +60,9 @@ pub fn bullet_opts(v: Variant, b: BackendKind, log_size: u64) -> BulletOptions {
         group_commit: false,
         role_threads: 0,
         preallocate_logs: true,
+        // Recovery on two threads whenever there are records to share: every
+        // crash and restart test runs that path.
+        parallel_replay_from: 2,
     }
 }
 
