@@ -537,7 +537,9 @@ impl Inner {
         h & ((1u64 << self.size_log2()) - 1)
     }
 
-    fn get(&self, key: &[u8], out: &mut Vec<u8>) -> bool {
+    /// A read-only walk to `key`: its node (0 when absent) and the node before
+    /// it (or before where it would be).
+    fn walk_ro(&self, key: &[u8]) -> (u64, u64) {
         let r = self.r();
         let h = key_hash(key);
         let so = so_regular(h);
@@ -550,41 +552,36 @@ impl Inner {
                     curr = ptr(link::load_settled(r, curr + N_NEXT));
                 }
                 Cmp::Greater => break,
-                Cmp::Equal => {
-                    let v = link::load_settled(r, curr + N_VAL);
-                    let nv = link::load(r, curr + N_NEXT);
-                    self.scan(prev);
-                    self.scan(curr);
-                    if v & DEL != 0 || nv & DEL != 0 {
-                        return false;
-                    }
-                    blob::read_value(r, ptr(v), out);
-                    return true;
-                }
+                Cmp::Equal => return (prev, curr),
             }
         }
-        false
+        (prev, 0)
+    }
+
+    fn get(&self, key: &[u8], out: &mut Vec<u8>) -> bool {
+        let r = self.r();
+        let (prev, curr) = self.walk_ro(key);
+        if curr == 0 {
+            return false;
+        }
+        let v = link::load_settled(r, curr + N_VAL);
+        let nv = link::load(r, curr + N_NEXT);
+        self.scan(prev);
+        self.scan(curr);
+        if v & DEL != 0 || nv & DEL != 0 {
+            return false;
+        }
+        blob::read_value(r, ptr(v), out);
+        true
     }
 
     /// Where a write of `key` lands (a hint): its node, or for an absent key the
     /// node after which it would be linked. A read-only walk, as `get`.
     fn locate(&self, key: &[u8]) -> u64 {
-        let r = self.r();
-        let h = key_hash(key);
-        let so = so_regular(h);
-        let mut prev = self.start_ro(self.bucket_of(h));
-        let mut curr = ptr(link::load_settled(r, prev + N_NEXT));
-        while curr != 0 {
-            match self.cmp_node(curr, so, key) {
-                Cmp::Less => {
-                    prev = curr;
-                    curr = ptr(link::load_settled(r, curr + N_NEXT));
-                }
-                Cmp::Greater => break,
-                Cmp::Equal => return curr,
-            }
+        match self.walk_ro(key) {
+            (prev, 0) => prev,
+            (_, node) => node,
         }
-        prev
     }
 
     /// One scan step (see [`Ops::scan`]): the list is in position order, so this
