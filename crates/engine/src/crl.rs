@@ -19,9 +19,9 @@
 //! A log's block is its `size`-byte ring followed by its *applied flags*: one
 //! bit per 8 bytes of ring (`size / 64` bytes, rounded up to a cache line), the
 //! bit of a record's first 8 bytes being that record's flag. Dense flags cost a
-//! gleaner one flush per cache line of flags, 512 ring positions or a few dozen
-//! records, where a flag in each record's header cost one flush per record; and
-//! under `msync` one written-out page of flags per 32,768 ring positions, where
+//! gleaner one flush per cache line of flags (4 KiB of ring, a few dozen
+//! records), where a flag in each record's header cost one flush per record;
+//! and under `msync` one written-out page of flags per 256 KiB of ring, where
 //! flags in the headers wrote every page of the ring out a second time.
 //!
 //! A record (Figure 3a), 8-byte aligned:

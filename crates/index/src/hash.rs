@@ -1344,9 +1344,9 @@ impl HashHandle {
     /// predecessor), for a batch applied in parts under `msync`: each part's
     /// fences `msync` the pages it wrote, and in arrival order every part of
     /// a large batch touches nodes all over the table, so each node page is
-    /// written out again by nearly every part (a batch of 16,384 puts in parts
-    /// of 256 wrote ten times as many node pages as the table has). In node
-    /// order a part's nodes share pages. Every occurrence of a key gets the
+    /// written out again by nearly every part. In node order a part's nodes
+    /// share pages (in a sustained `msync` SET load the gleaner thread dirtied
+    /// 2.2x fewer pages; BENCHMARKS.md). Every occurrence of a key gets the
     /// place found for its first (the sort is stable), so writes of one key
     /// keep their order.
     fn by_place<'a>(&mut self, items: &[Write<'a>]) -> Vec<Write<'a>> {
