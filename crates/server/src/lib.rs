@@ -13,8 +13,10 @@
 //!   expiry) and the operations commands are built from.
 //! - [`server`]: acceptor, worker event loops, shutdown.
 //! - [`cmd`]: the command table and handlers.
-//! - [`info`], [`metrics`], [`stats`]: observability.
+//! - [`info`], [`metrics`], [`stats`]: observability; [`clock`]: the
+//!   per-command clock.
 
+pub mod clock;
 pub mod cmd;
 pub mod commit;
 pub mod config;

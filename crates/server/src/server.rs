@@ -13,6 +13,7 @@
 //! the session's maintenance (Bullet's gleaning role) and periodic tasks
 //! (active expiry on worker 0, idle timeouts).
 
+use crate::clock::Stamp;
 use crate::cmd::{self, Ctx};
 use crate::commit::Committer;
 use crate::config::Config;
@@ -109,7 +110,7 @@ pub struct ClientMeta {
     pub addr: String,
     pub laddr: String,
     pub fd: i32,
-    pub created: Instant,
+    pub created: Stamp,
     pub name: Mutex<String>,
     pub lib_name: Mutex<String>,
     pub lib_ver: Mutex<String>,
@@ -124,11 +125,8 @@ pub struct ClientMeta {
 impl ClientMeta {
     /// One line of CLIENT LIST / CLIENT INFO (Redis's field order).
     pub fn line(&self) -> String {
-        let age = self.created.elapsed();
-        let idle = age
-            .as_millis()
-            .saturating_sub(self.last_ms.load(Ordering::Relaxed) as u128)
-            / 1000;
+        let age_ms = Stamp::now().millis_since(self.created);
+        let idle = age_ms.saturating_sub(self.last_ms.load(Ordering::Relaxed)) / 1000;
         let cmd = match self.last_cmd.load(Ordering::Relaxed) {
             0 => "NULL".to_string(),
             i => cmd::TABLE
@@ -143,7 +141,7 @@ impl ClientMeta {
             self.laddr,
             self.fd,
             self.name.lock().unwrap_or_else(|p| p.into_inner()),
-            age.as_secs(),
+            age_ms / 1000,
             idle,
             self.db.load(Ordering::Relaxed),
             cmd,
@@ -346,6 +344,7 @@ impl Worker {
             };
             if last_tick.elapsed() >= period {
                 last_tick = Instant::now();
+                crate::clock::recalibrate();
                 self.tick();
             }
         }
@@ -456,7 +455,7 @@ impl Worker {
 
     fn submit(&mut self, p: engine::PendingCommit) {
         self.committer.submit(p);
-        self.ws.commits_pipelined.fetch_add(1, Ordering::Relaxed);
+        self.ws.commits_pipelined.add(1);
     }
 
     /// Output released by completed commits: written now.
@@ -519,7 +518,7 @@ impl Worker {
                 addr: peer.to_string(),
                 laddr,
                 fd,
-                created: Instant::now(),
+                created: Stamp::now(),
                 name: Mutex::new(String::new()),
                 lib_name: Mutex::new(String::new()),
                 lib_ver: Mutex::new(String::new()),
@@ -621,7 +620,7 @@ impl Worker {
                     c.inbuf.extend_from_slice(&self.rbuf[..n]);
                     drained = n < self.rbuf.len() && !c.peer_closing;
                     read_total += n;
-                    self.ws.net_in.fetch_add(n as u64, Ordering::Relaxed);
+                    self.ws.net_in.add(n as u64);
                     c.last_active = Instant::now();
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -654,7 +653,7 @@ impl Worker {
         // One clock read per command: each command's time runs from the end
         // of the previous one (parsing included), and expiry is judged
         // against the time this run of requests started.
-        let mut clock = Instant::now();
+        let mut clock = Stamp::now();
         let now = crate::keyspace::now_ms();
         self.prefetch_pipeline(c);
         let mut args = std::mem::take(&mut self.args);
@@ -703,7 +702,7 @@ impl Worker {
         &mut self,
         c: &mut Client,
         args: &mut proto::Args,
-        clock: &mut Instant,
+        clock: &mut Stamp,
         now: i64,
     ) -> bool {
         loop {
@@ -827,7 +826,7 @@ impl Worker {
                     }
                     Ok(n) => {
                         c.outpos += n;
-                        self.ws.net_out.fetch_add(n as u64, Ordering::Relaxed);
+                        self.ws.net_out.add(n as u64);
                     }
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -906,9 +905,7 @@ impl Worker {
         if self.id == 0 {
             self.active_expire();
         }
-        self.ws
-            .expired_keys
-            .store(self.ks.expired, Ordering::Relaxed);
+        self.ws.expired_keys.set_total(self.ks.expired);
     }
 
     /// Redis's active expiry, adapted: keys with a TTL are not indexed

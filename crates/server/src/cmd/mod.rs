@@ -8,13 +8,13 @@ mod strings;
 
 pub use conn::REDIS_COMPAT_VERSION;
 
+use crate::clock::Stamp;
 use crate::keyspace::{Keyspace, KsError};
 use crate::server::{Client, Shared};
 use crate::stats::WorkerStats;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
-use std::time::Instant;
 
 /// What a handler sees.
 pub struct Ctx<'a> {
@@ -236,7 +236,7 @@ pub fn arity_error(name: &str) -> String {
 /// Runs one request and appends its reply to the client's output. `clock`
 /// is when the previous command ended (or the batch began): the command's
 /// time is measured from it, and it is moved to this command's end.
-pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Instant) {
+pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stamp) {
     let t0 = *clock;
     let Some(i) = lookup(&args[0]) else {
         c.err(&unknown_command(args));
@@ -245,28 +245,27 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Inst
     let spec = &TABLE[i];
     let n = args.len() as i32;
     if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
-        ctx.ws.cmds[i].rejected.fetch_add(1, Ordering::Relaxed);
+        ctx.ws.cmds[i].rejected.add(1);
         c.err(&arity_error(spec.name));
         return;
     }
     if !c.authed && !spec.no_auth() {
-        ctx.ws.cmds[i].rejected.fetch_add(1, Ordering::Relaxed);
+        ctx.ws.cmds[i].rejected.add(1);
         c.err("NOAUTH Authentication required.");
         return;
     }
     c.meta.last_cmd.store(i as u64 + 1, Ordering::Relaxed);
-    c.meta.last_ms.store(
-        t0.saturating_duration_since(c.meta.created).as_millis() as u64,
-        Ordering::Relaxed,
-    );
+    c.meta
+        .last_ms
+        .store(t0.millis_since(c.meta.created), Ordering::Relaxed);
     let r = (spec.run)(ctx, c, args);
     let failed = r.is_err();
     if let Err(e) = r {
         c.err(&e);
     }
-    let t1 = Instant::now();
+    let t1 = Stamp::now();
     *clock = t1;
-    ctx.ws.record(i, (t1 - t0).as_micros() as u64, failed);
+    ctx.ws.record(i, t1.micros_since(t0), failed);
 }
 
 /// Parses an integer argument (Redis's `string2ll`).

@@ -19,15 +19,11 @@ fn read_string(ctx: &mut Ctx, c: &Client, key: &[u8]) -> Result<Option<Header>, 
 pub fn get(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     match read_string(ctx, c, &a[1])? {
         Some(h) => {
-            ctx.ws
-                .hits
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            ctx.ws.hits.add(1);
             c.bulk(&ctx.ks.raw[h.off..]);
         }
         None => {
-            ctx.ws
-                .misses
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            ctx.ws.misses.add(1);
             c.null();
         }
     }
