@@ -1340,6 +1340,23 @@ fn config_file() {
             V::Bulk(b"yes".to_vec())
         ])
     );
+    // An Ember parameter CONFIG SET changes at runtime, within its range.
+    assert_eq!(
+        r.cmd(&["CONFIG", "SET", "busy-poll-us", "0"]),
+        V::Simple("OK".into())
+    );
+    assert_eq!(
+        r.cmd(&["CONFIG", "GET", "busy-poll-us"]),
+        V::Arr(vec![
+            V::Bulk(b"busy-poll-us".to_vec()),
+            V::Bulk(b"0".to_vec())
+        ])
+    );
+    match r.cmd(&["CONFIG", "SET", "busy-poll-us", "20000"]) {
+        V::Err(e) => assert!(e.contains("between 0 and 10000"), "{e}"),
+        v => panic!("{v:?}"),
+    }
+    assert_eq!(r.cmd(&["PING"]), V::Simple("PONG".into()));
     let info = bulk_str(&r.cmd(&["INFO", "server"]));
     assert!(info.contains(&format!("config_file:{c}\r\n")), "{info}");
     drop(r);

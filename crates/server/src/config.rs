@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// maxclients, timeout, hz, protected-mode, databases, proto-max-bulk-len,
     /// client-query-buffer-limit, heap, heap-size, heap-max-size, engine,
     /// durability, commit-pipeline, threads, metrics-port, logs, log-size, fence-ns,
-    /// tcp-backlog; Redis's
+    /// tcp-backlog, busy-poll-us; Redis's
     /// snapshot/AOF/encoding directives are accepted and have no effect).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -99,6 +99,12 @@ pub struct ServeArgs {
     /// Emulated extra latency per fence in ns (always reported in INFO) [default: 0].
     #[arg(long)]
     pub fence_ns: Option<u64>,
+    /// After serving requests, a worker polls its sockets without sleeping for
+    /// up to this many microseconds before it blocks (0 = block at once): a
+    /// request arriving meanwhile costs no wake-up. Only after a poll that
+    /// found work, so an idle server sleeps [default: 50].
+    #[arg(long)]
+    pub busy_poll_us: Option<u64>,
     /// Pending connections the kernel queues for accept (capped by
     /// net.core.somaxconn) [default: 511].
     #[arg(long)]
@@ -192,6 +198,8 @@ pub struct Config {
     pub log_size: u64,
     pub fence_ns: u64,
     pub tcp_backlog: u32,
+    /// Microseconds a worker polls without sleeping after finding work.
+    pub busy_poll_us: u64,
     /// Redis directives accepted with no effect here (name → value as given).
     pub no_effect: BTreeMap<String, String>,
     /// The file the configuration was read from.
@@ -224,6 +232,7 @@ impl Default for Config {
             logs: 8,
             log_size: 32 * MB,
             fence_ns: 0,
+            busy_poll_us: 50,
             tcp_backlog: 511,
             no_effect: BTreeMap::new(),
             config_file: None,
@@ -321,6 +330,7 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("log-size", false),
     ("fence-ns", false),
     ("tcp-backlog", false),
+    ("busy-poll-us", true),
 ];
 
 /// Parses a size the way Redis's `memtoll` does: `k`/`m`/`g` are powers of
@@ -457,6 +467,13 @@ impl Config {
             }
             "log-size" => self.log_size = parse_size(one()?)?,
             "fence-ns" => self.fence_ns = parse_u64(one()?)?,
+            "busy-poll-us" => {
+                let n = parse_u64(one()?)?;
+                if n > 10_000 {
+                    return Err("busy-poll-us must be between 0 and 10000".into());
+                }
+                self.busy_poll_us = n;
+            }
             "tcp-backlog" => {
                 let n = parse_u64(one()?)?;
                 if !(1..=65535).contains(&n) {
@@ -553,6 +570,7 @@ impl Config {
         set("logs", a.logs.map(|v| v.to_string()))?;
         set("log-size", a.log_size.clone())?;
         set("fence-ns", a.fence_ns.map(|v| v.to_string()))?;
+        set("busy-poll-us", a.busy_poll_us.map(|v| v.to_string()))?;
         set("tcp-backlog", a.tcp_backlog.map(|v| v.to_string()))?;
         if c.heap_max_size < c.heap_size {
             c.heap_max_size = c.heap_size;
@@ -584,6 +602,7 @@ impl Config {
             "logs" => self.logs.to_string(),
             "log-size" => self.log_size.to_string(),
             "fence-ns" => self.fence_ns.to_string(),
+            "busy-poll-us" => self.busy_poll_us.to_string(),
             "tcp-backlog" => self.tcp_backlog.to_string(),
             n if NO_EFFECT.contains(&n) => self.no_effect.get(n).cloned().unwrap_or_default(),
             _ => return None,
@@ -643,5 +662,30 @@ mod tests {
         assert!(e.contains(":2:") && e.contains("Bad directive"), "{e}");
         std::fs::write(&f, "maxclients x\n").unwrap();
         assert!(Config::load(&a).is_err());
+    }
+
+    #[test]
+    fn busy_poll() {
+        assert_eq!(Config::default().busy_poll_us, 50);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("e.conf");
+        std::fs::write(&f, "busy-poll-us 0\n").unwrap();
+        let mut a = ServeArgs {
+            config: Some(f.clone()),
+            ..Default::default()
+        };
+        let c = Config::load(&a).unwrap();
+        assert_eq!(c.busy_poll_us, 0);
+        assert_eq!(c.get("busy-poll-us").unwrap(), "0");
+        a.busy_poll_us = Some(200);
+        assert_eq!(Config::load(&a).unwrap().busy_poll_us, 200, "the flag wins");
+        std::fs::write(&f, "busy-poll-us 10001\n").unwrap();
+        a.busy_poll_us = None;
+        let e = Config::load(&a).unwrap_err();
+        assert!(e.contains("between 0 and 10000"), "{e}");
+        assert!(
+            HONOURED.contains(&("busy-poll-us", true)),
+            "CONFIG SET changes it"
+        );
     }
 }

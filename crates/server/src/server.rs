@@ -235,6 +235,7 @@ struct Settings {
     requirepass: Option<String>,
     timeout: u64,
     hz: u64,
+    busy_poll: Duration,
 }
 
 impl Settings {
@@ -257,6 +258,7 @@ impl Settings {
             requirepass: c.requirepass.clone(),
             timeout: c.timeout,
             hz: c.hz,
+            busy_poll: Duration::from_micros(c.busy_poll_us),
         }
     }
 }
@@ -296,6 +298,9 @@ impl Worker {
         let mut last_tick = Instant::now();
         let mut busy_maint = false;
         let mut ready: Vec<Token> = Vec::new();
+        // The last batch's clients each sent one or two requests: they wait
+        // for each reply, so the next request comes within microseconds.
+        let mut unpipelined = false;
         while !self.sh.shutdown.load(Ordering::Acquire) {
             let period = Duration::from_millis(1000 / self.settings.hz.max(1));
             let timeout = if busy_maint || !self.pending.is_empty() {
@@ -303,7 +308,12 @@ impl Worker {
             } else {
                 period
             };
-            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+            let spin = if unpipelined {
+                self.settings.busy_poll
+            } else {
+                Duration::ZERO
+            };
+            if let Err(e) = self.poll_spinning(&mut events, timeout, spin) {
                 if e.kind() != ErrorKind::Interrupted {
                     eprintln!("ember: worker {} poll failed: {e}", self.id);
                     break;
@@ -328,9 +338,14 @@ impl Worker {
             ready.dedup();
             // Replies whose commits completed while the worker polled.
             self.reap_commits(false);
+            let mut requesting = 0;
             for &t in &ready {
+                let before = self.batch_requests;
                 self.serve(t);
+                requesting += usize::from(self.batch_requests > before);
             }
+            let served = self.batch_requests;
+            unpipelined = served > 0 && served <= 2 * requesting;
             self.commit_batch(&ready);
             for &t in &ready {
                 self.flush(t);
@@ -886,6 +901,36 @@ impl Worker {
                 .remove(&c.id);
             self.sh.connected.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+
+    /// Polls for events: without sleeping for up to `spin` (yielding the CPU
+    /// to any other runnable thread between polls), then blocking for up to
+    /// `timeout`. Under a load of small requests without pipelining, a worker
+    /// that served everything otherwise sleeps until the next request, and
+    /// the client's send then pays for waking it: 10% of the throughput of
+    /// SET and GET -P 1 on two cores. The caller spins only after a batch of
+    /// such clients: after pipelined batches, spinning took CPU from the
+    /// gleaner and the client (SET -P 16 about 7% slower).
+    fn poll_spinning(
+        &mut self,
+        events: &mut Events,
+        timeout: Duration,
+        spin: Duration,
+    ) -> std::io::Result<()> {
+        if !spin.is_zero() && !timeout.is_zero() {
+            let start = Instant::now();
+            loop {
+                self.poll.poll(events, Some(Duration::ZERO))?;
+                if !events.is_empty() || start.elapsed() >= spin {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+            if !events.is_empty() {
+                return Ok(());
+            }
+        }
+        self.poll.poll(events, Some(timeout))
     }
 
     /// Periodic work: idle timeouts, and (worker 0) one active-expiry step.
