@@ -9,13 +9,20 @@
 //! CPUID 0x8000_0007 EDX bit 8), a plain RDTSC scaled to nanoseconds is used
 //! instead; a command's time can then be off by the few instructions the CPU
 //! reorders around the read, which is below the microsecond commandstats
-//! count in. Elsewhere, and until the rate is calibrated, it is `Instant`.
+//! count in. Stamps taken on different CPUs are compared (a client's creation
+//! and its last command, a worker moved between two reads), so the counter is
+//! used only where the kernel itself keeps time with it (clocksource `tsc`:
+//! it checked that the CPUs' counters agree). Elsewhere, and until the rate
+//! is calibrated, it is `Instant`; a counter read below the base (a reset)
+//! falls back to `Instant` too.
 //!
 //! The rate is measured against `Instant`, over the time since the clock's
 //! base: at first after `CALIBRATE_AFTER`, then again by [`recalibrate`]
 //! (workers call it once a tick), so it grows more exact as the process runs.
-//! Two stamps taken across a recalibration may be off by the correction;
-//! differences saturate at zero.
+//! Each pairing of a counter read with `Instant` is bracketed by two
+//! `Instant` reads and dropped if they are more than `PAIR_SLACK` apart (the
+//! thread was interrupted in between). Two stamps taken across a
+//! recalibration may be off by the correction; differences saturate at zero.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -32,8 +39,8 @@ impl Stamp {
         let b = base();
         if b.tsc {
             let scale = b.scale.load(Ordering::Relaxed);
-            if scale != 0 {
-                let ticks = rdtsc().wrapping_sub(b.tsc0);
+            let ticks = rdtsc().wrapping_sub(b.tsc0);
+            if scale != 0 && ticks < 1 << 62 {
                 return Stamp(((u128::from(ticks) * u128::from(scale)) >> 32) as u64);
             }
         }
@@ -56,6 +63,10 @@ impl Stamp {
 /// After this long since the base, the counter's rate is first measured.
 const CALIBRATE_AFTER: Duration = Duration::from_millis(20);
 
+/// A counter read is paired with `Instant` only if the `Instant` reads
+/// around it are at most this far apart.
+const PAIR_SLACK: Duration = Duration::from_micros(5);
+
 struct Base {
     instant0: Instant,
     /// The counter's value at `instant0`.
@@ -68,12 +79,34 @@ struct Base {
 
 fn base() -> &'static Base {
     static BASE: OnceLock<Base> = OnceLock::new();
-    BASE.get_or_init(|| Base {
-        instant0: Instant::now(),
-        tsc0: rdtsc(),
-        tsc: invariant_tsc(),
-        scale: AtomicU64::new(0),
+    BASE.get_or_init(|| {
+        let tsc = invariant_tsc() && kernel_clock_is_tsc();
+        // A pair read without interruption (a few tries; the last one
+        // otherwise, whose error the calibration over a longer time shrinks).
+        let mut pair = (Instant::now(), rdtsc());
+        for _ in 0..8 {
+            if let Some(p) = paired() {
+                pair = p;
+                break;
+            }
+        }
+        Base {
+            instant0: pair.0,
+            tsc0: pair.1,
+            tsc,
+            scale: AtomicU64::new(0),
+        }
     })
+}
+
+/// A counter read and the `Instant` it was taken at (the midpoint of two
+/// reads around it), or `None` if they were too far apart.
+fn paired() -> Option<(Instant, u64)> {
+    let a = Instant::now();
+    let t = rdtsc();
+    let b = Instant::now();
+    let gap = b - a;
+    (gap <= PAIR_SLACK).then(|| (a + gap / 2, t))
 }
 
 /// Measures the counter's rate again (a worker calls this once a tick).
@@ -82,14 +115,24 @@ pub fn recalibrate() {
     if !b.tsc {
         return;
     }
-    let ticks = rdtsc().wrapping_sub(b.tsc0);
-    let ns = b.instant0.elapsed();
-    if ns < CALIBRATE_AFTER || ticks == 0 {
+    let Some((at, t)) = paired() else {
+        return;
+    };
+    let ticks = t.wrapping_sub(b.tsc0);
+    let ns = at.saturating_duration_since(b.instant0);
+    if ns < CALIBRATE_AFTER || ticks == 0 || ticks >= 1 << 62 {
         return;
     }
     let scale = (ns.as_nanos() << 32) / u128::from(ticks);
     b.scale
         .store(u64::try_from(scale).unwrap_or(0), Ordering::Relaxed);
+}
+
+/// Whether the kernel keeps time with the TSC (it then checked that the
+/// CPUs' counters are in step).
+fn kernel_clock_is_tsc() -> bool {
+    std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+        .is_ok_and(|s| s.trim() == "tsc")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -135,7 +178,14 @@ mod tests {
         let _ = Stamp::now();
         std::thread::sleep(CALIBRATE_AFTER + Duration::from_millis(5));
         recalibrate();
-        if invariant_tsc() {
+        if base().tsc {
+            // (Unless every pairing was interrupted: then it is `Instant`.)
+            for _ in 0..100 {
+                if base().scale.load(Ordering::Relaxed) != 0 {
+                    break;
+                }
+                recalibrate();
+            }
             assert_ne!(base().scale.load(Ordering::Relaxed), 0, "calibrated");
         }
         let (s0, i0) = (Stamp::now(), Instant::now());

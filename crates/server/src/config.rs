@@ -99,10 +99,11 @@ pub struct ServeArgs {
     /// Emulated extra latency per fence in ns (always reported in INFO) [default: 0].
     #[arg(long)]
     pub fence_ns: Option<u64>,
-    /// After serving requests, a worker polls its sockets without sleeping for
-    /// up to this many microseconds before it blocks (0 = block at once): a
-    /// request arriving meanwhile costs no wake-up. Only after a poll that
-    /// found work, so an idle server sleeps [default: 50].
+    /// After a batch of clients that each sent one or two requests (they wait
+    /// for every reply), a worker polls its sockets without sleeping for up
+    /// to this many microseconds before it blocks (0 = block at once): a
+    /// request arriving meanwhile costs no wake-up. Never after pipelined
+    /// batches or on an idle server [default: 50].
     #[arg(long)]
     pub busy_poll_us: Option<u64>,
     /// Pending connections the kernel queues for accept (capped by

@@ -668,9 +668,10 @@ impl Worker {
         // One clock read per command: each command's time runs from the end
         // of the previous one (parsing included), and expiry is judged
         // against the time this run of requests started.
-        let mut clock = Stamp::now();
         let now = crate::keyspace::now_ms();
         self.prefetch_pipeline(c);
+        // After the prefetch, which is the batch's, not its first command's.
+        let mut clock = Stamp::now();
         let mut args = std::mem::take(&mut self.args);
         let r = self.run_requests_with(c, &mut args, &mut clock, now);
         args.trim();
@@ -917,7 +918,8 @@ impl Worker {
         timeout: Duration,
         spin: Duration,
     ) -> std::io::Result<()> {
-        if !spin.is_zero() && !timeout.is_zero() {
+        let spin = spin.min(timeout);
+        if !spin.is_zero() {
             let start = Instant::now();
             loop {
                 self.poll.poll(events, Some(Duration::ZERO))?;

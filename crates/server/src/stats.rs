@@ -42,8 +42,8 @@ impl Counter {
 
     /// The count since the last reset.
     pub fn get(&self) -> u64 {
-        // The base first: a reset between the two loads makes the base larger
-        // than an older total, which reads as 0, never as a wrapped count.
+        // The base first: the total read after it is at least the one the
+        // reset saw (Release/Acquire). The saturation is only a safeguard.
         let b = self.base.load(Ordering::Acquire);
         let t = self.total.load(Ordering::Acquire);
         t.saturating_sub(b)
@@ -51,8 +51,9 @@ impl Counter {
 
     /// Counts from zero again.
     pub fn reset(&self) {
+        // `fetch_max`: of two resets at once, the later total wins.
         self.base
-            .store(self.total.load(Ordering::Acquire), Ordering::Release);
+            .fetch_max(self.total.load(Ordering::Acquire), Ordering::AcqRel);
     }
 }
 
