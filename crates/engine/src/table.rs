@@ -823,8 +823,9 @@ impl<V: TableValue + ?Sized, M: Clone + Send + Sync + 'static> Table<V, M> {
                     prefetch_line(v);
                     prefetch_line(v.wrapping_add(64));
                     if !(v as usize).is_multiple_of(64) {
-                        // A 100-byte value's blob ends in a third line unless it
-                        // starts near a line's start.
+                        // The first 128 bytes reach a third line unless the
+                        // blob starts a line (a 100-byte value's 109-byte blob
+                        // does from 20 bytes into one).
                         prefetch_line(v.wrapping_add(127));
                     }
                     continue;
@@ -1240,8 +1241,6 @@ impl<V: TableValue + ?Sized, M: Clone + Send + Sync + 'static> Drop for Locked<'
     }
 }
 
-// ---------------------------------------------------------------------------
-// Tests
 /// A node's two lines (the fields a lookup reads, then the value pointer).
 #[inline]
 fn prefetch_node<T>(p: *const T) {
@@ -1249,8 +1248,6 @@ fn prefetch_node<T>(p: *const T) {
     prefetch_line(p);
     prefetch_line(p.wrapping_add(64));
 }
-
-// ---------------------------------------------------------------------------
 
 /// `Session::prefetch` of the stores whose entries live in a `Table`: at most 32
 /// keys at a time, hashed on the stack.
@@ -1267,6 +1264,10 @@ pub fn prefetch_keys<V: TableValue + ?Sized, M: Clone + Send + Sync + 'static>(
         t.prefetch(&hashes[..chunk.len()], &g);
     }
 }
+
+// ---------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------
 
 #[cfg(test)]
 mod tests {
