@@ -319,12 +319,44 @@ impl Pool {
             group_commit: AtomicBool::new(false),
             alloc_lock: std::sync::Mutex::new(()),
         };
-        for i in 0..nlogs {
-            let t = pool.find_tail(i);
+        for (i, t) in pool.find_tails() {
             pool.logs[i].tail.store(t, Ordering::Release);
             pool.logs[i].durable.store(t, Ordering::Release);
         }
         Ok(pool)
+    }
+
+    /// Every log's tail (`find_tail`), the logs split over up to two threads:
+    /// after a crash under load each log is read whole from the disk, and
+    /// two readers keep the device busier than one (the checksums too are
+    /// computed on both cores).
+    fn find_tails(&self) -> Vec<(usize, u64)> {
+        let n = self.logs.len();
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |p| p.get())
+            .min(2)
+            .min(n);
+        if threads < 2 {
+            return (0..n).map(|i| (i, self.find_tail(i))).collect();
+        }
+        let mut out: Vec<(usize, u64)> = std::thread::scope(|s| {
+            let other = s.spawn(|| {
+                (1..n)
+                    .step_by(2)
+                    .map(|i| (i, self.find_tail(i)))
+                    .collect::<Vec<_>>()
+            });
+            let mut mine: Vec<(usize, u64)> =
+                (0..n).step_by(2).map(|i| (i, self.find_tail(i))).collect();
+            mine.extend(
+                other
+                    .join()
+                    .unwrap_or_else(|e| std::panic::resume_unwind(e)),
+            );
+            mine
+        });
+        out.sort_unstable();
+        out
     }
 
     /// The tail of log `i`: reads records from the head while they check.
