@@ -1476,6 +1476,20 @@ fn metrics_endpoint() {
         .unwrap();
     assert_eq!(m.len() - body_at, len);
     assert!(get("/nope").contains(" 404 "));
+    // CONFIG RESETSTAT zeroes INFO's counts, not the Prometheus counters
+    // (which only grow).
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    let info: String = redis::cmd("INFO").arg("stats").query(&mut con).unwrap();
+    assert!(info.contains("keyspace_hits:0\r\n"), "{info}");
+    let m = get("/metrics");
+    assert!(
+        m.contains("\nember_commands_total{cmd=\"set\"} 10\n"),
+        "{m}"
+    );
+    assert!(m.contains("\nember_keyspace_hits_total 10\n"), "{m}");
     // A metrics client that connects and says nothing delays no one; a
     // request in pieces is read whole.
     let silent = TcpStream::connect(("127.0.0.1", mport)).unwrap();

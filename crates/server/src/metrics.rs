@@ -83,7 +83,7 @@ fn answer(sh: &Shared, mut s: TcpStream) {
 
 /// The metrics text.
 pub fn render(sh: &Shared) -> String {
-    let t = sh.stats.totals();
+    let t = sh.stats.totals_since_start();
     let mut o = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, v: String| {
         let _ = write!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{v}");

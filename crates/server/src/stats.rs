@@ -49,6 +49,11 @@ impl Counter {
         t.saturating_sub(b)
     }
 
+    /// The count since the start, resets or not (Prometheus counters only grow).
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Acquire)
+    }
+
     /// Counts from zero again.
     pub fn reset(&self) {
         // `fetch_max`: of two resets at once, the later total wins.
@@ -169,14 +174,24 @@ impl Stats {
         }
     }
 
+    /// The counts since the last CONFIG RESETSTAT (INFO).
     pub fn totals(&self) -> Totals {
+        self.sum(Counter::get)
+    }
+
+    /// The counts since the start, which CONFIG RESETSTAT does not touch (the
+    /// metrics endpoint: a Prometheus counter only grows).
+    pub fn totals_since_start(&self) -> Totals {
+        self.sum(Counter::total)
+    }
+
+    fn sum(&self, ld: impl Fn(&Counter) -> u64) -> Totals {
         let n = crate::cmd::TABLE.len();
         let mut t = Totals {
             per_cmd: vec![(0, 0, 0, 0); n],
             latency: vec![0; LATENCY_BOUNDS_US.len() + 1],
             ..Default::default()
         };
-        let ld = |a: &Counter| a.get();
         for w in &self.workers {
             t.hits += ld(&w.hits);
             t.misses += ld(&w.misses);
