@@ -2576,9 +2576,10 @@ impl Session for BulletSession {
         Ok(outcome)
     }
 
-    /// Dynamic roles (§4.3.2): when the advancer wants more gleaners than there
-    /// are, this session becomes one (at least one session always serves) and
-    /// gleans a batch per call until the advancer wants fewer.
+    fn awaits_commit(&self) -> bool {
+        !self.uncommitted.is_empty()
+    }
+
     fn commit(&mut self) -> Result<()> {
         if self.uncommitted.is_empty() {
             return Ok(());
@@ -2634,6 +2635,9 @@ impl Session for BulletSession {
         })))
     }
 
+    /// Dynamic roles (§4.3.2): when the advancer wants more gleaners than there
+    /// are, this session becomes one (at least one session always serves) and
+    /// gleans a batch per call until the advancer wants fewer.
     fn maintain(&mut self) -> Result<bool> {
         let sh = &self.sh;
         if !sh.opts.variant.dynamic() || sh.opts.role_threads > 0 {

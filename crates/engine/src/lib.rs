@@ -165,6 +165,13 @@ pub trait Session {
     fn commit(&mut self) -> Result<()> {
         Ok(())
     }
+    /// True when this session applied updates that are not durable until its
+    /// next [`Session::commit`] (group commit only; elsewhere always false).
+    /// A caller batching requests may serve more before committing: the
+    /// commit's cost is the same for one update as for many.
+    fn awaits_commit(&self) -> bool {
+        false
+    }
     /// [`Session::commit`] taken apart, for a pipelined group commit: returns
     /// the work that makes every update this session applied so far durable,
     /// to be completed later, on any thread, while this session applies more.

@@ -161,6 +161,21 @@ pub fn render(sh: &Shared) -> String {
         "Keys deleted because their TTL passed.",
         format!("ember_expired_keys_total {}\n", t.expired_keys),
     );
+    metric(
+        "ember_group_commits_total",
+        "counter",
+        "Batches of requests whose writes were made durable together (durability msync).",
+        format!("ember_group_commits_total {}\n", t.group_commits),
+    );
+    metric(
+        "ember_group_commit_requests_total",
+        "counter",
+        "Requests served in those batches.",
+        format!(
+            "ember_group_commit_requests_total {}\n",
+            t.group_commit_requests
+        ),
+    );
     if let Some(heap) = sh.store.heap() {
         let ps = heap.region().persist_stats();
         metric(

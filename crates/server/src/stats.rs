@@ -81,6 +81,10 @@ pub struct WorkerStats {
     pub expired_keys: Counter,
     /// Group commits handed to the worker's syncer thread (msync mode).
     pub commits_pipelined: Counter,
+    /// Batches that ended in a group commit of writes (msync mode), and the
+    /// requests they held: the commit's cost is shared by that many.
+    pub group_commits: Counter,
+    pub group_commit_requests: Counter,
     /// Count per latency bucket (`LATENCY_BOUNDS_US.len() + 1`); never reset
     /// (Prometheus counters).
     pub latency: Vec<Counter>,
@@ -99,6 +103,8 @@ impl WorkerStats {
             net_out: Counter::default(),
             expired_keys: Counter::default(),
             commits_pipelined: Counter::default(),
+            group_commits: Counter::default(),
+            group_commit_requests: Counter::default(),
             latency: (0..=LATENCY_BOUNDS_US.len())
                 .map(|_| Counter::default())
                 .collect(),
@@ -158,6 +164,8 @@ pub struct Totals {
     pub net_out: u64,
     pub expired_keys: u64,
     pub commits_pipelined: u64,
+    pub group_commits: u64,
+    pub group_commit_requests: u64,
     pub errors: u64,
     /// Per command: calls, usec, failed, rejected.
     pub per_cmd: Vec<(u64, u64, u64, u64)>,
@@ -199,6 +207,8 @@ impl Stats {
             t.net_out += ld(&w.net_out);
             t.expired_keys += ld(&w.expired_keys);
             t.commits_pipelined += ld(&w.commits_pipelined);
+            t.group_commits += ld(&w.group_commits);
+            t.group_commit_requests += ld(&w.group_commit_requests);
             t.latency_sum_us += ld(&w.latency_sum_us);
             for (i, c) in w.cmds.iter().enumerate() {
                 let e = &mut t.per_cmd[i];
