@@ -223,9 +223,9 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
         }
         let _ = write!(
             o,
-            "commit_pipeline:{}\r\ngroup_commits:{}\r\ngroup_commit_requests:{}\r\ngroup_commits_pipelined:{}\r\n",
+            "commit_pipeline:{}\r\ngroup_commit_batches:{}\r\ngroup_commit_requests:{}\r\ngroup_commits_pipelined:{}\r\n",
             if cfg.commit_pipeline { "yes" } else { "no" },
-            tot.group_commits,
+            tot.group_commit_batches,
             tot.group_commit_requests,
             tot.commits_pipelined
         );

@@ -162,10 +162,13 @@ pub fn render(sh: &Shared) -> String {
         format!("ember_expired_keys_total {}\n", t.expired_keys),
     );
     metric(
-        "ember_group_commits_total",
+        "ember_group_commit_batches_total",
         "counter",
-        "Batches of requests whose writes were made durable together (durability msync).",
-        format!("ember_group_commits_total {}\n", t.group_commits),
+        "Batches of requests whose writes awaited a group commit (durability msync).",
+        format!(
+            "ember_group_commit_batches_total {}\n",
+            t.group_commit_batches
+        ),
     );
     metric(
         "ember_group_commit_requests_total",

@@ -351,7 +351,7 @@ impl Worker {
             }
             let served = self.batch_requests;
             if group {
-                self.ws.group_commits.add(1);
+                self.ws.group_commit_batches.add(1);
                 self.ws.group_commit_requests.add(served as u64);
             }
             unpipelined = served > 0 && served <= 2 * requesting;

@@ -81,9 +81,11 @@ pub struct WorkerStats {
     pub expired_keys: Counter,
     /// Group commits handed to the worker's syncer thread (msync mode).
     pub commits_pipelined: Counter,
-    /// Batches that ended in a group commit of writes (msync mode), and the
-    /// requests they held: the commit's cost is shared by that many.
-    pub group_commits: Counter,
+    /// Batches whose writes awaited a group commit (msync mode), and their
+    /// requests: in line each batch is one commit, whose cost that many
+    /// requests share (with `commit-pipeline`, batches held behind a commit
+    /// in flight share the next one).
+    pub group_commit_batches: Counter,
     pub group_commit_requests: Counter,
     /// Count per latency bucket (`LATENCY_BOUNDS_US.len() + 1`); never reset
     /// (Prometheus counters).
@@ -103,7 +105,7 @@ impl WorkerStats {
             net_out: Counter::default(),
             expired_keys: Counter::default(),
             commits_pipelined: Counter::default(),
-            group_commits: Counter::default(),
+            group_commit_batches: Counter::default(),
             group_commit_requests: Counter::default(),
             latency: (0..=LATENCY_BOUNDS_US.len())
                 .map(|_| Counter::default())
@@ -164,7 +166,7 @@ pub struct Totals {
     pub net_out: u64,
     pub expired_keys: u64,
     pub commits_pipelined: u64,
-    pub group_commits: u64,
+    pub group_commit_batches: u64,
     pub group_commit_requests: u64,
     pub errors: u64,
     /// Per command: calls, usec, failed, rejected.
@@ -207,7 +209,7 @@ impl Stats {
             t.net_out += ld(&w.net_out);
             t.expired_keys += ld(&w.expired_keys);
             t.commits_pipelined += ld(&w.commits_pipelined);
-            t.group_commits += ld(&w.group_commits);
+            t.group_commit_batches += ld(&w.group_commit_batches);
             t.group_commit_requests += ld(&w.group_commit_requests);
             t.latency_sum_us += ld(&w.latency_sum_us);
             for (i, c) in w.cmds.iter().enumerate() {
