@@ -236,6 +236,36 @@ impl Inner {
             .unwrap_or(0)
     }
 
+    /// A hint for a batch walking `buckets` in order, at its `i`th: starts
+    /// fetching the slot of the bucket `3 * PF_STEP` ahead, the dummy of the
+    /// one `2 * PF_STEP` ahead (its slot fetched two stages ago) and the
+    /// first node of the one `PF_STEP` ahead. Reads only links (plain loads:
+    /// a stale one costs a useless fetch) and changes nothing.
+    fn prefetch_walk(&self, buckets: &[u64], i: usize) {
+        let r = self.r();
+        if let Some(a) = buckets
+            .get(i + 3 * PF_STEP)
+            .and_then(|&b| self.slot_addr(b))
+        {
+            r.prefetch(a);
+        }
+        if let Some(&b) = buckets.get(i + 2 * PF_STEP) {
+            let d = self.slot(b);
+            if d != 0 {
+                r.prefetch(d);
+            }
+        }
+        if let Some(&b) = buckets.get(i + PF_STEP) {
+            let d = self.slot(b);
+            if d != 0 {
+                let n = ptr(link::load(r, d + N_NEXT));
+                if n != 0 {
+                    r.prefetch(n);
+                }
+            }
+        }
+    }
+
     /// The dummy of the nearest initialised bucket among `b` and its ancestors.
     fn start_ro(&self, mut b: u64) -> u64 {
         loop {
@@ -787,7 +817,15 @@ impl Inner {
                 }
             }
         };
+        // Each put's walk from its bucket is a chain of dependent cache
+        // misses (slot, dummy, first node): fetched ahead, one stage per
+        // distance, so that the misses of several puts overlap.
+        let buckets: Vec<u64> = items
+            .iter()
+            .map(|(k, _)| self.bucket_of(key_hash(k)))
+            .collect();
         for (i, (key, val)) in items.iter().enumerate() {
+            self.prefetch_walk(&buckets, i);
             let Some(val) = val else {
                 alone.push(i);
                 continue;
@@ -1194,6 +1232,9 @@ struct HandleState {
     /// retired at sync, once the handle's cached links are flushed.
     replaced: Vec<FreeTicket>,
 }
+
+/// The distance between the stages of `Inner::prefetch_walk`, in puts.
+const PF_STEP: usize = 4;
 
 /// One thread's handle on an [`LfHash`].
 pub struct HashHandle {
