@@ -236,27 +236,27 @@ impl Inner {
             .unwrap_or(0)
     }
 
-    /// A hint for a batch walking `buckets` in order, at its `i`th: starts
-    /// fetching the slot of the bucket `3 * PF_STEP` ahead, the dummy of the
-    /// one `2 * PF_STEP` ahead (its slot fetched two stages ago) and the
-    /// first node of the one `PF_STEP` ahead. Reads only links (plain loads:
-    /// a stale one costs a useless fetch) and changes nothing.
-    fn prefetch_walk(&self, buckets: &[u64], i: usize) {
+    /// A hint for a batch walking to the keys of `hashes` in order, at its
+    /// `i`th: starts fetching the bucket slot of the key `3 * PF_STEP` ahead,
+    /// the dummy of the one `2 * PF_STEP` ahead (its slot fetched two stages
+    /// ago) and the first node of the one `PF_STEP` ahead. Reads only links
+    /// (plain loads: a stale one costs a useless fetch) and changes nothing.
+    fn prefetch_walk(&self, hashes: &[u64], i: usize) {
         let r = self.r();
-        if let Some(a) = buckets
+        if let Some(a) = hashes
             .get(i + 3 * PF_STEP)
-            .and_then(|&b| self.slot_addr(b))
+            .and_then(|&h| self.slot_addr(self.bucket_of(h)))
         {
             r.prefetch(a);
         }
-        if let Some(&b) = buckets.get(i + 2 * PF_STEP) {
-            let d = self.slot(b);
+        if let Some(&h) = hashes.get(i + 2 * PF_STEP) {
+            let d = self.slot(self.bucket_of(h));
             if d != 0 {
                 r.prefetch(d);
             }
         }
-        if let Some(&b) = buckets.get(i + PF_STEP) {
-            let d = self.slot(b);
+        if let Some(&h) = hashes.get(i + PF_STEP) {
+            let d = self.slot(self.bucket_of(h));
             if d != 0 {
                 let n = ptr(link::load(r, d + N_NEXT));
                 if n != 0 {
@@ -820,12 +820,9 @@ impl Inner {
         // Each put's walk from its bucket is a chain of dependent cache
         // misses (slot, dummy, first node): fetched ahead, one stage per
         // distance, so that the misses of several puts overlap.
-        let buckets: Vec<u64> = items
-            .iter()
-            .map(|(k, _)| self.bucket_of(key_hash(k)))
-            .collect();
+        let hashes: Vec<u64> = items.iter().map(|(k, _)| key_hash(k)).collect();
         for (i, (key, val)) in items.iter().enumerate() {
-            self.prefetch_walk(&buckets, i);
+            self.prefetch_walk(&hashes, i);
             let Some(val) = val else {
                 alone.push(i);
                 continue;
@@ -834,7 +831,7 @@ impl Inner {
                 alone.push(i);
                 continue;
             }
-            let hash = key_hash(key);
+            let hash = hashes[i];
             let so = so_regular(hash);
             let prepared = (|| -> Result<Option<Prep>> {
                 let start = self.bucket(&mut h.st, &mut h.th, self.bucket_of(hash))?;

@@ -941,10 +941,17 @@ impl Apt {
         Ok(i)
     }
 
+    /// Writes entry `i` durably (flush + fence).
     fn set(&mut self, region: &Region, i: usize, entry: u64, last_alloc_op: u64) {
+        self.put(region, i, entry, last_alloc_op);
+        region.fence();
+    }
+
+    /// Writes entry `i` and flushes it, without the fence.
+    fn put(&mut self, region: &Region, i: usize, entry: u64, last_alloc_op: u64) {
         let off = self.base + 8 * i as u64;
         region.atomic_u64(off).store(entry, Ordering::Release);
-        region.persist(off, 8);
+        region.flush(off, 8);
         let for_free = last_alloc_op == 0 && entry & APT_CHUNK_FLAG == 0;
         self.free_words += for_free as usize;
         self.entries[i] = AptVol {
@@ -977,15 +984,7 @@ impl Apt {
             let Some(i) = self.free.pop() else {
                 return;
             };
-            let off = self.base + 8 * i as u64;
-            region.atomic_u64(off).store(key, Ordering::Release);
-            region.flush(off, 8);
-            self.entries[i] = AptVol {
-                entry: key,
-                last_alloc_op: self.op,
-                for_free: false,
-            };
-            self.index.insert(key, i);
+            self.put(region, i, key, self.op);
         }
     }
 
