@@ -2889,14 +2889,27 @@ mod replay_tests {
         let path = dir.path().join("h");
         let mut ho = heap_opts();
         ho.geometry.nslots = 1;
-        {
+        // The store's epoch advancer takes a slot for its gleaner when it
+        // starts: with one slot, it and this session race for it. Until the
+        // session wins, a new heap.
+        for attempt in 0.. {
+            let _ = std::fs::remove_file(&path);
             let heap = Heap::create(&path, &ho).unwrap();
             let st = BulletStore::create(&heap, &opts()).unwrap();
-            let mut s = st.session().unwrap();
+            let mut s = match st.session() {
+                Ok(s) => s,
+                Err(Error::Index(index::Error::Heap(pmem::Error::NoThreadSlot(_))))
+                    if attempt < 50 =>
+                {
+                    continue
+                }
+                Err(e) => panic!("{e}"),
+            };
             for k in 0..300u64 {
                 s.apply(format!("k{k}").as_bytes(), Op::Incr(k as i64))
                     .unwrap();
             }
+            break;
         }
         let rec = Heap::open(&path, &ho).unwrap();
         // (The store then has no slot for a session: only the replay is
