@@ -463,7 +463,27 @@ impl Pool {
             }
         }
         self.populate_ahead(self.size);
+        self.write_out(&made);
         Ok(())
+    }
+
+    /// Under msync, writes new buffers `which` out to the file once (zeros,
+    /// as `populate_ahead` left them), as databases zero-fill a new
+    /// write-ahead log file: a heap file is sparse, and the msync that first
+    /// writes a block also allocates it, on the writer's path. Under the
+    /// other strategies nothing waits for the file, so this does nothing.
+    fn write_out(&self, which: &[usize]) {
+        let r = self.r();
+        if which.is_empty() || r.strategy() != pmem::Strategy::Msync {
+            return;
+        }
+        for &i in which {
+            let b = self.logs[i].base.load(Ordering::Acquire);
+            if b != 0 {
+                r.flush(b, self.size as usize);
+            }
+        }
+        r.fence();
     }
 
     /// Gives logs `which` back their buffers' space: each descriptor field is
