@@ -94,6 +94,9 @@ fn data_and_ttls_survive_restarts_for_every_durable_engine() {
         let v: String = con.get("in-db-3").unwrap();
         assert_eq!(v, "three");
         assert_eq!(info_field(&mut con, "ember", "engine_durable"), "yes");
+        // Without group commit (pmem durability) records are stored through
+        // the mapping, never written through the file.
+        assert_eq!(info_field(&mut con, "ember", "writes_through"), "0");
         assert!(srv.terminate());
     }
 }
@@ -268,6 +271,16 @@ fn msync_commits(pipeline: &str) {
     assert!(
         batches > 0 && covered >= in_write_pipelines && batches < covered,
         "{batches} group commit batches holding {covered} requests ({in_write_pipelines} in pipelines with writes)"
+    );
+    // The records went to the file with one write per commit (at most: a
+    // commit with nothing new to write writes nothing), not through the
+    // mapping.
+    let through: u64 = info_field(&mut con, "ember", "writes_through")
+        .parse()
+        .unwrap();
+    assert!(
+        through > 0 && through <= batches + msyncs,
+        "{through} writes through the file for {batches} batches"
     );
     let pipelined: u64 = info_field(&mut con, "ember", "group_commits_pipelined")
         .parse()

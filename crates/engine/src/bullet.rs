@@ -2594,7 +2594,7 @@ impl Session for BulletSession {
             return Ok(());
         }
         for &(i, end) in &self.uncommitted {
-            self.sh.pool.committing(i, end);
+            self.sh.pool.committing(i, end)?;
         }
         // One fence for the batch: every record this thread flushed is durable.
         self.sh.pool.fence();
@@ -2614,7 +2614,7 @@ impl Session for BulletSession {
             return Ok(None);
         }
         for &(i, end) in &self.uncommitted {
-            self.sh.pool.committing(i, end);
+            self.sh.pool.committing(i, end)?;
         }
         let fence = self.sh.pool.heap.region().detach_fence();
         let marks = std::mem::take(&mut self.uncommitted);

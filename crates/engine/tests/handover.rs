@@ -129,7 +129,7 @@ fn a_sync_waits_for_the_writer_committing_and_falls_back_after_50_ms() {
     // The writer announces its commit, fences 5 ms later, then marks the log.
     let end = append(3);
     assert!(pool.logs[0].durable.load(Acquire) < end);
-    pool.committing(0, end);
+    pool.committing(0, end).unwrap();
     let before = flushes();
     let t = Instant::now();
     std::thread::scope(|s| {
@@ -147,7 +147,7 @@ fn a_sync_waits_for_the_writer_committing_and_falls_back_after_50_ms() {
 
     // A commit announced but never finished: after 50 ms, the caller syncs.
     let end = append(3);
-    pool.committing(0, end);
+    pool.committing(0, end).unwrap();
     let before = flushes();
     let t = Instant::now();
     pool.make_durable_to(0, end).unwrap();

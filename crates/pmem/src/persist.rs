@@ -142,6 +142,7 @@ struct Shard {
     flushes: AtomicU64,
     fences: AtomicU64,
     msyncs: AtomicU64,
+    writes_through: AtomicU64,
 }
 
 /// A snapshot of the persistence counters.
@@ -154,6 +155,9 @@ pub struct PersistStats {
     pub fences: u64,
     /// `msync` calls.
     pub msyncs: u64,
+    /// Writes through the file rather than the mapping (`Region::write_through`:
+    /// a group commit's log records under msync).
+    pub writes_through: u64,
 }
 
 /// Slots owned by one thread each; slot `SLOTS` is the shared overflow slot.
@@ -218,6 +222,7 @@ impl Counters {
             s.flushes += sh.flushes.load(Ordering::Relaxed);
             s.fences += sh.fences.load(Ordering::Relaxed);
             s.msyncs += sh.msyncs.load(Ordering::Relaxed);
+            s.writes_through += sh.writes_through.load(Ordering::Relaxed);
         }
         s
     }
@@ -421,6 +426,11 @@ impl Persister {
             return Vec::new();
         }
         MSYNC_DIRTY.with(|d| std::mem::take(&mut *d.borrow_mut()))
+    }
+
+    /// Counts a write through the file (`Region::write_through`).
+    pub(crate) fn counted_write_through(&self) {
+        self.counters.add(|s| &s.writes_through, 1);
     }
 
     /// Counts a fence, and waits the emulated fence latency.

@@ -363,6 +363,41 @@ impl Region {
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) }
     }
 
+    /// Writes `src` at `off` through the file (`pwrite` into the page cache)
+    /// instead of through the mapping, which sees the bytes at once (one page
+    /// cache). For bytes written in bulk and made durable by an msync soon
+    /// after (a group commit's log records): their pages are never dirtied
+    /// through the mapping, so they take no write-protect faults and their
+    /// write-back needs no TLB shootdown (ARCHITECTURE.md, "Log writes under
+    /// msync"). Durable after a fence covering a `flush` of the range, as a
+    /// store would be. A failure is recorded as a failed msync is (`health`).
+    /// A read-only or simulated region refuses (the simulator sees only
+    /// stores and flushes).
+    pub fn write_through(&self, off: u64, src: &[u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        if self.access != Access::ReadWrite || self.sim.is_some() {
+            return Err(Error::ReadOnly);
+        }
+        self.check(off, src.len());
+        if let Err(e) = self.file.write_all_at(src, off) {
+            let errno = e.raw_os_error().unwrap_or(libc::EIO);
+            let _ = self.persister.failed.compare_exchange(
+                0,
+                errno,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+            return Err(Error::io(&self.path, e));
+        }
+        self.persister.counted_write_through();
+        Ok(())
+    }
+
+    /// Whether the crash simulator watches this region.
+    pub fn simulated(&self) -> bool {
+        self.sim.is_some()
+    }
+
     /// Fills a range with one byte value.
     #[track_caller]
     pub fn fill(&self, off: u64, len: usize, byte: u8) {
@@ -428,6 +463,18 @@ impl Region {
     /// the kernel lacks `MADV_POPULATE_WRITE` (Linux < 5.14) or refused it (no
     /// space for the blocks: the first store would then fault and fail as before).
     pub fn populate(&self, off: u64, len: u64) -> bool {
+        self.populate_with(off, len, libc::MADV_POPULATE_WRITE)
+    }
+
+    /// As `populate`, but maps the pages read-only (`MADV_POPULATE_READ`): for
+    /// pages written through the file (`write_through`), which then only need
+    /// to be in memory, and whose write-back finds no writable mapping to
+    /// clean.
+    pub fn populate_read(&self, off: u64, len: u64) -> bool {
+        self.populate_with(off, len, libc::MADV_POPULATE_READ)
+    }
+
+    fn populate_with(&self, off: u64, len: u64, advice: libc::c_int) -> bool {
         if self.access != Access::ReadWrite || self.sim.is_some() || len == 0 {
             return false;
         }
@@ -447,7 +494,7 @@ impl Region {
             libc::madvise(
                 self.base.add(a as usize) as *mut libc::c_void,
                 (b - a) as usize,
-                libc::MADV_POPULATE_WRITE,
+                advice,
             )
         };
         rc == 0

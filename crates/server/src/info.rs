@@ -211,7 +211,7 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
             let used = heap_used(h);
             let _ = write!(
                 o,
-                "fence_ns_emulated:{}\r\nheap_path:{}\r\nheap_size:{}\r\nheap_used:{used}\r\nheap_max_size:{}\r\nflushes:{}\r\nfences:{}\r\nmsyncs:{}\r\n",
+                "fence_ns_emulated:{}\r\nheap_path:{}\r\nheap_size:{}\r\nheap_used:{used}\r\nheap_max_size:{}\r\nflushes:{}\r\nfences:{}\r\nmsyncs:{}\r\nwrites_through:{}\r\n",
                 h.region().fence_ns(),
                 cfg.heap.display(),
                 h.region().size(),
@@ -219,6 +219,7 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
                 ps.flushes,
                 ps.fences,
                 ps.msyncs,
+                ps.writes_through,
             );
         }
         let _ = write!(

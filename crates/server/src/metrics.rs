@@ -200,6 +200,12 @@ pub fn render(sh: &Shared) -> String {
             format!("ember_msyncs_total {}\n", ps.msyncs),
         );
         metric(
+            "ember_writes_through_total",
+            "counter",
+            "Log record runs written through the file at a group commit (durability msync).",
+            format!("ember_writes_through_total {}\n", ps.writes_through),
+        );
+        metric(
             "ember_heap_size_bytes",
             "gauge",
             "Heap file size.",

@@ -153,6 +153,7 @@ pub fn delta(a: PersistStats, b: PersistStats) -> PersistStats {
         flushes: b.flushes.saturating_sub(a.flushes),
         fences: b.fences.saturating_sub(a.fences),
         msyncs: b.msyncs.saturating_sub(a.msyncs),
+        writes_through: b.writes_through.saturating_sub(a.writes_through),
     }
 }
 
