@@ -211,3 +211,27 @@ fn sigkill_direct_phash() {
 fn sigkill_bullet_msync() {
     kill_cycles(&["--engine", "bullet", "--durability", "msync"], 2, 5);
 }
+
+#[test]
+fn sigkill_bullet_msync_two_workers_small_logs() {
+    // Group commit writes records through the file at each commit: with two
+    // workers and logs of 1 MiB, writers move between logs, leave staged
+    // records behind and take logs whose staged records another wrote; the
+    // gleaner thread wraps the logs meanwhile.
+    kill_cycles(
+        &[
+            "--engine",
+            "bullet",
+            "--durability",
+            "msync",
+            "--threads",
+            "2",
+            "--logs",
+            "3",
+            "--log-size",
+            "1mb",
+        ],
+        2,
+        7,
+    );
+}
