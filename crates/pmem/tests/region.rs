@@ -340,3 +340,62 @@ fn populate_maps_pages_writable_without_changing_them() {
         "only {cold} faults writing {PAGES} untouched pages: the comparison says nothing"
     );
 }
+
+/// Bytes written through the file are what the mapping reads, take no page
+/// fault in the writer, count as writes through, and become durable with a
+/// flush and fence of their range (a copy of the file then holds them). Pages
+/// populated read-only keep their bytes. A simulated region refuses.
+#[test]
+fn write_through_lands_in_the_page_cache_the_mapping_reads() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("wt.heap");
+    let o = HeapOptions {
+        size: 16 << 20,
+        geometry: Geometry::small(),
+        strategy: Strategy::Msync,
+        ..Default::default()
+    };
+    let heap = Heap::create(&p, &o).unwrap();
+    let r = heap.region();
+    let mut th = heap.thread().unwrap();
+    const PAGES: u64 = 64;
+    let a = th.alloc(PAGES * 4096).unwrap().offset();
+    r.write_bytes(a + 5000, b"kept");
+    r.persist(a + 5000, 4);
+    if r.populate_read(a, PAGES * 4096) {
+        let mut kept = [0u8; 4];
+        r.read_bytes(a + 5000, &mut kept);
+        assert_eq!(&kept, b"kept", "populate_read changed the heap's bytes");
+    }
+
+    let data: Vec<u8> = (0..PAGES * 4096 - 8192).map(|i| (i % 251) as u8).collect();
+    let before = r.persist_stats().writes_through;
+    let faults = thread_minor_faults();
+    r.write_through(a + 8192, &data).unwrap();
+    assert!(
+        thread_minor_faults() - faults < 4,
+        "a write through the file faulted in the writer"
+    );
+    assert_eq!(r.persist_stats().writes_through, before + 1);
+    let mut back = vec![0u8; data.len()];
+    r.read_bytes(a + 8192, &mut back);
+    assert!(back == data, "the mapping does not read what was written");
+    r.flush(a + 8192, data.len());
+    r.fence();
+    r.health().unwrap();
+    let copy = std::fs::read(&p).unwrap();
+    let at = (a + 8192) as usize;
+    assert!(
+        copy[at..at + data.len()] == data[..],
+        "the file lacks the bytes"
+    );
+    drop(th);
+    drop(heap);
+
+    // Under the crash simulator (which sees only stores and flushes): refused.
+    let sim = std::sync::Arc::new(pmem::CrashSim::new(1, 0));
+    let rec = Heap::open_sim(&p, &o, sim).unwrap();
+    let r = rec.heap().region();
+    assert!(r.simulated());
+    assert!(matches!(r.write_through(a, b"no"), Err(Error::ReadOnly)));
+}
