@@ -799,8 +799,8 @@ impl Pool {
     /// takes a write-protect fault, and cleaning a page that a store dirtied
     /// write-protects it again, a TLB shootdown (an IPI to every core that ran
     /// the process lately: on a VM, exits on both sides). Per commit of a
-    /// writer's 800 pipelined SETs that was 32 faults and 32 shootdowns, a
-    /// sixth of the writer's time. Written with one `pwrite` per commit, the
+    /// writer's 800 pipelined SETs that was about 32 faults and 32
+    /// shootdowns, a sixth of the writer's time. Written with one `pwrite` per commit, the
     /// pages are never dirtied through the mapping: no fault, and nothing to
     /// shoot down (the mapping reads the same page cache).
     pub fn stages(&self) -> bool {
