@@ -858,11 +858,18 @@ impl Pool {
 
     /// Copies `dst.len()` bytes at `off` into the record at `p` from the
     /// log's staged run; false (nothing copied) when they are in the file.
+    #[inline]
     fn read_staged(&self, p: RecPtr, off: u64, dst: &mut [u8]) -> bool {
         let l = &self.logs[p.log()];
         if p.pos() + off + (dst.len() as u64) <= l.staged_from.load(Ordering::Acquire) {
             return false;
         }
+        self.read_staged_locked(l, p, off, dst)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn read_staged_locked(&self, l: &LogState, p: RecPtr, off: u64, dst: &mut [u8]) -> bool {
         let st = l.staged.lock().unwrap_or_else(|e| e.into_inner());
         match st.get(self.at(p) + off, dst.len()) {
             Some(src) => {
@@ -874,6 +881,7 @@ impl Pool {
     }
 
     /// Copies bytes of the record at `p` (from `off`), staged or in the file.
+    #[inline]
     fn read_record(&self, p: RecPtr, off: u64, dst: &mut [u8]) {
         if !self.read_staged(p, off, dst) {
             self.r().read_bytes(self.at(p) + off, dst);
