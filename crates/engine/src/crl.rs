@@ -658,7 +658,7 @@ impl Pool {
             let c = crc_parts(self.salt, &mut hdr, &[], &[]);
             hdr[12..16].copy_from_slice(&c.to_le_bytes());
             if self.stages() {
-                self.stage(i, tail, base + phys, &[&hdr], 0)?;
+                self.stage(i, tail, base + phys, &[&hdr], 0, false)?;
             } else {
                 r.write_bytes(base + phys, &hdr);
             }
@@ -676,13 +676,17 @@ impl Pool {
         hdr[16..24].copy_from_slice(&tail.to_le_bytes());
         hdr[24..32].copy_from_slice(&prev.0.to_le_bytes());
         hdr[32..40].copy_from_slice(&version.to_le_bytes());
-        let c = crc_parts(self.salt, &mut hdr, key, payload);
-        hdr[12..16].copy_from_slice(&c.to_le_bytes());
-        if self.stages() {
+        let staged = self.stages();
+        if !staged {
+            let c = crc_parts(self.salt, &mut hdr, key, payload);
+            hdr[12..16].copy_from_slice(&c.to_le_bytes());
+        }
+        if staged {
             // Written to the file at the commit (`committing`); until then
             // readers find it staged, and any thread can write it out
-            // (`make_durable_to`).
-            self.stage(i, tail, at, &[&hdr, key, payload], padb as usize)?;
+            // (`make_durable_to`). Its checksum is computed on the staged
+            // copy, in one pass.
+            self.stage(i, tail, at, &[&hdr, key, payload], padb as usize, true)?;
             r.flush(at, len as usize);
         } else if self.group_commit.load(Ordering::Relaxed) {
             // Other writers may flush this record for a later one of its chain
@@ -809,8 +813,21 @@ impl Pool {
 
     /// Stages `parts` and then `zeros` zero bytes at heap offset `at`, log
     /// position `pos`, after the log's staged run (written out first when
-    /// `at` does not continue it: the buffer wrapped).
-    fn stage(&self, i: usize, pos: u64, at: u64, parts: &[&[u8]], zeros: usize) -> Result<()> {
+    /// `at` does not continue it: the buffer wrapped). With `checksum`, the
+    /// parts are a record (header with a zero checksum, key, payload) and its
+    /// checksum is computed over the staged copy and stored in it: the same
+    /// value as `crc_parts`, in one pass over contiguous bytes (crc32fast
+    /// folds with `pclmulqdq` from 128 bytes on, and a record's four parts
+    /// are each shorter: 30 ns against 15 ns for a 100-byte value).
+    fn stage(
+        &self,
+        i: usize,
+        pos: u64,
+        at: u64,
+        parts: &[&[u8]],
+        zeros: usize,
+        checksum: bool,
+    ) -> Result<()> {
         let l = &self.logs[i];
         let mut st = l.staged.lock().unwrap_or_else(|e| e.into_inner());
         if !st.bytes.is_empty() && st.at + st.bytes.len() as u64 != at {
@@ -822,8 +839,18 @@ impl Pool {
             // reader that finds it also finds it staged.
             l.staged_from.store(pos, Ordering::Release);
         }
+        let start = st.bytes.len();
         for p in parts {
             st.bytes.extend_from_slice(p);
+        }
+        if checksum {
+            let rec = &mut st.bytes[start..];
+            // As `crc_parts`: the reserved byte 9 and the checksum are zero.
+            debug_assert!(rec[9] == 0 && rec[12..16] == [0; 4]);
+            let mut h = crc32fast::Hasher::new();
+            h.update(&self.salt.to_le_bytes());
+            h.update(rec);
+            rec[12..16].copy_from_slice(&h.finalize().to_le_bytes());
         }
         let n = st.bytes.len() + zeros;
         st.bytes.resize(n, 0);
