@@ -297,8 +297,7 @@ fn populate_maps_pages_writable_without_changing_them() {
     let p = d.path().join("pop.heap");
     let o = HeapOptions {
         size: 16 << 20,
-        geometry: Geometry::small(),
-        ..Default::default()
+        ..opts()
     };
     let heap = Heap::create(&p, &o).unwrap();
     let r = heap.region();
@@ -351,9 +350,8 @@ fn write_through_lands_in_the_page_cache_the_mapping_reads() {
     let p = d.path().join("wt.heap");
     let o = HeapOptions {
         size: 16 << 20,
-        geometry: Geometry::small(),
         strategy: Strategy::Msync,
-        ..Default::default()
+        ..opts()
     };
     let heap = Heap::create(&p, &o).unwrap();
     let r = heap.region();
