@@ -164,3 +164,61 @@ fn bullet_recovery_is_timed() {
     assert!(rec["recovery_ms"].as_f64().unwrap() > 0.0, "{rec}");
     assert!(rec["log_records"].as_u64().unwrap() > 0, "{rec}");
 }
+
+/// Runs `ember bench engine --engine bullet` on four 1 MiB logs with `args`;
+/// returns (success, stdout, stderr).
+fn bullet_small_logs(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["bench", "engine", "--engine", "bullet"])
+        .args(["--logs", "4", "--log-size", "1", "--json"])
+        .args(args)
+        .output()
+        .expect("run ember");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `--backlog`: the puts wait in the logs (nobody gleans them) until the
+/// timed drain applies every one, collapsing each key's chain into one write.
+#[test]
+fn bullet_backlog_drain_is_timed() {
+    let (ok, text, err) = bullet_small_logs(&[
+        "--threads",
+        "1",
+        "--keys",
+        "500",
+        "--zipf",
+        "0",
+        "--backlog",
+        "5000",
+        "--epoch-ms",
+        "100000",
+    ]);
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(v["bench"], "engine-backlog", "{v}");
+    assert_eq!(v["puts"], 5000, "{v}");
+    assert_eq!(v["applied_before_drain"], 0, "{v}");
+    assert_eq!(v["records_applied"], 5000, "{v}");
+    let distinct = v["distinct_keys"].as_u64().unwrap();
+    assert!(distinct > 400 && distinct <= 500, "{v}");
+    // One backend write per key's chain (a chain split across two batches
+    // costs one more).
+    let collapsed = v["records_collapsed"].as_u64().unwrap();
+    assert!(collapsed >= 5000 - 2 * distinct && collapsed < 5000, "{v}");
+    assert!(v["drain_ms"].as_f64().unwrap() > 0.0, "{v}");
+}
+
+/// `--backlog` refuses what it cannot measure: two threads (a session would
+/// glean), and more records than the logs hold.
+#[test]
+fn bullet_backlog_checks_its_arguments() {
+    let (ok, _, err) = bullet_small_logs(&["--threads", "2", "--keys", "100", "--backlog", "100"]);
+    assert!(!ok && err.contains("--backlog needs"), "{err}");
+    let (ok, _, err) =
+        bullet_small_logs(&["--threads", "1", "--keys", "100", "--backlog", "1000000"]);
+    assert!(!ok && err.contains("do not fit"), "{err}");
+}

@@ -36,6 +36,13 @@
 //! Figure 7 mode: `--trace-steps 2,15,2,0,2,50,2` (put percentages) runs each step
 //! for `--step-seconds` and prints one row per second (t, put percentage,
 //! operations per second in that second, gleaners at its end, log occupancy).
+//!
+//! Backlog mode (Bullet's gleaning cost): `--backlog N --threads 1` with a
+//! dynamic variant puts N records after the prefill while nobody gleans (one
+//! session, no role threads), then times the drain that applies them: wall
+//! time, process CPU time, records applied and collapsed. With a long
+//! `--epoch-ms` one thread drains; otherwise the advancer's idle gleaning
+//! joins in after an epoch.
 
 use super::{delta, si, BenchResult, Machine, TempHeap};
 use crate::util::human_bytes;
@@ -176,6 +183,13 @@ pub struct EngineArgs {
     /// frontend); printed as a second line (a second JSON object with --json).
     #[arg(long)]
     pub recovery: bool,
+    /// Bullet's gleaning cost (dynamic variants, one thread): after the
+    /// prefill, N puts (key choice as --zipf) are written with nobody
+    /// gleaning, then the logs are drained and the drain timed (wall and
+    /// process CPU): the backlog a burst of writes leaves for the gleaners.
+    /// Replaces the timed get/put run.
+    #[arg(long, default_value_t = 0)]
+    pub backlog: u64,
 }
 
 // ---------------------------------------------------------------------------
@@ -719,6 +733,23 @@ fn validate(args: &EngineArgs) -> BenchResult<()> {
             ));
         }
     }
+    if args.backlog > 0 {
+        let dynamic = matches!(args.engine, EngineKind::Bullet(v) if v.dynamic());
+        if !dynamic || args.threads != 1 || args.recovery || !args.trace_steps.is_empty() {
+            return Err("--backlog needs a dynamic Bullet variant (bullet, bullet-dyn, bullet-full), --threads 1, and neither --recovery nor --trace-steps".into());
+        }
+        let rec = engine::crl::record_len(args.key_size, args.value_size);
+        let room = (args.logs as u64).saturating_mul(args.log_size.saturating_mul(MIB)) / 10 * 9;
+        if args.backlog.saturating_mul(rec) > room {
+            return Err(format!(
+                "--backlog {}: {} of records do not fit in 90% of the logs ({} x {} MiB); raise --logs or --log-size",
+                args.backlog,
+                human_bytes(args.backlog.saturating_mul(rec)),
+                args.logs,
+                args.log_size
+            ));
+        }
+    }
     if let EngineKind::Bullet(_) = args.engine {
         if args.logs == 0 || args.logs > 4096 {
             return Err(format!("--logs {} must be in 1..=4096", args.logs));
@@ -853,6 +884,11 @@ pub fn run(args: &EngineArgs) -> BenchResult<()> {
                 ..Default::default()
             };
             let store = BulletStore::create(&tmp.heap, &opts).map_err(err)?;
+            if args.backlog > 0 {
+                prefill(&store, &p, 1)?;
+                store.drain().map_err(err)?;
+                return time_backlog(args, &p, &store);
+            }
             run.store(&store, Some(&tmp), Some(args.backend), || {
                 store.drain().map_err(err)
             })?;
@@ -863,6 +899,83 @@ pub fn run(args: &EngineArgs) -> BenchResult<()> {
             Ok(())
         }
     }
+}
+
+/// `--backlog`: puts `args.backlog` records from one session (with one
+/// session and no role threads nobody takes the gleaner role), then times
+/// `drain`, which applies them (the advancer's idle gleaning may join in).
+fn time_backlog(args: &EngineArgs, p: &Params, store: &BulletStore) -> BenchResult<()> {
+    let mut sess = store.session().map_err(err)?;
+    let mut rng = SmallRng::seed_from_u64(args.seed);
+    let mut key = vec![0u8; p.key_size];
+    let mut val = vec![b'b'; p.value_size];
+    let mut distinct = std::collections::HashSet::new();
+    let start = store.stats();
+    let t = Instant::now();
+    for i in 0..args.backlog {
+        let k = p.chooser.next(&mut rng);
+        distinct.insert(k);
+        encode_key(k, &mut key);
+        let m = val.len().min(8);
+        val[..m].copy_from_slice(&i.to_le_bytes()[..m]);
+        sess.apply(&key, Op::Put(&val)).map_err(err)?;
+    }
+    let put_ms = t.elapsed().as_secs_f64() * 1e3;
+    drop(sess);
+    let before = store.stats();
+    let cpu0 = process_cpu_seconds();
+    let t = Instant::now();
+    store.drain().map_err(err)?;
+    let wall = t.elapsed().as_secs_f64();
+    let cpu = process_cpu_seconds() - cpu0;
+    let after = store.stats();
+    let applied = after.records_applied - before.records_applied;
+    let collapsed = after.records_collapsed - before.records_collapsed;
+    let durability = store.heap().region().strategy().name();
+    let v = json!({
+        "bench": "engine-backlog",
+        "engine": store.name(),
+        "keys": args.keys,
+        "puts": args.backlog,
+        "distinct_keys": distinct.len(),
+        "put_ms": put_ms,
+        "applied_before_drain": before.records_applied - start.records_applied,
+        "drain_ms": wall * 1e3,
+        "drain_cpu_ms": cpu * 1e3,
+        "records_applied": applied,
+        "records_collapsed": collapsed,
+        "durability": durability,
+    });
+    store.close().map_err(err)?;
+    if args.json {
+        println!("{v}");
+    } else {
+        println!(
+            "backlog of {} puts on {} keys ({} applied before the drain): drained in {:.1} ms, {:.1} ms of CPU ({:.0} ns a record, {} collapsed); {}",
+            args.backlog,
+            distinct.len(),
+            before.records_applied - start.records_applied,
+            wall * 1e3,
+            cpu * 1e3,
+            cpu * 1e9 / applied.max(1) as f64,
+            collapsed,
+            durability
+        );
+    }
+    Ok(())
+}
+
+/// User + system CPU time of the whole process, in seconds.
+fn process_cpu_seconds() -> f64 {
+    // SAFETY: an all-zero rusage is a valid value, and getrusage only fills
+    // the struct it is given.
+    let u = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 /// Reopens the closed Bullet heap and times its recovery: the heap's open, the
