@@ -1149,6 +1149,17 @@ impl Pool {
     pub fn prefetch_header(&self, p: RecPtr) {
         if !p.is_null() && p.log() < self.logs.len() {
             self.prefetch(p, 1 + u64::from(p.pos() % 64 > 64 - REC_HDR));
+            self.prefetch_flag(p);
+        }
+    }
+
+    /// Starts fetching the line holding the applied flag of the record at `p`
+    /// (`header` reads it, and the flags lie apart from the records: in a
+    /// chain walk a demand miss on it held up each step).
+    #[inline]
+    fn prefetch_flag(&self, p: RecPtr) {
+        if p.log() < self.logs.len() && self.logs[p.log()].base.load(Ordering::Acquire) != 0 {
+            self.r().prefetch(self.flag_bit(p).0);
         }
     }
 
