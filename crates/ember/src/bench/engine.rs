@@ -38,8 +38,8 @@
 //! operations per second in that second, gleaners at its end, log occupancy).
 //!
 //! Backlog mode (Bullet's gleaning cost): `--backlog N --threads 1` with a
-//! dynamic variant puts N records after the prefill while nobody gleans (one
-//! session, no role threads), then times the drain that applies them: wall
+//! dynamic variant puts N records after the prefill while no thread takes the
+//! gleaner role (one session, no role threads), then times the drain that applies them: wall
 //! time, process CPU time, records applied and collapsed. With a long
 //! `--epoch-ms` one thread drains; otherwise the advancer's idle gleaning
 //! joins in after an epoch.
@@ -184,10 +184,14 @@ pub struct EngineArgs {
     #[arg(long)]
     pub recovery: bool,
     /// Bullet's gleaning cost (dynamic variants, one thread): after the
-    /// prefill, N puts (key choice as --zipf) are written with nobody
-    /// gleaning, then the logs are drained and the drain timed (wall and
+    /// prefill, N puts (key choice as --zipf) are written while no thread
+    /// takes the gleaner role, then the logs are drained and the drain timed (wall and
     /// process CPU): the backlog a burst of writes leaves for the gleaners.
-    /// Replaces the timed get/put run.
+    /// Replaces the timed get/put run. `applied_before_drain` counts what was
+    /// gleaned during the puts anyway: the advancer sees a session's
+    /// operations 256 at a time, so puts slower than 256 an epoch (one
+    /// `msync` each under --strategy msync) look idle to it and it drains
+    /// them; a long --epoch-ms keeps it out.
     #[arg(long, default_value_t = 0)]
     pub backlog: u64,
 }
