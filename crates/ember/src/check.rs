@@ -53,6 +53,8 @@ struct StructFacts {
     name: Option<&'static str>,
     /// Why nothing attached, or a remark.
     note: Option<String>,
+    /// How the structure hashes its keys (hash tables only).
+    key_hash: Option<&'static str>,
     /// From `verify(true)` after recovery.
     keys: Option<u64>,
     blocks: Option<u64>,
@@ -74,6 +76,7 @@ impl StructFacts {
         json!({
             "name": self.name,
             "note": self.note,
+            "key_hash": self.key_hash,
             "keys": self.keys,
             "blocks": self.blocks,
             "payload_bytes": self.payload_bytes,
@@ -117,6 +120,9 @@ impl StructFacts {
                 }
             }
             None => println!("structure:        none"),
+        }
+        if let Some(h) = self.key_hash {
+            println!("key hash:         {h}");
         }
         if let Some(l) = &self.logs {
             println!(
@@ -389,6 +395,7 @@ fn check_structure(rec: Recovery, heap_ok: bool, require: bool) -> Option<Struct
     };
     let name = t.name();
     f.name = Some(name);
+    f.key_hash = t.hasher().map(hash_name);
     // Walk it as found before anything writes to it (even in this private
     // mapping): repair and the sweep follow links, and only a sane structure
     // gets them. phash is walked without taking its bucket locks: a lock held by
@@ -479,6 +486,15 @@ fn recover_into(
 
 /// Checks a Bullet store: its backend as found, its logs, then recovery (in the
 /// private mapping) and the block count against everything the store owns.
+/// How a hash structure hashes its keys, for the report.
+fn hash_name(h: index::KeyHasher) -> &'static str {
+    if h.sip_key().is_some() {
+        "siphash-1-3, keyed"
+    } else {
+        "xxh3, unkeyed (made by an earlier Ember: keys that share a bucket can be chosen)"
+    }
+}
+
 fn check_bullet(rec: Recovery, heap_ok: bool) -> StructFacts {
     let heap = rec.heap().clone();
     let root = heap.root();
@@ -497,6 +513,7 @@ fn check_bullet(rec: Recovery, heap_ok: bool) -> StructFacts {
             return f;
         }
     };
+    f.key_hash = parts.backend.hasher().map(hash_name);
     let as_found = matches!(parts.backend, AnyIndex::PHash(_));
     match quietly(|| parts.backend.verify(as_found)) {
         Ok(Ok(_)) => {}

@@ -53,12 +53,12 @@ use crate::crl::{self, Header, Pool, RecPtr, OPC_PAD};
 use crate::direct::{backend_kind, create_backend, BackendKind, BackendOptions};
 use crate::table::{prefetch_keys, Blob, Table, TOMB_TAG};
 use crate::{
-    check_op, incr_value, key_hash, lentry, min_cursor, value, Durability, Error, Op, Outcome,
-    PendingCommit, Result, Session, Store, StoreStats, OPC_INCR, OPC_PUT, OPC_REMOVE,
+    check_op, incr_value, lentry, min_cursor, value, Durability, Error, Op, Outcome, PendingCommit,
+    Result, Session, Store, StoreStats, OPC_INCR, OPC_PUT, OPC_REMOVE,
 };
 use index::any::{attach_any, AnyHandle, AnyIndex};
 use index::phash::PHashHandle;
-use index::{Index, Ops, PHash, PHashOptions, RecoverStats, Recoverable};
+use index::{Index, KeyHasher, Ops, PHash, PHashOptions, RecoverStats, Recoverable};
 use pmem::{Heap, PPtr, Recovery};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -272,6 +272,9 @@ struct Shared {
     backend: AnyIndex,
     side: Option<PHash>,
     table: Table<FVal, FMeta>,
+    /// The backend's key hash: the frontend places and orders keys by it too,
+    /// so that a SCAN can merge the two tiers by position.
+    hasher: KeyHasher,
     opts: BulletOptions,
     /// Reader epoch (bumped by every head advance; reader slots record it).
     epoch: AtomicU64,
@@ -516,7 +519,14 @@ impl BulletStore {
             index: istats,
             ..Default::default()
         };
-        let replay = replay(&pool, &backend, opts.parallel_replay_from, &mut stats)?;
+        let hasher = backend_hasher(&backend)?;
+        let replay = replay(
+            &pool,
+            &backend,
+            &hasher,
+            opts.parallel_replay_from,
+            &mut stats,
+        )?;
         // After a restart the frontend holds only what the logs replayed: a miss
         // must read the backend (its key count is not exact after a crash, so it
         // cannot tell us the backend is empty).
@@ -566,6 +576,7 @@ impl BulletStore {
                     &heap,
                     &PHashOptions {
                         buckets: opts.frontend_buckets as u64,
+                        ..Default::default()
                     },
                 )?;
                 r.write(pool.desc + SIDE_ROOT, &s.root().raw());
@@ -577,12 +588,14 @@ impl BulletStore {
         };
         pool.group_commit
             .store(opts.group_commit, Ordering::Relaxed);
+        let hasher = backend_hasher(&backend)?;
         let sh = Arc::new(Shared {
             heap,
             pool,
             backend,
             side,
             table: Table::new(opts.frontend_buckets),
+            hasher,
             opts: opts.clone(),
             epoch: AtomicU64::new(1),
             vtick: AtomicU64::new(epoch.max(1)),
@@ -791,6 +804,7 @@ struct Found {
 fn replay(
     pool: &Pool,
     backend: &AnyIndex,
+    hasher: &KeyHasher,
     parallel_from: usize,
     st: &mut BulletRecovery,
 ) -> Result<Replay> {
@@ -834,7 +848,7 @@ fn replay(
             let n = u32::try_from(recs.len()).map_err(|_| {
                 Error::Config("more than 2^32 log records: too many to recover at once".into())
             })?;
-            order.push((order_hash(&key), h.version, n));
+            order.push((order_hash(hasher, &key), h.version, n));
             recs.push(Found {
                 p,
                 h,
@@ -856,7 +870,8 @@ fn replay(
     } else {
         vec![&order[..]]
     };
-    let run = |part: &[(u64, u64, u32)]| replay_part(pool, backend, &recs, &keys, part, collide);
+    let run =
+        |part: &[(u64, u64, u32)]| replay_part(pool, backend, hasher, &recs, &keys, part, collide);
     let mut done: Vec<Result<PartOut>> = Vec::new();
     std::thread::scope(|sc| {
         let mut handles = Vec::new();
@@ -915,6 +930,7 @@ type PartOut = (Vec<ReplayEntry>, Vec<RecPtr>, u64);
 fn replay_part(
     pool: &Pool,
     backend: &AnyIndex,
+    hasher: &KeyHasher,
     recs: &[Found],
     keys: &[u8],
     order: &[(u64, u64, u32)],
@@ -959,11 +975,11 @@ fn replay_part(
                 let other = key_of(&rest[0]);
                 let (g2, r2): (Vec<Found>, Vec<Found>) =
                     rest.iter().partition(|f| key_of(f) == other);
-                r.key(entry_hash(hash, other, collide), other, &g2)?;
+                r.key(entry_hash(hasher, hash, other, collide), other, &g2)?;
                 rest = r2;
             }
         }
-        r.key(entry_hash(hash, key, collide), key, &group)?;
+        r.key(entry_hash(hasher, hash, key, collide), key, &group)?;
         a = b;
     }
     Ok((r.entries, r.to_flag, r.replayed))
@@ -984,19 +1000,31 @@ fn collide_now() -> bool {
     false
 }
 
+/// The key hash of a Bullet store: its backend's (the frontend must order keys
+/// as the backend does). Bullet's backends are hash tables; a root whose backend
+/// has no hash (a skip list) is refused.
+fn backend_hasher(backend: &AnyIndex) -> Result<KeyHasher> {
+    backend.hasher().ok_or_else(|| {
+        Error::Corrupt(format!(
+            "Bullet backend is a {}, not a hash table",
+            backend.name()
+        ))
+    })
+}
+
 /// The hash `replay` groups a key's records under.
-fn order_hash(key: &[u8]) -> u64 {
+fn order_hash(hasher: &KeyHasher, key: &[u8]) -> u64 {
     if collide_now() {
         return key.len() as u64 % 2;
     }
-    key_hash(key)
+    hasher.hash(key)
 }
 
 /// The frontend hash of `key`, grouped under `hash` (`collide`: by
 /// `order_hash`'s test stand-in).
-fn entry_hash(hash: u64, key: &[u8], collide: bool) -> u64 {
+fn entry_hash(hasher: &KeyHasher, hash: u64, key: &[u8], collide: bool) -> u64 {
     if collide {
-        key_hash(key)
+        hasher.hash(key)
     } else {
         hash
     }
@@ -1555,7 +1583,7 @@ impl Gleaner {
                         let w = &mut rest[0];
                         // Only the key: the chain's payloads are read when folded.
                         sh.pool.key(p, &h, &mut w.key);
-                        w.hash = key_hash(&w.key);
+                        w.hash = sh.hasher.hash(&w.key);
                         if group.iter().any(|o| o.hash == w.hash && o.key == w.key) {
                             // The same key twice: this record waits for the
                             // group's chains to be applied (it is then pending).
@@ -2207,6 +2235,10 @@ impl Store for BulletStore {
         Durability::Heap
     }
 
+    fn key_hasher(&self) -> KeyHasher {
+        self.sh.hasher
+    }
+
     fn stats(&self) -> StoreStats {
         let (used, cap) = self.sh.pool.occupancy();
         let c = &self.sh.c;
@@ -2380,13 +2412,13 @@ impl Drop for BulletSession {
 
 impl Session for BulletSession {
     fn prefetch(&mut self, keys: &[&[u8]]) {
-        prefetch_keys(&self.sh.table, keys);
+        prefetch_keys(&self.sh.table, &self.sh.hasher, keys);
     }
 
     fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         out.clear();
         self.tick();
-        let hash = key_hash(key);
+        let hash = self.sh.hasher.hash(key);
         let found = if self.sh.opts.variant.lockfree_gets() {
             let g = crossbeam_epoch::pin();
             self.sh
@@ -2473,7 +2505,7 @@ impl Session for BulletSession {
         let mut back = Vec::new();
         let bnext = self.g.h.scan(cursor, count, &mut back)?;
         let next = min_cursor(fnext, bnext);
-        let below = |k: &[u8]| next == 0 || index::scan_pos(key_hash(k)) < next;
+        let below = |k: &[u8]| next == 0 || index::scan_pos(sh.hasher.hash(k)) < next;
         let mut shadowed = std::collections::HashSet::new();
         for (k, live) in front {
             if below(&k) {
@@ -2499,7 +2531,7 @@ impl Session for BulletSession {
             Op::Remove => 0,
         };
         let log = self.ensure_space(crl::record_len(key.len(), plen))?;
-        let hash = key_hash(key);
+        let hash = self.sh.hasher.hash(key);
         let sh = &*self.sh;
         let mut l = sh.table.lock(hash);
         if l.find(key).is_none() {

@@ -8,7 +8,7 @@
 //! take none.
 
 use crate::{
-    check_op, incr_value, key_hash, Durability, Error, Op, Outcome, Result, Session, Store,
+    check_op, incr_value, Durability, Error, KeyHasher, Op, Outcome, Result, Session, Store,
     StoreStats,
 };
 use index::any::{attach_any, AnyHandle, AnyIndex};
@@ -75,9 +75,13 @@ pub fn create_backend(heap: &Heap, o: &BackendOptions) -> Result<AnyIndex> {
                 ..Default::default()
             },
         )?),
-        BackendKind::PHash => {
-            AnyIndex::PHash(PHash::create(heap, &PHashOptions { buckets: o.buckets })?)
-        }
+        BackendKind::PHash => AnyIndex::PHash(PHash::create(
+            heap,
+            &PHashOptions {
+                buckets: o.buckets,
+                ..Default::default()
+            },
+        )?),
     })
 }
 
@@ -96,6 +100,8 @@ const STRIPES: usize = 1024;
 struct Inner {
     heap: Heap,
     index: AnyIndex,
+    /// The index's key hash (a random one for a skip list, which has none).
+    hasher: KeyHasher,
     stripes: Box<[Mutex<()>]>,
 }
 
@@ -118,6 +124,7 @@ impl DirectStore {
         DirectStore {
             inner: Arc::new(Inner {
                 heap,
+                hasher: index.hasher().unwrap_or_else(KeyHasher::random),
                 index,
                 stripes,
             }),
@@ -176,6 +183,10 @@ impl Store for DirectStore {
         Durability::Heap
     }
 
+    fn key_hasher(&self) -> KeyHasher {
+        self.inner.hasher
+    }
+
     fn stats(&self) -> StoreStats {
         StoreStats {
             keys: self.inner.index.len_estimate(),
@@ -202,7 +213,7 @@ impl Session for DirectSession {
 
     fn apply(&mut self, key: &[u8], op: Op<'_>) -> Result<Outcome> {
         check_op(key, &op)?;
-        let s = (key_hash(key) >> 40) as usize % STRIPES;
+        let s = (self.inner.hasher.hash(key) >> 40) as usize % STRIPES;
         let _g = self.inner.stripes[s]
             .lock()
             .unwrap_or_else(|e| e.into_inner());

@@ -32,6 +32,7 @@ pub mod value;
 pub mod volatile;
 
 pub use error::{Error, Result};
+pub use index::KeyHasher;
 
 /// An update, as an opcode with its payload. The key travels beside it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,6 +126,9 @@ pub trait Store: Send + Sync + 'static {
     /// `"volatile"`, `"direct"`, `"bullet"` (with the variant, e.g. `"bullet-st"`).
     fn name(&self) -> String;
     fn durability(&self) -> Durability;
+    /// The key hash whose [`index::scan_pos`] orders this store's scan (its
+    /// backend's, kept in the heap; a random one for the volatile store).
+    fn key_hasher(&self) -> KeyHasher;
     fn stats(&self) -> StoreStats;
     /// Stops background threads and makes everything durable (clean shutdown).
     /// Sessions must be dropped first.
@@ -243,12 +247,6 @@ pub fn parse_i64(v: &[u8]) -> Option<i64> {
         };
     }
     Some(acc)
-}
-
-/// The stable hash of a key (the index crate's, so one hash serves every tier).
-#[inline]
-pub fn key_hash(key: &[u8]) -> u64 {
-    index::key_hash(key)
 }
 
 /// The smaller of two scan cursors, where 0 (scan complete) counts as the end of

@@ -1253,13 +1253,14 @@ fn prefetch_node<T>(p: *const T) {
 /// keys at a time, hashed on the stack.
 pub fn prefetch_keys<V: TableValue + ?Sized, M: Clone + Send + Sync + 'static>(
     t: &Table<V, M>,
+    hasher: &crate::KeyHasher,
     keys: &[&[u8]],
 ) {
     let g = epoch::pin();
     for chunk in keys.chunks(32) {
         let mut hashes = [0u64; 32];
         for (h, k) in hashes.iter_mut().zip(chunk) {
-            *h = crate::key_hash(k);
+            *h = hasher.hash(k);
         }
         t.prefetch(&hashes[..chunk.len()], &g);
     }
@@ -1343,7 +1344,7 @@ mod tests {
             if i % 7 == 0 {
                 // A hint in the middle of the doublings: changes nothing.
                 let ks: Vec<&[u8]> = model.keys().take(40).map(|k| k.as_slice()).collect();
-                prefetch_keys(&t, &ks);
+                prefetch_keys(&t, &crate::KeyHasher::random(), &ks);
             }
         }
         t.wait_resize();

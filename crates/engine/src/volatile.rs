@@ -4,7 +4,7 @@
 
 use crate::table::{prefetch_keys, Blob, Table};
 use crate::{
-    check_op, incr_value, key_hash, Durability, Op, Outcome, Result, Session, Store, StoreStats,
+    check_op, incr_value, Durability, KeyHasher, Op, Outcome, Result, Session, Store, StoreStats,
 };
 use std::sync::Arc;
 
@@ -12,12 +12,14 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct VolatileStore {
     table: Arc<Table<Blob, ()>>,
+    hasher: KeyHasher,
 }
 
 impl VolatileStore {
     pub fn new(initial_buckets: usize) -> VolatileStore {
         VolatileStore {
             table: Arc::new(Table::new(initial_buckets)),
+            hasher: KeyHasher::random(),
         }
     }
 
@@ -29,6 +31,7 @@ impl VolatileStore {
 
 pub struct VolatileSession {
     table: Arc<Table<Blob, ()>>,
+    hasher: KeyHasher,
     buf: Vec<u8>,
 }
 
@@ -38,6 +41,7 @@ impl Store for VolatileStore {
     fn session(&self) -> Result<VolatileSession> {
         Ok(VolatileSession {
             table: self.table.clone(),
+            hasher: self.hasher,
             buf: Vec::new(),
         })
     }
@@ -48,6 +52,10 @@ impl Store for VolatileStore {
 
     fn durability(&self) -> Durability {
         Durability::Volatile
+    }
+
+    fn key_hasher(&self) -> KeyHasher {
+        self.hasher
     }
 
     fn stats(&self) -> StoreStats {
@@ -68,7 +76,7 @@ impl Session for VolatileSession {
     fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         out.clear();
         let g = crossbeam_epoch::pin();
-        match self.table.get(key_hash(key), key, &g) {
+        match self.table.get(self.hasher.hash(key), key, &g) {
             Some(n) => {
                 out.extend_from_slice(n.value(&g).get().unwrap_or_default());
                 Ok(true)
@@ -78,7 +86,7 @@ impl Session for VolatileSession {
     }
 
     fn prefetch(&mut self, keys: &[&[u8]]) {
-        prefetch_keys(&self.table, keys);
+        prefetch_keys(&self.table, &self.hasher, keys);
     }
 
     fn scan(&mut self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64> {
@@ -89,7 +97,7 @@ impl Session for VolatileSession {
 
     fn apply(&mut self, key: &[u8], op: Op<'_>) -> Result<Outcome> {
         check_op(key, &op)?;
-        let hash = key_hash(key);
+        let hash = self.hasher.hash(key);
         let mut l = self.table.lock(hash);
         match op {
             Op::Put(v) => {

@@ -21,7 +21,7 @@ use common::*;
 use engine::bullet::{BulletOptions, BulletStore, Variant};
 use engine::direct::{BackendKind, DirectStore};
 use engine::volatile::VolatileStore;
-use engine::{key_hash, Op, Session, Store};
+use engine::{KeyHasher, Op, Session, Store};
 use index::{scan_pos, Index, Ops};
 use pmem::{CrashSim, Heap, HeapOptions, Strategy};
 use rand::rngs::SmallRng;
@@ -153,13 +153,13 @@ fn key_id(k: &[u8]) -> u64 {
     std::str::from_utf8(&k[4..]).unwrap().parse().unwrap()
 }
 
-fn pos(k: &[u8]) -> u64 {
-    scan_pos(key_hash(k))
+fn pos(h: KeyHasher, k: &[u8]) -> u64 {
+    scan_pos(h.hash(k))
 }
 
 /// A full scan from cursor 0 with `count`, each step checked (keys within
 /// `[cursor, next)`, progress). Returns every key returned, repetitions included.
-fn full_scan(s: &mut dyn Session, count: usize) -> Vec<Vec<u8>> {
+fn full_scan(s: &mut dyn Session, h: KeyHasher, count: usize) -> Vec<Vec<u8>> {
     let mut all = Vec::new();
     let mut cursor = 0u64;
     let mut steps = 0u64;
@@ -167,7 +167,7 @@ fn full_scan(s: &mut dyn Session, count: usize) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         let next = s.scan(cursor, count, &mut out).unwrap();
         for k in &out {
-            let p = pos(k);
+            let p = pos(h, k);
             assert!(
                 p >= cursor && (next == 0 || p < next),
                 "key {:?} at {p:#x} outside the step [{cursor:#x}, {next:#x})",
@@ -186,9 +186,9 @@ fn full_scan(s: &mut dyn Session, count: usize) -> Vec<Vec<u8>> {
 }
 
 /// At rest: every count gives exactly the model's keys, each once.
-fn check_exact(s: &mut dyn Session, model: &BTreeSet<u64>, what: &str) {
+fn check_exact(s: &mut dyn Session, h: KeyHasher, model: &BTreeSet<u64>, what: &str) {
     for count in [1usize, 7, 100, 1 << 20] {
-        let keys = full_scan(s, count);
+        let keys = full_scan(s, h, count);
         let got: BTreeSet<u64> = keys.iter().map(|k| key_id(k)).collect();
         if got != *model {
             let missing: Vec<_> = model.difference(&got).take(10).collect();
@@ -242,12 +242,22 @@ fn exact_key_sets() {
         let store = cfg.create(&heap);
         let mut s = store.session();
         let mut model = BTreeSet::new();
-        check_exact(&mut *s, &model, &format!("{what}: empty"));
+        check_exact(&mut *s, store.hasher(), &model, &format!("{what}: empty"));
         let mut rng = SmallRng::seed_from_u64(5);
         churn(&mut *s, &mut rng, &mut model, 0..3000, 4000);
-        check_exact(&mut *s, &model, &format!("{what}: after 4000 ops"));
+        check_exact(
+            &mut *s,
+            store.hasher(),
+            &model,
+            &format!("{what}: after 4000 ops"),
+        );
         churn(&mut *s, &mut rng, &mut model, 0..3000, 4000);
-        check_exact(&mut *s, &model, &format!("{what}: after 8000 ops"));
+        check_exact(
+            &mut *s,
+            store.hasher(),
+            &model,
+            &format!("{what}: after 8000 ops"),
+        );
         if let Some(b) = store.bullet() {
             let st = b.stats();
             if cfg.log == TINY_LOG {
@@ -257,7 +267,7 @@ fn exact_key_sets() {
                 assert!(st.evictions > 0, "{what}: nothing evicted: {st:?}");
             }
             b.drain().unwrap();
-            check_exact(&mut *s, &model, &format!("{what}: drained"));
+            check_exact(&mut *s, store.hasher(), &model, &format!("{what}: drained"));
         }
         if !cfg.persistent() {
             continue;
@@ -268,9 +278,19 @@ fn exact_key_sets() {
         drop(heap);
         let (store, heap) = cfg.reopen(&path);
         let mut s = store.session();
-        check_exact(&mut *s, &model, &format!("{what}: reopened"));
+        check_exact(
+            &mut *s,
+            store.hasher(),
+            &model,
+            &format!("{what}: reopened"),
+        );
         churn(&mut *s, &mut rng, &mut model, 0..4000, 3000);
-        check_exact(&mut *s, &model, &format!("{what}: reopened, updated"));
+        check_exact(
+            &mut *s,
+            store.hasher(),
+            &model,
+            &format!("{what}: reopened, updated"),
+        );
         drop(s);
         store.close().unwrap();
         drop(store);
@@ -308,7 +328,12 @@ fn bullet_tiers() {
         assert_eq!(bs.stats().frontend_entries, 0, "{what}");
         let mut s = store.session();
         let mut model: BTreeSet<u64> = (0..1000).collect();
-        check_exact(&mut *s, &model, &format!("{what}: backend only"));
+        check_exact(
+            &mut *s,
+            store.hasher(),
+            &model,
+            &format!("{what}: backend only"),
+        );
         for i in 0..200 {
             s.apply(&key(i), Op::Remove).unwrap();
             model.remove(&i);
@@ -347,7 +372,12 @@ fn bullet_tiers() {
             assert!(s.get(&key(1000), &mut g).unwrap());
         }
         assert_eq!(bs.stats().frontend_entries, 200 + 300 + 100, "{what}");
-        check_exact(&mut *s, &model, &format!("{what}: three tiers"));
+        check_exact(
+            &mut *s,
+            store.hasher(),
+            &model,
+            &format!("{what}: three tiers"),
+        );
         // Steps from arbitrary cursors cover exactly the keys at or past them.
         let mut rng = SmallRng::seed_from_u64(9);
         for _ in 0..20 {
@@ -365,12 +395,12 @@ fn bullet_tiers() {
             let want: BTreeSet<u64> = model
                 .iter()
                 .copied()
-                .filter(|&i| pos(&key(i)) >= start)
+                .filter(|&i| pos(store.hasher(), &key(i)) >= start)
                 .collect();
             assert_eq!(got, want, "{what}: from {start:#x}");
         }
         bs.drain().unwrap();
-        check_exact(&mut *s, &model, &format!("{what}: drained"));
+        check_exact(&mut *s, store.hasher(), &model, &format!("{what}: drained"));
         drop(s);
         store.close().unwrap();
         drop(store);
@@ -427,7 +457,7 @@ fn scan_during_updates() {
             let mut s = store.session();
             while !writers.iter().all(|w| w.is_finished()) || rounds < 3 {
                 let count = [1usize, 4, 16, 64][rounds % 4];
-                let keys = full_scan(&mut *s, count);
+                let keys = full_scan(&mut *s, store.hasher(), count);
                 let got: HashSet<u64> = keys.iter().map(|k| key_id(k)).collect();
                 let missing: Vec<_> = (0..STABLE).filter(|i| !got.contains(i)).collect();
                 assert!(
@@ -443,7 +473,7 @@ fn scan_during_updates() {
             for w in writers {
                 model.extend(w.join().unwrap());
             }
-            check_exact(&mut *s, &model, &format!("{what}: at rest"));
+            check_exact(&mut *s, store.hasher(), &model, &format!("{what}: at rest"));
         });
         assert!(done.load(Ordering::Acquire));
         assert!(rounds >= 3, "{what}: {rounds} rounds");
@@ -484,7 +514,7 @@ fn scan_after_crash_recovery() {
                 churn(&mut *s, &mut rng, &mut model, 0..SPACE, 1500);
                 images.push(sim.capture_now(heap.region()));
                 if round == 1 {
-                    check_exact(&mut *s, &model, &kind.name());
+                    check_exact(&mut *s, store.hasher(), &model, &kind.name());
                 }
             }
         }
@@ -504,10 +534,15 @@ fn scan_after_crash_recovery() {
                 .filter(|&i| s.get(&key(i), &mut out).unwrap())
                 .collect();
             assert!(!present.is_empty(), "{what}");
-            check_exact(&mut *s, &present, &what);
+            check_exact(&mut *s, store.hasher(), &present, &what);
             if let Some(b) = store.bullet() {
                 b.drain().unwrap();
-                check_exact(&mut *s, &present, &format!("{what}: drained"));
+                check_exact(
+                    &mut *s,
+                    store.hasher(),
+                    &present,
+                    &format!("{what}: drained"),
+                );
             }
             drop(s);
             store.close().unwrap();

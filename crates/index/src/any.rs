@@ -97,6 +97,16 @@ impl AnyIndex {
         }
     }
 
+    /// How the structure hashes its keys; `None` for the skip list, which is
+    /// ordered by key bytes.
+    pub fn hasher(&self) -> Option<crate::KeyHasher> {
+        match self {
+            AnyIndex::Hash(t) => Some(t.hasher()),
+            AnyIndex::Skip(_) => None,
+            AnyIndex::PHash(t) => Some(t.hasher()),
+        }
+    }
+
     /// As a [`Recoverable`], for [`crate::recover`].
     pub fn recoverable(&self) -> &dyn Recoverable {
         match self {

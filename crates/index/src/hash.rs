@@ -11,12 +11,14 @@
 //! was not yet durable at a crash is simply initialised again and finds its dummy.
 //!
 //! # Layout (all little-endian, offsets in bytes)
-//! - **descriptor** (448 B): `0` tag u32 "EHRT", `4` version u32, `8` log2 of
+//! - **descriptor** (464 B): `0` tag u32 "EHRT", `4` version u32 (2), `8` log2 of
 //!   segment 0's buckets, `16` log2 of the buckets in use (grows; a hint whose loss
 //!   only lengthens chains), `24` key count (approximate, exact after a clean
 //!   close), `32` the dummy node of bucket 0 (the list head), `64` 48 segment
-//!   pointers. Segment 0 holds buckets `[0, 2^s0)`, segment `i ≥ 1` holds
-//!   `[2^(s0+i-1), 2^(s0+i))`.
+//!   pointers, `448` the SipHash-1-3 key (two u64, [`crate::KeyHasher`]) that
+//!   every key is hashed with. Segment 0 holds buckets `[0, 2^s0)`, segment
+//!   `i ≥ 1` holds `[2^(s0+i-1), 2^(s0+i))`. A version-1 descriptor (448 B, made
+//!   by an earlier Ember) has no key; its table hashes with unkeyed xxh3.
 //! - **segment**: `0` tag u32 "EHSG", `4` index u32, `8` bucket count u64, `16`
 //!   bucket slots (u64: 0 = not initialised, else the bucket's dummy node).
 //! - **node** (32 B + key, 16-B aligned): `0` tag u32 ("EHND" regular, "EHDM"
@@ -68,7 +70,7 @@ use crate::blob;
 use crate::lcache::{Added, LinkCache};
 use crate::link::{self, ptr, DEL, DIRTY};
 use crate::reclaim::{Domain, Participant};
-use crate::{check_kv, key_hash, Error, Index, Ops, Recoverable, Result, Verified};
+use crate::{check_kv, Error, Index, KeyHasher, Ops, Recoverable, Result, Verified};
 use crossbeam_epoch::Guard;
 use pmem::{FreeTicket, Heap, PPtr, Region, ThreadHeap};
 use std::cmp::Ordering as Cmp;
@@ -79,7 +81,9 @@ const ROOT_TAG: u32 = 0x5452_4845; // "EHRT"
 const NODE_TAG: u32 = 0x444e_4845; // "EHND"
 const DUMMY_TAG: u32 = 0x4d44_4845; // "EHDM"
 const SEG_TAG: u32 = 0x4753_4845; // "EHSG"
-const VERSION: u32 = 1;
+/// Version 2 keeps the table's SipHash key at [`R_KEY`]; version 1 (no key,
+/// unkeyed xxh3) is still read.
+const VERSION: u32 = 2;
 const MAX_SEGS: u64 = 48;
 
 const R_SEG0: u64 = 8;
@@ -87,7 +91,10 @@ const R_SIZE: u64 = 16;
 const R_COUNT: u64 = 24;
 const R_HEAD: u64 = 32;
 const R_DIR: u64 = 64;
-const ROOT_SIZE: u64 = R_DIR + 8 * MAX_SEGS;
+const R_KEY: u64 = R_DIR + 8 * MAX_SEGS;
+/// The descriptor of version 1 ends where version 2's key begins.
+const ROOT_SIZE_V1: u64 = R_KEY;
+const ROOT_SIZE: u64 = R_KEY + 16;
 
 const N_SO: u64 = 8;
 const N_NEXT: u64 = 16;
@@ -109,6 +116,11 @@ pub struct HashOptions {
     pub link_cache: bool,
     /// Link cache buckets (cache lines; the paper uses 32).
     pub cache_buckets: usize,
+    /// The key hash of a table [`LfHash::create`] makes (`None`: SipHash-1-3
+    /// under a random key, the default). Tests fix it to make bucket layouts
+    /// repeatable; [`KeyHasher::LEGACY_XXH3`] makes the version-1 table of an
+    /// earlier Ember. `attach` ignores it: a table's hash is in its descriptor.
+    pub hasher: Option<KeyHasher>,
 }
 
 impl Default for HashOptions {
@@ -118,6 +130,7 @@ impl Default for HashOptions {
             max_load: 2,
             link_cache: true,
             cache_buckets: 32,
+            hasher: None,
         }
     }
 }
@@ -162,6 +175,7 @@ struct Inner {
     domain: Domain,
     count: AtomicI64,
     opts: HashOptions,
+    hasher: KeyHasher,
 }
 
 /// The log-free hash table. Clone is cheap.
@@ -569,9 +583,8 @@ impl Inner {
 
     /// A read-only walk to `key`: its node (0 when absent) and the node before
     /// it (or before where it would be).
-    fn walk_ro(&self, key: &[u8]) -> (u64, u64) {
+    fn walk_ro(&self, key: &[u8], h: u64) -> (u64, u64) {
         let r = self.r();
-        let h = key_hash(key);
         let so = so_regular(h);
         let mut prev = self.start_ro(self.bucket_of(h));
         let mut curr = ptr(link::load_settled(r, prev + N_NEXT));
@@ -590,7 +603,7 @@ impl Inner {
 
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> bool {
         let r = self.r();
-        let (prev, curr) = self.walk_ro(key);
+        let (prev, curr) = self.walk_ro(key, self.hasher.hash(key));
         if curr == 0 {
             return false;
         }
@@ -607,8 +620,8 @@ impl Inner {
 
     /// Where a write of `key` lands (a hint): its node, or for an absent key the
     /// node after which it would be linked. A read-only walk, as `get`.
-    fn locate(&self, key: &[u8]) -> u64 {
-        match self.walk_ro(key) {
+    fn locate(&self, key: &[u8], hash: u64) -> u64 {
+        match self.walk_ro(key, hash) {
             (prev, 0) => prev,
             (_, node) => node,
         }
@@ -707,7 +720,7 @@ impl Inner {
         replace: bool,
     ) -> Result<bool> {
         let r = self.r();
-        let hash = key_hash(key);
+        let hash = self.hasher.hash(key);
         let so = so_regular(hash);
         let start = self.bucket(&mut h.st, &mut h.th, self.bucket_of(hash))?;
         let (mut node, mut vb) = (0u64, 0u64);
@@ -765,7 +778,9 @@ impl Inner {
         h: &mut HandleState,
         g: &Guard,
         items: &[(&[u8], Option<&[u8]>)],
+        hashes: &[u64],
     ) -> Result<()> {
+        debug_assert_eq!(items.len(), hashes.len());
         enum Prep {
             Swap {
                 n: u64,
@@ -782,14 +797,24 @@ impl Inner {
             },
         }
         let r = self.r();
-        let mut seen = std::collections::HashMap::with_capacity(items.len());
-        for (k, _) in items {
-            *seen.entry(*k).or_insert(0u32) += 1;
+        // Which writes are of a key that occurs more than once.
+        let mut seen: HashedMap<u32> =
+            HashedMap::with_capacity_and_hasher(items.len(), Default::default());
+        for ((k, _), &h) in items.iter().zip(hashes) {
+            *seen.entry(Hashed { h, k }).or_insert(0) += 1;
         }
+        let repeated: Vec<bool> = items
+            .iter()
+            .zip(hashes)
+            .map(|((k, _), &h)| seen[&Hashed { h, k }] > 1)
+            .collect();
+        drop(seen);
         let mut need: Vec<u64> = items
             .iter()
-            .filter(|(k, v)| v.is_some() && seen[k] == 1)
-            .map(|(k, _)| self.bucket_of(key_hash(k)))
+            .zip(hashes)
+            .zip(&repeated)
+            .filter(|(((_, v), _), &rep)| v.is_some() && !rep)
+            .map(|((_, &h), _)| self.bucket_of(h))
             .filter(|&b| self.slot(b) == 0)
             .collect();
         if !need.is_empty() {
@@ -820,14 +845,13 @@ impl Inner {
         // Each put's walk from its bucket is a chain of dependent cache
         // misses (slot, dummy, first node): fetched ahead, one stage per
         // distance, so that the misses of several puts overlap.
-        let hashes: Vec<u64> = items.iter().map(|(k, _)| key_hash(k)).collect();
         for (i, (key, val)) in items.iter().enumerate() {
-            self.prefetch_walk(&hashes, i);
+            self.prefetch_walk(hashes, i);
             let Some(val) = val else {
                 alone.push(i);
                 continue;
             };
-            if seen[key] > 1 {
+            if repeated[i] {
                 alone.push(i);
                 continue;
             }
@@ -988,7 +1012,7 @@ impl Inner {
 
     fn remove(&self, h: &mut HandleState, g: &Guard, key: &[u8]) -> Result<bool> {
         let r = self.r();
-        let hash = key_hash(key);
+        let hash = self.hasher.hash(key);
         let so = so_regular(hash);
         let start = self.bucket(&mut h.st, &mut h.th, self.bucket_of(hash))?;
         loop {
@@ -1129,6 +1153,15 @@ impl LfHash {
         r.write::<u64>(root + R_COUNT, &0);
         r.write::<u64>(root + R_HEAD, &head);
         r.write::<u64>(root + R_DIR, &seg);
+        // A legacy hasher writes what an earlier Ember wrote: version 1, no key
+        // (compatibility tests).
+        match opts.hasher.unwrap_or_else(KeyHasher::random).sip_key() {
+            Some((k0, k1)) => {
+                r.write::<u64>(root + R_KEY, &k0);
+                r.write::<u64>(root + R_KEY + 8, &k1);
+            }
+            None => r.write::<u32>(root + 4, &1),
+        }
         r.flush(root, ROOT_SIZE as usize);
         r.fence();
         th.end_op();
@@ -1142,15 +1175,20 @@ impl LfHash {
         let r = heap.region();
         let root = root.offset();
         let bad = |m: &str| Err(Error::Corrupt(format!("hash table at {root:#x}: {m}")));
-        if root == 0 || !r.contains(root, ROOT_SIZE) {
+        if root == 0 || !r.contains(root, ROOT_SIZE_V1) {
             return bad("descriptor outside the heap");
         }
         if r.read::<u32>(root) != ROOT_TAG {
             return bad("not a hash table descriptor");
         }
-        if r.read::<u32>(root + 4) != VERSION {
-            return bad("unknown version");
-        }
+        let hasher = match r.read::<u32>(root + 4) {
+            1 => KeyHasher::LEGACY_XXH3,
+            VERSION if r.contains(root, ROOT_SIZE) => {
+                KeyHasher::sip13(r.read(root + R_KEY), r.read(root + R_KEY + 8))
+            }
+            VERSION => return bad("descriptor outside the heap"),
+            _ => return bad("unknown version"),
+        };
         let s0: u64 = r.read(root + R_SEG0);
         let size: u64 = r.read(root + R_SIZE);
         if !(1..=30).contains(&s0) || size < s0 || size > (s0 + MAX_SEGS - 1).min(62) {
@@ -1195,8 +1233,14 @@ impl LfHash {
                 domain: Domain::new(heap.clone()),
                 count: AtomicI64::new(count.min(i64::MAX as u64) as i64),
                 opts: opts.clone(),
+                hasher,
             }),
         })
+    }
+
+    /// How this table hashes its keys (from its descriptor).
+    pub fn hasher(&self) -> KeyHasher {
+        self.inner.hasher
     }
 
     /// Buckets in use.
@@ -1350,15 +1394,18 @@ impl Ops for HashHandle {
         // well inside the thread's active page table.
         let apt = self.t.inner.r().geometry().apt_entries as usize;
         let part = (apt / 8).clamp(4, 256);
+        let inner = &*self.t.inner;
+        let hashes: Vec<u64> = items.iter().map(|(k, _)| inner.hasher.hash(k)).collect();
         let sorted;
-        let items = if items.len() > part && self.t.inner.r().strategy() == pmem::Strategy::Msync {
-            sorted = self.by_place(items);
-            &sorted[..]
+        let (items, hashes) = if items.len() > part && inner.r().strategy() == pmem::Strategy::Msync
+        {
+            sorted = self.by_place(items, &hashes);
+            (&sorted.0[..], &sorted.1[..])
         } else {
-            items
+            (items, &hashes[..])
         };
-        for items in items.chunks(part) {
-            self.run(|i, h, g| i.apply_batch(h, g, items))?;
+        for (items, hashes) in items.chunks(part).zip(hashes.chunks(part)) {
+            self.run(|i, h, g| i.apply_batch(h, g, items, hashes))?;
             // Publish the key count after each part, so that the table grows
             // with a large batch (the automatic sync counts a part as one op).
             let d = std::mem::take(&mut self.h.count);
@@ -1377,6 +1424,33 @@ impl Ops for HashHandle {
 /// One write of a batch: key, and value (`None`: remove).
 type Write<'a> = (&'a [u8], Option<&'a [u8]>);
 
+/// A key with its hash under the table's [`KeyHasher`], as a map key: hashed
+/// by that hash alone (no second pass over the key bytes; a keyed table's
+/// hash cannot be steered by a client, so neither can this map), compared by
+/// key.
+#[derive(Clone, Copy)]
+struct Hashed<'a> {
+    h: u64,
+    k: &'a [u8],
+}
+
+impl std::hash::Hash for Hashed<'_> {
+    fn hash<H: std::hash::Hasher>(&self, s: &mut H) {
+        s.write_u64(self.h);
+    }
+}
+
+impl PartialEq for Hashed<'_> {
+    fn eq(&self, o: &Self) -> bool {
+        self.h == o.h && self.k == o.k
+    }
+}
+
+impl Eq for Hashed<'_> {}
+
+/// A map keyed by [`Hashed`] keys, mixing their hash with `foldhash`.
+type HashedMap<'a, V> = std::collections::HashMap<Hashed<'a>, V, foldhash::fast::FixedState>;
+
 impl HashHandle {
     /// `items` ordered by where each write lands (its node, or an absent key's
     /// predecessor), for a batch applied in parts under `msync`: each part's
@@ -1387,17 +1461,24 @@ impl HashHandle {
     /// 2.2x fewer pages; BENCHMARKS.md). Every occurrence of a key gets the
     /// place found for its first (the sort is stable), so writes of one key
     /// keep their order.
-    fn by_place<'a>(&mut self, items: &[Write<'a>]) -> Vec<Write<'a>> {
+    /// `hashes` are the keys' hashes, and are returned in the new order.
+    fn by_place<'a>(&mut self, items: &[Write<'a>], hashes: &[u64]) -> (Vec<Write<'a>>, Vec<u64>) {
         let inner = &*self.t.inner;
         let _g = self.h.part.pin();
-        let mut place: std::collections::HashMap<&[u8], u64> =
-            std::collections::HashMap::with_capacity(items.len());
-        let mut keyed: Vec<(u64, Write<'a>)> = items
+        let mut place: HashedMap<u64> =
+            HashedMap::with_capacity_and_hasher(items.len(), Default::default());
+        let mut keyed: Vec<(u64, Write<'a>, u64)> = items
             .iter()
-            .map(|&(k, v)| (*place.entry(k).or_insert_with(|| inner.locate(k)), (k, v)))
+            .zip(hashes)
+            .map(|(&(k, v), &h)| {
+                let p = *place
+                    .entry(Hashed { h, k })
+                    .or_insert_with(|| inner.locate(k, h));
+                (p, (k, v), h)
+            })
             .collect();
-        keyed.sort_by_key(|&(p, _)| p);
-        keyed.into_iter().map(|(_, kv)| kv).collect()
+        keyed.sort_by_key(|&(p, _, _)| p);
+        keyed.into_iter().map(|(_, kv, h)| (kv, h)).unzip()
     }
 }
 
@@ -1511,7 +1592,7 @@ impl Index for LfHash {
                     dummies.remove(&curr);
                 }
                 NODE_TAG => {
-                    if so != so_regular(key_hash(&key)) {
+                    if so != so_regular(inner.hasher.hash(&key)) {
                         return Err(format!(
                             "node {curr:#x}: split key does not match its key's hash"
                         ));
@@ -1625,8 +1706,8 @@ mod lc_retire_tests {
     fn node_of(t: &LfHash, key: &[u8]) -> u64 {
         let inner = &*t.inner;
         let r = inner.r();
-        let so = so_regular(key_hash(key));
-        let mut c = inner.start_ro(inner.bucket_of(key_hash(key)));
+        let so = so_regular(inner.hasher.hash(key));
+        let mut c = inner.start_ro(inner.bucket_of(inner.hasher.hash(key)));
         while c != 0 {
             if inner.cmp_node(c, so, key) == Cmp::Equal {
                 return c;

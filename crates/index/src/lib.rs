@@ -213,9 +213,70 @@ pub fn bucket_end_pos(b: u64, k: u32) -> u64 {
     b.reverse_bits().wrapping_add(1u64 << (64 - k))
 }
 
-/// The stable 64-bit hash of a key (xxh3; fixed across versions and restarts, since
-/// bucket placement is persistent).
-#[inline]
-pub fn key_hash(key: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(key)
+/// How a structure hashes its keys. The hash places keys in buckets and orders
+/// them (split order, the [`scan_pos`] cursor space), and both are persistent, so a
+/// structure's hasher is chosen at creation and kept in its descriptor for life.
+///
+/// Structures created now use **SipHash-1-3 under a random 128-bit key** (what
+/// Rust's `HashMap` uses, and Redis's dict uses SipHash-1-2 for the same reason):
+/// a client cannot choose keys that share a bucket without knowing the key, and
+/// the hash positions that SCAN cursors reveal do not help it find the key
+/// (SipHash is a pseudorandom function). Structures written by an earlier Ember
+/// (descriptor version 1) hash with unkeyed xxh3 and keep doing so.
+///
+/// `Debug` does not print the key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct KeyHasher {
+    k0: u64,
+    k1: u64,
+    legacy: bool,
+}
+
+impl KeyHasher {
+    /// The unkeyed xxh3 of version-1 descriptors.
+    pub const LEGACY_XXH3: KeyHasher = KeyHasher {
+        k0: 0,
+        k1: 0,
+        legacy: true,
+    };
+
+    /// SipHash-1-3 under the key `(k0, k1)`.
+    pub const fn sip13(k0: u64, k1: u64) -> KeyHasher {
+        KeyHasher {
+            k0,
+            k1,
+            legacy: false,
+        }
+    }
+
+    /// SipHash-1-3 under a key drawn from the operating system's entropy.
+    pub fn random() -> KeyHasher {
+        Self::sip13(rand::random(), rand::random())
+    }
+
+    /// The SipHash key, `None` for the legacy xxh3.
+    pub fn sip_key(&self) -> Option<(u64, u64)> {
+        (!self.legacy).then_some((self.k0, self.k1))
+    }
+
+    /// The 64-bit hash of `key`.
+    #[inline]
+    pub fn hash(&self, key: &[u8]) -> u64 {
+        if self.legacy {
+            return xxhash_rust::xxh3::xxh3_64(key);
+        }
+        let mut h = siphasher::sip::SipHasher13::new_with_keys(self.k0, self.k1);
+        std::hash::Hasher::write(&mut h, key);
+        std::hash::Hasher::finish(&h)
+    }
+}
+
+impl std::fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.legacy {
+            "KeyHasher(xxh3, unkeyed)"
+        } else {
+            "KeyHasher(siphash-1-3, keyed)"
+        })
+    }
 }

@@ -14,16 +14,21 @@
 //!
 //! All fields are little-endian. Offsets are relative to the start of the block.
 //!
-//! Descriptor block ([`DESC_SIZE`] = 32 bytes, the table's [`Index::root`]):
+//! Descriptor block ([`DESC_SIZE`] = 48 bytes, the table's [`Index::root`]):
 //!
 //! ```text
 //! 0   tag u32        DESC_TAG  0x5248_5045 ("EPHR")
-//! 4   version u32    VERSION = 1
+//! 4   version u32    VERSION = 2
 //! 8   nbuckets u64   a power of two, 1 ..= 2^32 (fixed for the life of the table)
 //! 16  array u64      offset of the bucket array block
 //! 24  count u64      number of keys: exact after `close()`, otherwise approximate
 //!                    (written now and then without a fence)
+//! 32  key 2 x u64    the SipHash-1-3 key every key is hashed with
+//!                    ([`crate::KeyHasher`])
 //! ```
+//!
+//! A version-1 descriptor (32 bytes, made by an earlier Ember) has no key: its
+//! table hashes with unkeyed xxh3.
 //!
 //! Bucket array block (`nbuckets` x [`BUCKET_SIZE`] = 16 bytes, zeroed at creation):
 //!
@@ -40,7 +45,7 @@
 //! ```text
 //! 0   tag u32        NODE_TAG  0x4e48_5045 ("EPHN")
 //! 4   klen u32       key length (<= MAX_KEY)
-//! 8   hash u64       crate::key_hash(key). The node lives in bucket hash & (nbuckets-1).
+//! 8   hash u64       the table's hash of the key. The node lives in bucket hash & (nbuckets-1).
 //! 16  next u64       next node of the chain (0 = end). Chains are unordered:
 //!                    new nodes go at the head.
 //! 24  value u64      offset of the node's value block
@@ -121,7 +126,7 @@
 //! [`Index::len_estimate`] is approximate until the next clean close.
 
 use crate::blob;
-use crate::{check_kv, key_hash, Error, Index, Ops, Recoverable, Result, Verified};
+use crate::{check_kv, Error, Index, KeyHasher, Ops, Recoverable, Result, Verified};
 use crate::{MAX_KEY, MAX_VALUE};
 use pmem::{Heap, PPtr, Region, ThreadHeap, Tx};
 use std::fmt;
@@ -132,11 +137,14 @@ use std::sync::Arc;
 pub const DESC_TAG: u32 = 0x5248_5045;
 /// Node tag, "EPHN" in little-endian bytes.
 pub const NODE_TAG: u32 = 0x4e48_5045;
-/// Format version written in the descriptor.
-pub const VERSION: u32 = 1;
+/// Format version written in the descriptor (version 1, without the hash key,
+/// is still read).
+pub const VERSION: u32 = 2;
 
 /// Descriptor block size.
-pub const DESC_SIZE: u64 = 32;
+pub const DESC_SIZE: u64 = 48;
+/// Descriptor block size of version 1.
+pub const DESC_SIZE_V1: u64 = 32;
 /// Descriptor field: tag (u32).
 pub const D_TAG: u64 = 0;
 /// Descriptor field: version (u32).
@@ -147,6 +155,8 @@ pub const D_NBUCKETS: u64 = 8;
 pub const D_ARRAY: u64 = 16;
 /// Descriptor field: key count (u64).
 pub const D_COUNT: u64 = 24;
+/// Descriptor field: the SipHash key (2 x u64; version 2).
+pub const D_KEY: u64 = 32;
 
 /// Bytes per bucket in the bucket array.
 pub const BUCKET_SIZE: u64 = 16;
@@ -182,12 +192,17 @@ pub struct PHashOptions {
     /// Number of buckets. It is rounded up to a power of two in `1 ..= 2^32` and
     /// is fixed for the life of the table (the table never grows).
     pub buckets: u64,
+    /// The key hash (`None`: SipHash-1-3 under a random key, the default). Tests
+    /// fix it to make layouts repeatable; [`KeyHasher::LEGACY_XXH3`] makes the
+    /// version-1 table of an earlier Ember.
+    pub hasher: Option<KeyHasher>,
 }
 
 impl Default for PHashOptions {
     fn default() -> Self {
         PHashOptions {
             buckets: DEFAULT_BUCKETS,
+            hasher: None,
         }
     }
 }
@@ -209,6 +224,7 @@ struct Inner {
     array: u64,
     /// Live keys (volatile; changed under the bucket lock, so never negative).
     count: AtomicI64,
+    hasher: KeyHasher,
 }
 
 /// The lock-based durable hash table. See the module documentation.
@@ -496,9 +512,18 @@ impl PHash {
         r.write::<u64>(desc + D_NBUCKETS, &n);
         r.write::<u64>(desc + D_ARRAY, &array);
         r.write::<u64>(desc + D_COUNT, &0);
+        let hasher = opts.hasher.unwrap_or_else(KeyHasher::random);
+        match hasher.sip_key() {
+            Some((k0, k1)) => {
+                r.write::<u64>(desc + D_KEY, &k0);
+                r.write::<u64>(desc + D_KEY + 8, &k1);
+            }
+            // What an earlier Ember wrote (compatibility tests).
+            None => r.write::<u32>(desc + D_VERSION, &1),
+        }
         r.flush(desc, DESC_SIZE as usize);
         r.fence();
-        Ok(PHash::from_parts(heap, desc, n, array, 0))
+        Ok(PHash::from_parts(heap, desc, n, array, 0, hasher))
     }
 
     /// Attaches to the table whose descriptor is at `root`. It only reads: it
@@ -514,7 +539,7 @@ impl PHash {
         if d == 0 {
             return Err(corrupt("phash: null descriptor".into()));
         }
-        if !d.is_multiple_of(16) || !r.contains(d, DESC_SIZE) {
+        if !d.is_multiple_of(16) || !r.contains(d, DESC_SIZE_V1) {
             return Err(corrupt(format!(
                 "phash: descriptor {d:#x} is misaligned or outside the heap"
             )));
@@ -526,13 +551,17 @@ impl PHash {
             )));
         }
         let version: u32 = r.read(d + D_VERSION);
-        if version != VERSION {
-            return Err(corrupt(format!(
-                "phash: descriptor {d:#x} has version {version}, expected {VERSION}"
-            )));
-        }
+        let size = match version {
+            1 => DESC_SIZE_V1,
+            VERSION => DESC_SIZE,
+            _ => {
+                return Err(corrupt(format!(
+                    "phash: descriptor {d:#x} has version {version}, expected 1 or {VERSION}"
+                )))
+            }
+        };
         match heap.usable_size(root) {
-            Ok(s) if s >= DESC_SIZE => {}
+            Ok(s) if s >= size => {}
             Ok(s) => {
                 return Err(corrupt(format!(
                     "phash: descriptor block {d:#x} is only {s} bytes"
@@ -571,10 +600,22 @@ impl PHash {
             }
         }
         let count: u64 = r.read(d + D_COUNT);
-        Ok(PHash::from_parts(heap, d, n, array, count))
+        let hasher = if version == 1 {
+            KeyHasher::LEGACY_XXH3
+        } else {
+            KeyHasher::sip13(r.read(d + D_KEY), r.read(d + D_KEY + 8))
+        };
+        Ok(PHash::from_parts(heap, d, n, array, count, hasher))
     }
 
-    fn from_parts(heap: &Heap, root: u64, nbuckets: u64, array: u64, count: u64) -> PHash {
+    fn from_parts(
+        heap: &Heap,
+        root: u64,
+        nbuckets: u64,
+        array: u64,
+        count: u64,
+        hasher: KeyHasher,
+    ) -> PHash {
         PHash {
             inner: Arc::new(Inner {
                 heap: heap.clone(),
@@ -583,8 +624,14 @@ impl PHash {
                 mask: nbuckets - 1,
                 array,
                 count: AtomicI64::new(count.min(i64::MAX as u64) as i64),
+                hasher,
             }),
         }
+    }
+
+    /// How this table hashes its keys (from its descriptor).
+    pub fn hasher(&self) -> KeyHasher {
+        self.inner.hasher
     }
 
     /// The heap the table lives in.
@@ -632,15 +679,21 @@ impl Index for PHash {
         let r = inner.region();
         let heap = &inner.heap;
         let d = inner.root;
-        if !r.contains(d, DESC_SIZE) || !r.contains(inner.array, inner.nbuckets * BUCKET_SIZE) {
+        let key = inner.hasher.sip_key();
+        let (version, size) = match key {
+            Some(_) => (VERSION, DESC_SIZE),
+            None => (1, DESC_SIZE_V1),
+        };
+        if !r.contains(d, size) || !r.contains(inner.array, inner.nbuckets * BUCKET_SIZE) {
             return Err(format!(
                 "phash: descriptor {d:#x} or its array left the heap"
             ));
         }
         if r.read::<u32>(d + D_TAG) != DESC_TAG
-            || r.read::<u32>(d + D_VERSION) != VERSION
+            || r.read::<u32>(d + D_VERSION) != version
             || r.read::<u64>(d + D_NBUCKETS) != inner.nbuckets
             || r.read::<u64>(d + D_ARRAY) != inner.array
+            || key.is_some_and(|k| (r.read(d + D_KEY), r.read(d + D_KEY + 8)) != k)
         {
             return Err(format!("phash: descriptor {d:#x} changed since attach"));
         }
@@ -698,7 +751,7 @@ impl Index for PHash {
                 ka.resize(klen as usize, 0);
                 r.read_bytes(cur + NODE_HDR, &mut ka);
                 let hash: u64 = r.read(cur + N_HASH);
-                if hash != key_hash(&ka) {
+                if hash != self.inner.hasher.hash(&ka) {
                     return Err(format!(
                         "phash: node {cur:#x}: stored hash {hash:#x} is not the hash of its key"
                     ));
@@ -811,7 +864,7 @@ impl PHashHandle {
         check_kv(key, Some(value))?;
         let inner = &*self.table.inner;
         let r = inner.region();
-        let hash = key_hash(key);
+        let hash = inner.hasher.hash(key);
         let bucket = inner.bucket(hash);
         let guard = pmem::lock::lock(r, bucket + B_LOCK);
         let new = match inner.find(bucket, hash, key)? {
@@ -866,7 +919,7 @@ impl Ops for PHashHandle {
         out.clear();
         let inner = &*self.table.inner;
         let r = inner.region();
-        let hash = key_hash(key);
+        let hash = inner.hasher.hash(key);
         let bucket = inner.bucket(hash);
         let _guard = pmem::lock::lock(r, bucket + B_LOCK);
         match inner.find(bucket, hash, key)? {
@@ -892,7 +945,7 @@ impl Ops for PHashHandle {
         check_kv(key, None)?;
         let inner = &*self.table.inner;
         let r = inner.region();
-        let hash = key_hash(key);
+        let hash = inner.hasher.hash(key);
         let bucket = inner.bucket(hash);
         let guard = pmem::lock::lock(r, bucket + B_LOCK);
         let Some(f) = inner.find(bucket, hash, key)? else {

@@ -60,7 +60,7 @@ fn zero_keys(n: usize, bits: u32, tag: &str) -> Vec<Vec<u8>> {
     let mut i = 0u64;
     while out.len() < n {
         let k = format!("{tag}{i}").into_bytes();
-        if index::key_hash(&k) & mask == 0 {
+        if common::HASHER.hash(&k) & mask == 0 {
             out.push(k);
         }
         i += 1;
@@ -756,7 +756,7 @@ fn hash_put_behind_a_batch_insert_is_durable() {
     let a_keys = zero_keys(BATCH * BATCHES, 4, "a");
     // For the first key of each batch, the key of a large pool that comes next in
     // split order (`scan_pos` of the hash): B's key for that batch.
-    let so = |k: &[u8]| index::scan_pos(index::key_hash(k));
+    let so = |k: &[u8]| index::scan_pos(common::HASHER.hash(k));
     let mut pool: Vec<(u64, Vec<u8>)> = zero_keys(60_000, 4, "b")
         .into_iter()
         .map(|k| (so(&k), k))

@@ -54,7 +54,7 @@ fn universe() -> &'static [Vec<u8>] {
         let mut i = 0u64;
         while u.len() < ALL {
             let k = format!("zero{i}").into_bytes();
-            if index::key_hash(&k) & 1023 == 0 {
+            if common::HASHER.hash(&k) & 1023 == 0 {
                 u.push(k);
             }
             i += 1;

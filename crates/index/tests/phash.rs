@@ -29,7 +29,14 @@ fn opts() -> HeapOptions {
 
 fn new_table(path: &Path, buckets: u64) -> (Heap, PHash) {
     let heap = Heap::create(path, &opts()).unwrap();
-    let t = PHash::create(&heap, &PHashOptions { buckets }).unwrap();
+    let t = PHash::create(
+        &heap,
+        &PHashOptions {
+            buckets,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     heap.set_root(t.root()).unwrap();
     (heap, t)
 }
@@ -114,7 +121,13 @@ fn check_against(t: &PHash, model: &Model) {
 
 #[test]
 fn options_round_to_powers_of_two() {
-    let e = |b| PHashOptions { buckets: b }.effective_buckets();
+    let e = |b| {
+        PHashOptions {
+            buckets: b,
+            ..Default::default()
+        }
+        .effective_buckets()
+    };
     assert_eq!(PHashOptions::default().buckets, 1 << 16);
     assert_eq!(e(0), 1);
     assert_eq!(e(1), 1);
@@ -390,7 +403,8 @@ fn attach_rejects_garbage() {
     };
     assert!(PHash::attach(&heap, PPtr::from_raw(put(0, 0, 0))).is_ok());
     assert!(is_corrupt(put(phash::D_TAG, 0x1234, 4)));
-    assert!(is_corrupt(put(phash::D_VERSION, 2, 4)));
+    assert!(is_corrupt(put(phash::D_VERSION, 0, 4)));
+    assert!(is_corrupt(put(phash::D_VERSION, 3, 4)));
     for n in [0, 3, 100, (1 << 32) + 1, 1 << 33, u64::MAX] {
         assert!(is_corrupt(put(phash::D_NBUCKETS, n, 8)), "nbuckets {n}");
     }
@@ -695,7 +709,14 @@ fn crash_images_recover_before_or_after() {
         let path = dir.path().join(format!("run{run}.heap"));
         {
             let heap = Heap::create(&path, &sim_opts()).unwrap();
-            let t = PHash::create(&heap, &PHashOptions { buckets: 8 }).unwrap();
+            let t = PHash::create(
+                &heap,
+                &PHashOptions {
+                    buckets: 8,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
             heap.set_root(t.root()).unwrap();
         }
         let sim = Arc::new(CrashSim::new(run, 0));

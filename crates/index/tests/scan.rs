@@ -6,7 +6,7 @@
 mod common;
 
 use common::{create, heap_opts, Idx, Kind};
-use index::{key_hash, scan_pos, Error, HashOptions, Index, LfHash, Ops};
+use index::{scan_pos, Error, HashOptions, Index, LfHash, Ops};
 use pmem::{Heap, Strategy};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
@@ -28,8 +28,10 @@ fn key(i: u64) -> Vec<u8> {
     format!("key:{i}").into_bytes()
 }
 
+/// The position of `k` in every table of these tests (they hash with
+/// [`common::HASHER`]).
 fn pos(k: &[u8]) -> u64 {
-    scan_pos(key_hash(k))
+    scan_pos(common::HASHER.hash(k))
 }
 
 /// Runs a full scan from `start`, checking each step: every key returned lies in
@@ -140,6 +142,7 @@ fn scan_across_growth() {
                 initial_buckets: 2,
                 max_load: 1,
                 link_cache: kind == Kind::Hash,
+                hasher: Some(common::HASHER),
                 ..Default::default()
             },
         )
@@ -281,7 +284,14 @@ fn scan_during_concurrent_updates() {
 fn scan_settles_cached_links() {
     let dir = tempfile::tempdir().unwrap();
     let heap = heap(dir.path());
-    let t = LfHash::create(&heap, &HashOptions::default()).unwrap();
+    let t = LfHash::create(
+        &heap,
+        &HashOptions {
+            hasher: Some(common::HASHER),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let mut w = t.handle().unwrap();
     for i in 0..20 {
         w.put(&key(i), b"v").unwrap();
@@ -303,7 +313,14 @@ fn steps_are_bounded_on_sparse_tables() {
     let heap = heap(dir.path());
     // phash with many buckets and few keys: a step visits at most 10 x count
     // buckets, so an empty table takes nbuckets / (10 x count) steps.
-    let p = index::PHash::create(&heap, &index::PHashOptions { buckets: 1 << 12 }).unwrap();
+    let p = index::PHash::create(
+        &heap,
+        &index::PHashOptions {
+            buckets: 1 << 12,
+            hasher: Some(common::HASHER),
+        },
+    )
+    .unwrap();
     let mut h = p.handle().unwrap();
     let (keys, steps) = full_scan(&mut h, 0, 4, usize::MAX);
     assert!(keys.is_empty());
@@ -317,6 +334,7 @@ fn steps_are_bounded_on_sparse_tables() {
         &HashOptions {
             initial_buckets: 2,
             link_cache: false,
+            hasher: Some(common::HASHER),
             ..Default::default()
         },
     )

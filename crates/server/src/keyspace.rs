@@ -149,17 +149,21 @@ pub type KsResult<T> = Result<T, KsError>;
 /// Stripe locks serialising writers of the same key.
 pub struct Stripes {
     locks: Vec<Mutex<()>>,
+    /// Seeded per process: the stripes are not persistent, and a client cannot
+    /// choose keys that all share one.
+    hasher: foldhash::fast::RandomState,
 }
 
 impl Stripes {
     pub fn new(n: usize) -> Stripes {
         Stripes {
             locks: (0..n.next_power_of_two()).map(|_| Mutex::new(())).collect(),
+            hasher: foldhash::fast::RandomState::default(),
         }
     }
 
     fn index(&self, skey: &[u8]) -> usize {
-        (engine::key_hash(skey) as usize) & (self.locks.len() - 1)
+        (std::hash::BuildHasher::hash_one(&self.hasher, skey) as usize) & (self.locks.len() - 1)
     }
 
     /// Locks the stripes of every key (deduplicated, in index order).

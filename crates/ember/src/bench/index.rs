@@ -165,9 +165,15 @@ pub fn heap_bytes_for(size: u64, key_size: usize, value_size: usize, buckets: u6
 /// Creates the structure `structure`/`imp` in `heap` and makes it the heap root.
 pub fn create(heap: &Heap, structure: Structure, imp: Impl, buckets: u64) -> BenchResult<AnyIndex> {
     let t: AnyIndex = match (structure, imp) {
-        (Structure::Hash, Impl::Redo) => PHash::create(heap, &PHashOptions { buckets })
-            .map_err(|e| e.to_string())?
-            .into(),
+        (Structure::Hash, Impl::Redo) => PHash::create(
+            heap,
+            &PHashOptions {
+                buckets,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| e.to_string())?
+        .into(),
         (Structure::Hash, _) => LfHash::create(
             heap,
             &HashOptions {

@@ -118,6 +118,16 @@ impl AnyStore {
         }
     }
 
+    /// The key hash ordering the store's scan.
+    #[allow(dead_code)] // not every test file scans
+    pub fn hasher(&self) -> engine::KeyHasher {
+        match self {
+            AnyStore::Volatile(s) => s.key_hasher(),
+            AnyStore::Direct(s) => s.key_hasher(),
+            AnyStore::Bullet(s) => s.key_hasher(),
+        }
+    }
+
     pub fn bullet(&self) -> Option<&BulletStore> {
         match self {
             AnyStore::Bullet(s) => Some(s),

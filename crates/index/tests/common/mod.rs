@@ -15,7 +15,9 @@
 //!   structure must pass.
 #![allow(dead_code)]
 
-use index::{HashOptions, Index, LfHash, Ops, PHash, PHashOptions, SkipList, SkipOptions};
+use index::{
+    HashOptions, Index, KeyHasher, LfHash, Ops, PHash, PHashOptions, SkipList, SkipOptions,
+};
 use index::{RecoverStats, Verified};
 use pmem::{Geometry, Heap, HeapOptions, PPtr, Recovery, Strategy};
 use rand::rngs::SmallRng;
@@ -81,12 +83,18 @@ impl std::fmt::Display for Kind {
     }
 }
 
+/// The key hash of the tests' tables: a fixed SipHash key, so that bucket
+/// layouts (and the keys that share a bucket) are the same in every run.
+#[allow(dead_code)] // not every test file hashes keys itself
+pub const HASHER: KeyHasher = KeyHasher::sip13(0x5eed_0000_0000_0001, 0x5eed_0000_0000_0002);
+
 /// Hash options of the tests: 4 initial buckets, so that the table grows.
 pub fn hash_opts(cache: bool) -> HashOptions {
     HashOptions {
         initial_buckets: 4,
         max_load: 2,
         link_cache: cache,
+        hasher: Some(HASHER),
         ..Default::default()
     }
 }
@@ -100,7 +108,10 @@ pub fn skip_opts(cache: bool) -> SkipOptions {
 
 /// phash with few buckets, so that chains are long.
 pub fn phash_opts() -> PHashOptions {
-    PHashOptions { buckets: 8 }
+    PHashOptions {
+        buckets: 8,
+        hasher: Some(HASHER),
+    }
 }
 
 /// An index structure behind a `dyn` interface (the `Index` trait has an associated
