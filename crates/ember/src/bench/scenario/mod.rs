@@ -129,6 +129,11 @@ const SCENARIOS: &[Scenario] = &[
         run: udorn::fig5,
     },
     Scenario {
+        name: "udorn-sustained",
+        about: "Sustained writes: redis-benchmark SET -P 16 long enough to fill Bullet's logs, Ember (pmem, msync) against redis-server (AOF everysec, always): throughput, p99 and max latency",
+        run: udorn::sustained,
+    },
+    Scenario {
         name: "serve-recovery",
         about: "ember serve: restart time after SIGKILL under a SET load against MB of Bullet log read at recovery, 8 logs of 1/4/16/64 MiB",
         run: serve_recovery::run,

@@ -360,10 +360,11 @@ pub fn redis_version(stop: &AtomicBool) -> BenchResult<String> {
 pub struct BenchLine {
     pub test: String,
     pub rps: f64,
-    /// Columns Redis 7 adds (avg, p50, p99 in ms); empty with older versions.
+    /// Columns Redis 7 adds (avg, p50, p99, max in ms); empty with older versions.
     pub avg_ms: String,
     pub p50_ms: String,
     pub p99_ms: String,
+    pub max_ms: String,
 }
 
 /// Parses `redis-benchmark --csv` output (a quoted header, then one line per test).
@@ -397,6 +398,7 @@ pub fn parse_benchmark_csv(text: &str) -> BenchResult<Vec<BenchLine>> {
                 avg_ms: get(&f, col("avg_latency_ms")),
                 p50_ms: get(&f, col("p50_latency_ms")),
                 p99_ms: get(&f, col("p99_latency_ms")),
+                max_ms: get(&f, col("max_latency_ms")),
             })
         })
         .collect()
@@ -470,6 +472,7 @@ mod tests {
         assert_eq!(v[0].test, "SET");
         assert_eq!(v[0].rps, 86956.52);
         assert_eq!(v[0].p99_ms, "1.991");
+        assert_eq!(v[0].max_ms, "2.279");
         assert_eq!(v[1].p50_ms, "0.255");
         let old = "\"test\",\"rps\"\n\"SET\",\"1000.00\"\n";
         let v = parse_benchmark_csv(old).unwrap();

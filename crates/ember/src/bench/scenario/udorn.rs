@@ -419,3 +419,164 @@ pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
         },
     })
 }
+
+/// Sustained writes: `SET -P 16` (50 clients, 100-byte values, 100,000 keys)
+/// for 6,000,000 requests, long enough that Bullet's logs fill when its
+/// gleaners apply more slowly than the clients write (under `msync`, where
+/// every backend fence is a device flush). `udorn-fig5`'s 800,000 requests
+/// end before that. Rows: throughput over the whole run, p99 and max latency,
+/// and for Ember the times a writer found every log full (`log_full_waits`).
+pub fn sustained(ctx: &mut Ctx) -> BenchResult<Report> {
+    let kinds = [
+        Kind::Ember { msync: false },
+        Kind::Redis(RedisMode::AofEverysec),
+        Kind::Ember { msync: true },
+        Kind::Redis(RedisMode::AofAlways),
+    ];
+    let rounds = if ctx.quick { 1 } else { 2 };
+    let requests = if ctx.quick { 20_000 } else { 6_000_000 };
+    let version = redis_version(ctx.stop_flag())?;
+    ctx.progress.plan((rounds * kinds.len()) as u64);
+    let mut table = Table::new(
+        ctx,
+        &[
+            "test",
+            "pipeline",
+            "clients",
+            "requests",
+            "data_size",
+            "keyspace",
+            "round",
+            "rps",
+            "avg_latency_ms",
+            "p50_latency_ms",
+            "p99_latency_ms",
+            "max_latency_ms",
+            "log_full_waits",
+            "server_version",
+        ],
+    );
+    // Per kind: (rps, p99, max) of every round.
+    let mut got: Vec<[Vec<f64>; 3]> = vec![Default::default(); kinds.len()];
+    let mut ember_note = Vec::new();
+    let stop = ctx.stop.clone();
+    let stop = &*stop;
+    for round in 1..=rounds {
+        for (si, &kind) in kinds.iter().enumerate() {
+            ctx.progress
+                .start(format!("{}, round {round}", kind.label()));
+            let dir = TempDir::new_in(ctx.work_dir(), &format!("{}-{round}", kind.tag()))?;
+            let spec = Spec {
+                kind,
+                dir: dir.path(),
+                exe: &ctx.exe,
+                fence_ns: ctx.fence_ns,
+                heap_mib: 1024,
+                extra: Vec::new(),
+            };
+            let (s, _) = spec.start(Duration::from_secs(30), stop)?;
+            let info = match kind {
+                Kind::Ember { .. } => Some(ember_info(&s)?),
+                Kind::Redis(_) => None,
+            };
+            let lab = server_labels(ctx, kind, info);
+            if matches!(kind, Kind::Ember { .. }) {
+                let note = format!("{} ({})", lab.durability, lab.strategy);
+                if !ember_note.contains(&note) {
+                    ember_note.push(note);
+                }
+            }
+            let load = BenchLoad {
+                tests: "set",
+                requests,
+                clients: 50,
+                pipeline: 16,
+                data_size: VALUE_SIZE,
+                keyspace: 100_000,
+            };
+            let timeout = Duration::from_secs(if ctx.quick { 120 } else { 1800 });
+            let lines = redis_benchmark(s.port, &load, timeout, stop)?;
+            let waits = match kind {
+                Kind::Ember { .. } => {
+                    let mut c = s.conn(Duration::from_secs(30))?;
+                    let info = c.info("ember").map_err(|e| format!("INFO: {e}"))?;
+                    super::resp::info_field(&info, "log_full_waits")
+                        .unwrap_or("")
+                        .to_string()
+                }
+                Kind::Redis(_) => String::new(),
+            };
+            let mut summary = Vec::new();
+            for l in &lines {
+                table.push(
+                    &lab,
+                    vec![
+                        l.test.clone(),
+                        load.pipeline.to_string(),
+                        load.clients.to_string(),
+                        load.requests.to_string(),
+                        load.data_size.to_string(),
+                        load.keyspace.to_string(),
+                        round.to_string(),
+                        l.rps.to_string(),
+                        l.avg_ms.clone(),
+                        l.p50_ms.clone(),
+                        l.p99_ms.clone(),
+                        l.max_ms.clone(),
+                        waits.clone(),
+                        server_version(kind, &version),
+                    ],
+                );
+                got[si][0].push(l.rps);
+                if let Ok(v) = l.p99_ms.parse() {
+                    got[si][1].push(v);
+                }
+                if let Ok(v) = l.max_ms.parse() {
+                    got[si][2].push(v);
+                }
+                summary.push(format!(
+                    "{} P16 {:.0}k/s, p99 {} ms, max {} ms",
+                    l.test,
+                    l.rps / 1e3,
+                    l.p99_ms,
+                    l.max_ms
+                ));
+            }
+            // Killed, not shut down (as in udorn-fig5).
+            drop(s);
+            ctx.progress.done(&summary.join(", "));
+        }
+    }
+    let panel = |i: usize, title: &str, y: &str| {
+        Panel::Bars(Bars {
+            title: title.into(),
+            y_label: y.into(),
+            groups: vec![format!("SET -P 16, {requests} requests")],
+            series: kinds
+                .iter()
+                .zip(&got)
+                .map(|(k, g)| {
+                    let v = &g[i];
+                    (
+                        k.label().to_string(),
+                        vec![(!v.is_empty()).then(|| median(v))],
+                    )
+                })
+                .collect(),
+        })
+    };
+    Ok(Report {
+        table,
+        chart: Chart {
+            title: format!(
+                "udorn-sustained: redis-benchmark SET -P 16 -c 50 -d {VALUE_SIZE} -r 100000, Ember against redis-server {version} with AOF (median of {rounds})"
+            ),
+            subtitle: ctx.subtitle(&durability_note(ctx, &ember_note.join(", "))),
+            panels: vec![
+                panel(0, "throughput over the whole run", "requests per second"),
+                panel(1, "p99 latency", "ms"),
+                panel(2, "max latency", "ms"),
+            ],
+        },
+    })
+}
