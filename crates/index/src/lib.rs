@@ -249,7 +249,8 @@ impl KeyHasher {
         }
     }
 
-    /// SipHash-1-3 under a key drawn from the operating system's entropy.
+    /// SipHash-1-3 under a key drawn from `rand`'s thread RNG (a CSPRNG seeded by
+    /// the operating system).
     pub fn random() -> KeyHasher {
         Self::sip13(rand::random(), rand::random())
     }
