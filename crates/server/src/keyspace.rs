@@ -149,8 +149,8 @@ pub type KsResult<T> = Result<T, KsError>;
 /// Stripe locks serialising writers of the same key.
 pub struct Stripes {
     locks: Vec<Mutex<()>>,
-    /// Seeded per process: the stripes are not persistent, and a client cannot
-    /// choose keys that all share one.
+    /// Seeded per process (the stripes are not persistent). Keys that share a
+    /// stripe only take turns at its lock: there is no chain to walk.
     hasher: foldhash::fast::RandomState,
 }
 
