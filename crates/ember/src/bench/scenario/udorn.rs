@@ -15,7 +15,7 @@
 use super::chart::{Bars, Chart, Lines, Panel, Series};
 use super::child::{run_capture, TempDir};
 use super::servers::{
-    data_bytes, redis_benchmark, redis_version, BenchLoad, Kind, RedisMode, Spec,
+    data_bytes, redis_benchmark, redis_version, BenchLoad, Kind, RedisMode, Server, Spec,
 };
 use super::table::{Labels, Table};
 use super::{median, BenchResult, Ctx, Report};
@@ -273,6 +273,38 @@ fn launch_cycle(ctx: &Ctx, spec: &Spec<'_>, keys: u64) -> BenchResult<Cycle> {
     })
 }
 
+/// Starts `kind` in `dir` for a `redis-benchmark` round (Ember with a 1 GiB
+/// heap) and returns it with its row labels. Ember's durability and strategy
+/// go into `ember_note` once (rounds repeat the same servers).
+fn start_for_load(
+    ctx: &Ctx,
+    kind: Kind,
+    dir: &std::path::Path,
+    ember_note: &mut Vec<String>,
+) -> BenchResult<(Server, Labels)> {
+    let spec = Spec {
+        kind,
+        dir,
+        exe: &ctx.exe,
+        fence_ns: ctx.fence_ns,
+        heap_mib: 1024,
+        extra: Vec::new(),
+    };
+    let (s, _) = spec.start(Duration::from_secs(30), ctx.stop_flag())?;
+    let info = match kind {
+        Kind::Ember { .. } => Some(ember_info(&s)?),
+        Kind::Redis(_) => None,
+    };
+    let lab = server_labels(ctx, kind, info);
+    if matches!(kind, Kind::Ember { .. }) {
+        let note = format!("{} ({})", lab.durability, lab.strategy);
+        if !ember_note.contains(&note) {
+            ember_note.push(note);
+        }
+    }
+    Ok((s, lab))
+}
+
 pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
     let kinds = [
         Kind::Ember { msync: false },
@@ -322,27 +354,7 @@ pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
             ctx.progress
                 .start(format!("{}, round {round}", kind.label()));
             let dir = TempDir::new_in(ctx.work_dir(), &format!("{}-{round}", kind.tag()))?;
-            let spec = Spec {
-                kind,
-                dir: dir.path(),
-                exe: &ctx.exe,
-                fence_ns: ctx.fence_ns,
-                heap_mib: 1024,
-                extra: Vec::new(),
-            };
-            let (s, _) = spec.start(Duration::from_secs(30), stop)?;
-            let info = match kind {
-                Kind::Ember { .. } => Some(ember_info(&s)?),
-                Kind::Redis(_) => None,
-            };
-            let lab = server_labels(ctx, kind, info);
-            if matches!(kind, Kind::Ember { .. }) {
-                let note = format!("{} ({})", lab.durability, lab.strategy);
-                // Rounds repeat the same servers: name each mode once.
-                if !ember_note.contains(&note) {
-                    ember_note.push(note);
-                }
-            }
+            let (s, lab) = start_for_load(ctx, kind, dir.path(), &mut ember_note)?;
             let mut summary = Vec::new();
             for (pi, &p) in pipelines.iter().enumerate() {
                 let load = BenchLoad {
@@ -466,26 +478,7 @@ pub fn sustained(ctx: &mut Ctx) -> BenchResult<Report> {
             ctx.progress
                 .start(format!("{}, round {round}", kind.label()));
             let dir = TempDir::new_in(ctx.work_dir(), &format!("{}-{round}", kind.tag()))?;
-            let spec = Spec {
-                kind,
-                dir: dir.path(),
-                exe: &ctx.exe,
-                fence_ns: ctx.fence_ns,
-                heap_mib: 1024,
-                extra: Vec::new(),
-            };
-            let (s, _) = spec.start(Duration::from_secs(30), stop)?;
-            let info = match kind {
-                Kind::Ember { .. } => Some(ember_info(&s)?),
-                Kind::Redis(_) => None,
-            };
-            let lab = server_labels(ctx, kind, info);
-            if matches!(kind, Kind::Ember { .. }) {
-                let note = format!("{} ({})", lab.durability, lab.strategy);
-                if !ember_note.contains(&note) {
-                    ember_note.push(note);
-                }
-            }
+            let (s, lab) = start_for_load(ctx, kind, dir.path(), &mut ember_note)?;
             let load = BenchLoad {
                 tests: "set",
                 requests,
