@@ -15,7 +15,7 @@
 use super::chart::{Bars, Chart, Lines, Panel, Series};
 use super::child::{run_capture, TempDir};
 use super::servers::{
-    data_bytes, redis_benchmark, redis_version, BenchLoad, Kind, RedisMode, Server, Spec,
+    data_bytes, redis_benchmark, redis_version, BenchLine, BenchLoad, Kind, RedisMode, Server, Spec,
 };
 use super::table::{Labels, Table};
 use super::{median, BenchResult, Ctx, Report};
@@ -273,6 +273,63 @@ fn launch_cycle(ctx: &Ctx, spec: &Spec<'_>, keys: u64) -> BenchResult<Cycle> {
     })
 }
 
+/// The servers of the `redis-benchmark` scenarios, in chart order: each Ember
+/// mode beside the Redis mode it is compared with.
+const LOAD_KINDS: [Kind; 4] = [
+    Kind::Ember { msync: false },
+    Kind::Redis(RedisMode::AofEverysec),
+    Kind::Ember { msync: true },
+    Kind::Redis(RedisMode::AofAlways),
+];
+
+/// The first columns of a `redis-benchmark` scenario's rows ([`load_cells`]).
+const LOAD_COLUMNS: [&str; 11] = [
+    "test",
+    "pipeline",
+    "clients",
+    "requests",
+    "data_size",
+    "keyspace",
+    "round",
+    "rps",
+    "avg_latency_ms",
+    "p50_latency_ms",
+    "p99_latency_ms",
+];
+
+/// The cells of [`LOAD_COLUMNS`] for one test of one `redis-benchmark` run.
+fn load_cells(l: &BenchLine, load: &BenchLoad, round: usize) -> Vec<String> {
+    vec![
+        l.test.clone(),
+        load.pipeline.to_string(),
+        load.clients.to_string(),
+        load.requests.to_string(),
+        load.data_size.to_string(),
+        load.keyspace.to_string(),
+        round.to_string(),
+        l.rps.to_string(),
+        l.avg_ms.clone(),
+        l.p50_ms.clone(),
+        l.p99_ms.clone(),
+    ]
+}
+
+/// What a `redis-benchmark` scenario checks first: `redis-server`'s version
+/// (returned) and that `redis-benchmark` runs, so that a missing tool is an
+/// error before any server starts.
+fn load_preamble(ctx: &Ctx) -> BenchResult<String> {
+    let version = redis_version(ctx.stop_flag())?;
+    let mut probe = std::process::Command::new("redis-benchmark");
+    probe.arg("--version");
+    run_capture(
+        probe,
+        "redis-benchmark --version",
+        Duration::from_secs(10),
+        ctx.stop_flag(),
+    )?;
+    Ok(version)
+}
+
 /// Starts `kind` in `dir` for a `redis-benchmark` round (Ember with a 1 GiB
 /// heap) and returns it with its row labels. Ember's durability and strategy
 /// go into `ember_note` once (rounds repeat the same servers).
@@ -306,44 +363,14 @@ fn start_for_load(
 }
 
 pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
-    let kinds = [
-        Kind::Ember { msync: false },
-        Kind::Redis(RedisMode::AofEverysec),
-        Kind::Ember { msync: true },
-        Kind::Redis(RedisMode::AofAlways),
-    ];
+    let kinds = LOAD_KINDS;
     let pipelines = [1u32, 16];
     let rounds = if ctx.quick { 1 } else { 3 };
     let base = if ctx.quick { 5_000 } else { 200_000 };
     let tests = ["SET", "GET", "INCR"];
-    let version = redis_version(ctx.stop_flag())?;
-    // Missing redis-benchmark is an error before any server starts.
-    let mut probe = std::process::Command::new("redis-benchmark");
-    probe.arg("--version");
-    run_capture(
-        probe,
-        "redis-benchmark --version",
-        Duration::from_secs(10),
-        ctx.stop_flag(),
-    )?;
+    let version = load_preamble(ctx)?;
     ctx.progress.plan((rounds * kinds.len()) as u64);
-    let mut table = Table::new(
-        ctx,
-        &[
-            "test",
-            "pipeline",
-            "clients",
-            "requests",
-            "data_size",
-            "keyspace",
-            "round",
-            "rps",
-            "avg_latency_ms",
-            "p50_latency_ms",
-            "p99_latency_ms",
-            "server_version",
-        ],
-    );
+    let mut table = Table::new(ctx, &[&LOAD_COLUMNS[..], &["server_version"]].concat());
     // (pipeline, kind, test) -> rps of every round.
     let mut rps = vec![vec![vec![Vec::new(); tests.len()]; kinds.len()]; pipelines.len()];
     let mut ember_note = Vec::new();
@@ -368,23 +395,9 @@ pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
                 let timeout = Duration::from_secs(if ctx.quick { 120 } else { 1800 });
                 let lines = redis_benchmark(s.port, &load, timeout, stop)?;
                 for l in &lines {
-                    table.push(
-                        &lab,
-                        vec![
-                            l.test.clone(),
-                            p.to_string(),
-                            load.clients.to_string(),
-                            load.requests.to_string(),
-                            load.data_size.to_string(),
-                            load.keyspace.to_string(),
-                            round.to_string(),
-                            l.rps.to_string(),
-                            l.avg_ms.clone(),
-                            l.p50_ms.clone(),
-                            l.p99_ms.clone(),
-                            server_version(kind, &version),
-                        ],
-                    );
+                    let mut cells = load_cells(l, &load, round);
+                    cells.push(server_version(kind, &version));
+                    table.push(&lab, cells);
                     if let Some(ti) = tests.iter().position(|t| *t == l.test) {
                         rps[pi][si][ti].push(l.rps);
                     }
@@ -439,34 +452,18 @@ pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
 /// end before that. Rows: throughput over the whole run, p99 and max latency,
 /// and for Ember the times a writer found every log full (`log_full_waits`).
 pub fn sustained(ctx: &mut Ctx) -> BenchResult<Report> {
-    let kinds = [
-        Kind::Ember { msync: false },
-        Kind::Redis(RedisMode::AofEverysec),
-        Kind::Ember { msync: true },
-        Kind::Redis(RedisMode::AofAlways),
-    ];
+    let kinds = LOAD_KINDS;
     let rounds = if ctx.quick { 1 } else { 2 };
     let requests = if ctx.quick { 20_000 } else { 6_000_000 };
-    let version = redis_version(ctx.stop_flag())?;
+    let version = load_preamble(ctx)?;
     ctx.progress.plan((rounds * kinds.len()) as u64);
     let mut table = Table::new(
         ctx,
         &[
-            "test",
-            "pipeline",
-            "clients",
-            "requests",
-            "data_size",
-            "keyspace",
-            "round",
-            "rps",
-            "avg_latency_ms",
-            "p50_latency_ms",
-            "p99_latency_ms",
-            "max_latency_ms",
-            "log_full_waits",
-            "server_version",
-        ],
+            &LOAD_COLUMNS[..],
+            &["max_latency_ms", "log_full_waits", "server_version"],
+        ]
+        .concat(),
     );
     // Per kind: (rps, p99, max) of every round.
     let mut got: Vec<[Vec<f64>; 3]> = vec![Default::default(); kinds.len()];
@@ -501,25 +498,13 @@ pub fn sustained(ctx: &mut Ctx) -> BenchResult<Report> {
             };
             let mut summary = Vec::new();
             for l in &lines {
-                table.push(
-                    &lab,
-                    vec![
-                        l.test.clone(),
-                        load.pipeline.to_string(),
-                        load.clients.to_string(),
-                        load.requests.to_string(),
-                        load.data_size.to_string(),
-                        load.keyspace.to_string(),
-                        round.to_string(),
-                        l.rps.to_string(),
-                        l.avg_ms.clone(),
-                        l.p50_ms.clone(),
-                        l.p99_ms.clone(),
-                        l.max_ms.clone(),
-                        waits.clone(),
-                        server_version(kind, &version),
-                    ],
-                );
+                let mut cells = load_cells(l, &load, round);
+                cells.extend([
+                    l.max_ms.clone(),
+                    waits.clone(),
+                    server_version(kind, &version),
+                ]);
+                table.push(&lab, cells);
                 got[si][0].push(l.rps);
                 if let Ok(v) = l.p99_ms.parse() {
                     got[si][1].push(v);
