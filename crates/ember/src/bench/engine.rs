@@ -927,12 +927,15 @@ fn time_backlog(args: &EngineArgs, p: &Params, store: &BulletStore) -> BenchResu
     let put_ms = t.elapsed().as_secs_f64() * 1e3;
     drop(sess);
     let before = store.stats();
+    let ps0 = store.heap().region().persist_stats();
     let cpu0 = process_cpu_seconds();
     let t = Instant::now();
     store.drain().map_err(err)?;
     let wall = t.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu0;
     let after = store.stats();
+    let ps1 = store.heap().region().persist_stats();
+    let (fences, msyncs) = (ps1.fences - ps0.fences, ps1.msyncs - ps0.msyncs);
     let applied = after.records_applied - before.records_applied;
     let collapsed = after.records_collapsed - before.records_collapsed;
     let durability = store.heap().region().strategy().name();
@@ -948,6 +951,8 @@ fn time_backlog(args: &EngineArgs, p: &Params, store: &BulletStore) -> BenchResu
         "drain_cpu_ms": cpu * 1e3,
         "records_applied": applied,
         "records_collapsed": collapsed,
+        "drain_fences": fences,
+        "drain_msyncs": msyncs,
         "durability": durability,
     });
     store.close().map_err(err)?;
@@ -955,7 +960,7 @@ fn time_backlog(args: &EngineArgs, p: &Params, store: &BulletStore) -> BenchResu
         println!("{v}");
     } else {
         println!(
-            "backlog of {} puts on {} keys ({} applied before the drain): drained in {:.1} ms, {:.1} ms of CPU ({:.0} ns a record, {} collapsed); {}",
+            "backlog of {} puts on {} keys ({} applied before the drain): drained in {:.1} ms, {:.1} ms of CPU ({:.0} ns a record, {} collapsed; {} fences, {} msyncs); {}",
             args.backlog,
             distinct.len(),
             before.records_applied - start.records_applied,
@@ -963,6 +968,8 @@ fn time_backlog(args: &EngineArgs, p: &Params, store: &BulletStore) -> BenchResu
             cpu * 1e3,
             cpu * 1e9 / applied.max(1) as f64,
             collapsed,
+            fences,
+            msyncs,
             durability
         );
     }
