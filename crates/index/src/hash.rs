@@ -765,9 +765,11 @@ impl Inner {
     }
 
     /// A batch of writes with two fences for all its puts (see [`Ops::apply_batch`]
-    /// and the module note's persist order): phase 1 finds each put's place and
-    /// writes and flushes its new blocks (a value block for a key present, node and
-    /// value block for a new key) and the free tickets of the values replaced;
+    /// and the module note's persist order): phase 1 finds each put's place,
+    /// reserves the blocks the places call for (under `msync` one fence covers
+    /// all their words, `ThreadHeap::reserve`), and writes and flushes its new
+    /// blocks (a value block for a key present, node and value block for a new
+    /// key) and the free tickets of the values replaced;
     /// **fence**; phase 2 CASes each link to its new value marked DIRTY and flushes
     /// it; **fence**; the marks are cleared and the old values retired. A put whose
     /// link changed between the phases (another writer, or an earlier put of the
@@ -844,27 +846,53 @@ impl Inner {
         };
         // Each put's walk from its bucket is a chain of dependent cache
         // misses (slot, dummy, first node): fetched ahead, one stage per
-        // distance, so that the misses of several puts overlap.
+        // distance, so that the misses of several puts overlap. The places are
+        // found first, so that the blocks to allocate are known (`reserve`).
+        struct Place {
+            i: usize,
+            prev: u64,
+            curr: u64,
+            /// The node's value link when the key is present.
+            old: Option<u64>,
+        }
+        let mut places: Vec<Place> = Vec::with_capacity(items.len());
         for (i, (key, val)) in items.iter().enumerate() {
             self.prefetch_walk(hashes, i);
-            let Some(val) = val else {
-                alone.push(i);
-                continue;
-            };
-            if repeated[i] {
+            if val.is_none() || repeated[i] {
                 alone.push(i);
                 continue;
             }
             let hash = hashes[i];
-            let so = so_regular(hash);
-            let prepared = (|| -> Result<Option<Prep>> {
-                let start = self.bucket(&mut h.st, &mut h.th, self.bucket_of(hash))?;
-                let (prev, curr, found) = self.find(&mut h.st, start, so, key);
-                if found {
-                    let v = link::load_settled(r, curr + N_VAL);
-                    if v & DEL != 0 {
-                        return Ok(None);
-                    }
+            let start = self.bucket(&mut h.st, &mut h.th, self.bucket_of(hash))?;
+            let (prev, curr, found) = self.find(&mut h.st, start, so_regular(hash), key);
+            let old = if found {
+                let v = link::load_settled(r, curr + N_VAL);
+                if v & DEL != 0 {
+                    alone.push(i);
+                    continue;
+                }
+                Some(v)
+            } else {
+                None
+            };
+            places.push(Place { i, prev, curr, old });
+        }
+        let sizes: Vec<(u64, u64)> = places
+            .iter()
+            .flat_map(|p| {
+                let (key, val) = items[p.i];
+                let vsize = blob::HDR + val.map_or(0, |v| v.len() as u64);
+                let node = p.old.is_none().then_some((N_KEY + key.len() as u64, 1));
+                std::iter::once((vsize, 1)).chain(node)
+            })
+            .collect();
+        h.th.reserve(&sizes)?;
+        for Place { i, prev, curr, old } in places {
+            let (key, val) = items[i];
+            let val = val.expect("a put");
+            let so = so_regular(hashes[i]);
+            let prepared = (|| -> Result<Prep> {
+                if let Some(v) = old {
                     let nb = blob::alloc_value_unflushed(&mut h.th, curr, val)?.offset();
                     to_flush.push((nb, blob::HDR as usize + val.len()));
                     let t = match h.th.prepare_free_unfenced(PPtr::from_raw(ptr(v))) {
@@ -874,13 +902,13 @@ impl Inner {
                             return Err(e.into());
                         }
                     };
-                    return Ok(Some(Prep::Swap {
+                    return Ok(Prep::Swap {
                         n: curr,
                         prev,
                         old: v,
                         nb,
                         t: Some(t),
-                    }));
+                    });
                 }
                 let node = h.th.alloc(N_KEY + key.len() as u64)?.offset();
                 let vb = match blob::alloc_value_unflushed(&mut h.th, node, val) {
@@ -893,16 +921,15 @@ impl Inner {
                 write_node_unflushed(r, node, key, so, vb, curr);
                 to_flush.push((vb, blob::HDR as usize + val.len()));
                 to_flush.push((node, N_KEY as usize + key.len()));
-                Ok(Some(Prep::Insert {
+                Ok(Prep::Insert {
                     node,
                     vb,
                     prev,
                     curr,
-                }))
+                })
             })();
             match prepared {
-                Ok(Some(p)) => preps.push((i, p)),
-                Ok(None) => alone.push(i),
+                Ok(p) => preps.push((i, p)),
                 Err(e) => {
                     give_back(h, &mut preps);
                     return Err(e);

@@ -91,15 +91,30 @@ struct Workload {
     nkeys: usize,
     /// Whether about 45% of the operations are `apply_batch` calls.
     batches: bool,
+    /// The heap's persistence strategy: fence-only, or msync (whose batch
+    /// allocations cover their words ahead, `ThreadHeap::reserve`).
+    msync: bool,
+}
+
+impl Workload {
+    fn opts(self) -> pmem::HeapOptions {
+        if self.msync {
+            heap_opts(2 << 20, 16 << 20, pmem::Strategy::Msync)
+        } else {
+            sim_opts()
+        }
+    }
 }
 
 const SINGLES: Workload = Workload {
     nkeys: NKEYS,
     batches: false,
+    msync: false,
 };
 const BATCHES: Workload = Workload {
     nkeys: NKEYS_BATCHES,
     batches: true,
+    msync: false,
 };
 
 /// One step of a workload: a single operation (kind, key, value id), or a batch of
@@ -351,7 +366,7 @@ fn check_image(
     wl: Workload,
 ) -> Result<u64, String> {
     pmem::sim::write_image(path, &img.bytes).map_err(|e| format!("write image: {e}"))?;
-    let rec = Heap::open(path, &sim_opts()).map_err(|e| format!("open: {e}"))?;
+    let rec = Heap::open(path, &wl.opts()).map_err(|e| format!("open: {e}"))?;
     let (heap, t, _st) = recover(kind, rec).map_err(|e| format!("recover: {e}"))?;
     let state = match check_history_wl(&*t, &heap, &State::new(), ops, img.tag, wl) {
         Ok(s) => s,
@@ -396,7 +411,7 @@ fn second_crash(
     let p3 = path.with_extension("gen3");
     pmem::sim::write_image(&p2, &img.bytes).map_err(|e| format!("write image: {e}"))?;
     let sim = Arc::new(CrashSim::new(rng.random(), 0));
-    let rec = Heap::open_sim(&p2, &sim_opts(), sim.clone()).map_err(|e| format!("open: {e}"))?;
+    let rec = Heap::open_sim(&p2, &wl.opts(), sim.clone()).map_err(|e| format!("open: {e}"))?;
     sim.set_tag(0);
     sim.set_capture_ppm(GEN2_PPM);
     let (heap, t, _) =
@@ -454,7 +469,7 @@ fn second_crash(
             )
         };
         pmem::sim::write_image(&p3, &im.bytes).map_err(|e| format!("write image: {e}"))?;
-        let rec = Heap::open(&p3, &sim_opts()).map_err(|e| format!("{what}: open: {e}"))?;
+        let rec = Heap::open(&p3, &wl.opts()).map_err(|e| format!("{what}: open: {e}"))?;
         let (heap, t, _) = recover(kind, rec).map_err(|e| format!("{what}: recover: {e}"))?;
         if let Err(e) = check_history_wl(&*t, &heap, s1, &ops, im.tag, wl) {
             if let Some(k) = std::env::var_os("EMBER_CRASH_KEEP") {
@@ -542,10 +557,10 @@ fn check_batch(
 }
 
 fn crash_sim(kind: Kind, wl: Workload) {
-    let label = if wl.batches {
-        format!("{kind}+batches")
-    } else {
-        kind.to_string()
+    let label = match (wl.batches, wl.msync) {
+        (true, true) => format!("{kind}+batches+msync"),
+        (true, false) => format!("{kind}+batches"),
+        _ => kind.to_string(),
     };
     let dir = tempfile::tempdir_in(shm_dir()).unwrap();
     let img_path = dir.path().join("image.heap");
@@ -563,16 +578,20 @@ fn crash_sim(kind: Kind, wl: Workload) {
     let (mut runs, mut nops) = (0u64, 0u64);
     while tally.images < target {
         runs += 1;
-        let seed = mix(seed0 ^ (kind.id() << 40) ^ ((wl.batches as u64) << 48) ^ runs);
+        let seed = mix(seed0
+            ^ (kind.id() << 40)
+            ^ ((wl.batches as u64) << 48)
+            ^ ((wl.msync as u64) << 52)
+            ^ runs);
         let mut rng = SmallRng::seed_from_u64(seed);
         let path = dir.path().join(format!("run{runs}.heap"));
         {
-            let heap = Heap::create(&path, &sim_opts()).unwrap();
+            let heap = Heap::create(&path, &wl.opts()).unwrap();
             let t = create(kind, &heap).unwrap();
             t.close().unwrap();
         }
         let sim = Arc::new(CrashSim::new(seed, 0));
-        let rec = Heap::open_sim(&path, &sim_opts(), sim.clone()).unwrap();
+        let rec = Heap::open_sim(&path, &wl.opts(), sim.clone()).unwrap();
         let (heap, t, _) = recover(kind, rec).unwrap();
         let run = Run {
             sim: sim.clone(),
@@ -744,6 +763,20 @@ fn crash_sim_hash_batches() {
 #[test]
 fn crash_sim_hash_nocache_batches() {
     crash_sim(Kind::HashNoCache, BATCHES);
+}
+
+/// The batches on an msync heap, where a batch's allocations are covered ahead
+/// (`ThreadHeap::reserve`: entries for words of the current slab and of spare
+/// slabs, one fence) before any of its blocks is claimed.
+#[test]
+fn crash_sim_hash_batches_msync() {
+    crash_sim(
+        Kind::Hash,
+        Workload {
+            msync: true,
+            ..BATCHES
+        },
+    );
 }
 
 /// A heap with a zeroed 64-byte root block for the plain-transaction tests:

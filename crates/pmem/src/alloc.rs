@@ -669,6 +669,15 @@ impl Allocator {
         })
     }
 
+    /// How many blocks of bitmap word `w` of `slab` are free now.
+    pub fn free_in_word(&self, region: &Region, slab: u64, class: usize, w: u64) -> u32 {
+        let (chunk, head) = self.split(slab);
+        let v = region
+            .atomic_u64(self.bitmap_off(chunk, head) + 8 * w)
+            .load(Ordering::SeqCst);
+        (!(v | beyond_blocks(slab_blocks(class), w))).count_ones()
+    }
+
     /// Claims every free block of bitmap word `w` with one `fetch_or` (owner only:
     /// only the owner sets bits, so what is free now is ours). Nothing is flushed:
     /// the caller has made the word covered by its active page table first, and

@@ -22,6 +22,25 @@ fn heap_with_blocks(path: &std::path::Path, opts: &pmem::HeapOptions) -> (Heap, 
     (heap, blocks)
 }
 
+/// A new 4 MiB msync heap in `dir`: (its path, a path for a crash copy,
+/// options, heap).
+fn msync_heap(
+    dir: &tempfile::TempDir,
+) -> (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    pmem::HeapOptions,
+    Heap,
+) {
+    let path = dir.path().join("m.heap");
+    let opts = pmem::HeapOptions {
+        strategy: pmem::Strategy::Msync,
+        ..small_opts(4 << 20, 0)
+    };
+    let heap = Heap::create(&path, &opts).unwrap();
+    (path.clone(), dir.path().join("crashed.heap"), opts, heap)
+}
+
 #[test]
 fn scattered_frees_get_block_entries_and_recovery_checks_only_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -157,13 +176,7 @@ fn a_transaction_frees_without_a_fence_and_its_block_entries_go_at_the_next_comm
 #[test]
 fn msync_allocations_cover_the_next_words_in_the_same_fence() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("m.heap");
-    let copy = dir.path().join("crashed.heap");
-    let opts = pmem::HeapOptions {
-        strategy: pmem::Strategy::Msync,
-        ..small_opts(4 << 20, 0)
-    };
-    let heap = Heap::create(&path, &opts).unwrap();
+    let (path, copy, opts, heap) = msync_heap(&dir);
     let mut th = heap.thread().unwrap();
     // A first block: the slab exists and its first word is covered.
     let first = th.alloc(64).unwrap();
@@ -205,4 +218,88 @@ fn msync_allocations_cover_the_next_words_in_the_same_fence() {
     for b in &blocks {
         assert_eq!(heap.is_allocated(*b), linked.contains(&b.offset()));
     }
+}
+
+/// `ThreadHeap::reserve` on an msync heap whose slabs have scattered free
+/// blocks: one fence covers words of several slabs (taken as spares), the
+/// allocations then make none, and a crash with the handle open recovers to
+/// exactly the linked blocks. A handle dropped with spares gives them back.
+#[test]
+fn msync_reserve_covers_several_slabs_in_one_fence() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, copy, opts, heap) = msync_heap(&dir);
+    // Three slabs of 64-byte blocks (1,024 a slab), two blocks in three kept.
+    let mut th = heap.thread().unwrap();
+    let all: Vec<PPtr<u8>> = (0..3072).map(|_| th.alloc(64).unwrap()).collect();
+    th.end_op();
+    let mut kept = Vec::new();
+    for (i, b) in all.iter().enumerate() {
+        if i % 3 == 0 {
+            th.free(*b).unwrap();
+        } else {
+            kept.push(*b);
+        }
+    }
+    th.end_op();
+    drop(th);
+
+    let mut th = heap.thread().unwrap();
+    const N: u64 = 600;
+    let f0 = heap.region().persist_stats().fences;
+    th.reserve(&[(64, N)]).unwrap();
+    let f1 = heap.region().persist_stats().fences;
+    assert_eq!(f1 - f0, 1, "one fence for the whole reservation");
+    let fresh: Vec<PPtr<u8>> = (0..N).map(|_| th.alloc(64).unwrap()).collect();
+    let f2 = heap.region().persist_stats().fences;
+    assert_eq!(f2 - f1, 0, "{N} reserved allocations made fences");
+    let slabs: BTreeSet<u64> = fresh.iter().map(|b| b.offset() / (64 << 10)).collect();
+    assert!(
+        slabs.len() >= 2,
+        "the blocks came from {} slab(s)",
+        slabs.len()
+    );
+    for b in &fresh {
+        assert!(!kept.contains(b), "a kept block was handed out again");
+    }
+
+    // Crash with the handle open: every other new block was linked.
+    std::fs::copy(&path, &copy).unwrap();
+    let linked: BTreeSet<u64> = kept
+        .iter()
+        .chain(fresh.iter().step_by(2))
+        .map(|b| b.offset())
+        .collect();
+    {
+        let rec = Heap::open(&copy, &opts).unwrap();
+        let (crashed, _) = rec.finish(|p| linked.contains(&p.offset())).unwrap();
+        let c = check_heap(&crashed);
+        assert!(c.ok(), "{c}");
+        assert_eq!(c.blocks, linked.len() as u64, "{c}");
+        for b in kept.iter().chain(&fresh) {
+            assert_eq!(crashed.is_allocated(*b), linked.contains(&b.offset()));
+        }
+    }
+
+    // A handle dropped after a reservation gives its spares back: the next
+    // handle allocates the remaining free blocks from them, and no more slabs
+    // are made than the three for 3,072 blocks.
+    drop(th);
+    let free_left = 3 * 1024 - kept.len() as u64 - N;
+    let mut th2 = heap.thread().unwrap();
+    th2.reserve(&[(64, free_left)]).unwrap();
+    drop(th2);
+    let mut th = heap.thread().unwrap();
+    let more: Vec<PPtr<u8>> = (0..free_left).map(|_| th.alloc(64).unwrap()).collect();
+    let slabs: BTreeSet<u64> = kept
+        .iter()
+        .chain(&fresh)
+        .chain(&more)
+        .map(|b| b.offset() / (64 << 10))
+        .collect();
+    assert_eq!(slabs.len(), 3, "the freed blocks were all reused");
+    th.end_op();
+    drop(th);
+    let c = check_heap(&heap);
+    assert!(c.ok(), "{c}");
+    assert_eq!(c.blocks, 3 * 1024, "{c}");
 }
