@@ -848,8 +848,9 @@ impl Inner {
         // misses (slot, dummy, first node): fetched ahead, one stage per
         // distance, so that the misses of several puts overlap. The places are
         // found first, so that the blocks to allocate are known (`reserve`).
-        struct Place {
+        struct Place<'v> {
             i: usize,
+            val: &'v [u8],
             prev: u64,
             curr: u64,
             /// The node's value link when the key is present.
@@ -858,10 +859,10 @@ impl Inner {
         let mut places: Vec<Place> = Vec::with_capacity(items.len());
         for (i, (key, val)) in items.iter().enumerate() {
             self.prefetch_walk(hashes, i);
-            if val.is_none() || repeated[i] {
+            let Some(val) = val.filter(|_| !repeated[i]) else {
                 alone.push(i);
                 continue;
-            }
+            };
             let hash = hashes[i];
             let start = self.bucket(&mut h.st, &mut h.th, self.bucket_of(hash))?;
             let (prev, curr, found) = self.find(&mut h.st, start, so_regular(hash), key);
@@ -875,21 +876,33 @@ impl Inner {
             } else {
                 None
             };
-            places.push(Place { i, prev, curr, old });
+            places.push(Place {
+                i,
+                val,
+                prev,
+                curr,
+                old,
+            });
         }
         let sizes: Vec<(u64, u64)> = places
             .iter()
             .flat_map(|p| {
-                let (key, val) = items[p.i];
-                let vsize = blob::HDR + val.map_or(0, |v| v.len() as u64);
+                let key = items[p.i].0;
+                let vsize = blob::HDR + p.val.len() as u64;
                 let node = p.old.is_none().then_some((N_KEY + key.len() as u64, 1));
                 std::iter::once((vsize, 1)).chain(node)
             })
             .collect();
         h.th.reserve(&sizes)?;
-        for Place { i, prev, curr, old } in places {
-            let (key, val) = items[i];
-            let val = val.expect("a put");
+        for Place {
+            i,
+            val,
+            prev,
+            curr,
+            old,
+        } in places
+        {
+            let key = items[i].0;
             let so = so_regular(hashes[i]);
             let prepared = (|| -> Result<Prep> {
                 if let Some(v) = old {

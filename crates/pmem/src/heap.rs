@@ -1394,7 +1394,8 @@ impl ThreadHeap {
     }
 
     /// [`Self::prepare_free`] inside a transaction: a new block entry is flushed,
-    /// not fenced (the commit fences before its commit record).
+    /// not fenced (the commit fences before its commit record); a new word
+    /// entry is persisted as in `prepare_free` (no such fence covers it).
     pub(crate) fn prepare_free_in_tx(&mut self, p: PPtr<u8>) -> Result<FreeTicket> {
         self.prepare(p, Unfenced::BlockEntries)
     }
