@@ -557,11 +557,13 @@ fn check_batch(
 }
 
 fn crash_sim(kind: Kind, wl: Workload) {
-    let label = match (wl.batches, wl.msync) {
-        (true, true) => format!("{kind}+batches+msync"),
-        (true, false) => format!("{kind}+batches"),
-        _ => kind.to_string(),
-    };
+    let mut label = kind.to_string();
+    if wl.batches {
+        label.push_str("+batches");
+    }
+    if wl.msync {
+        label.push_str("+msync");
+    }
     let dir = tempfile::tempdir_in(shm_dir()).unwrap();
     let img_path = dir.path().join("image.heap");
     let keep = std::env::var_os("EMBER_CRASH_KEEP").map(PathBuf::from);
