@@ -884,16 +884,15 @@ impl Inner {
                 old,
             });
         }
-        let sizes: Vec<(u64, u64)> = places
-            .iter()
-            .flat_map(|p| {
-                let key = items[p.i].0;
-                let vsize = blob::HDR + p.val.len() as u64;
-                let node = p.old.is_none().then_some((N_KEY + key.len() as u64, 1));
-                std::iter::once((vsize, 1)).chain(node)
-            })
-            .collect();
-        h.th.reserve(&sizes)?;
+        // Lazily: only the msync strategy reads it.
+        // Read only under msync (`reserve` does nothing under the others).
+        let sizes = places.iter().flat_map(|p| {
+            let key = items[p.i].0;
+            let vsize = blob::HDR + p.val.len() as u64;
+            let node = p.old.is_none().then_some((N_KEY + key.len() as u64, 1));
+            std::iter::once((vsize, 1)).chain(node)
+        });
+        h.th.reserve(sizes)?;
         for Place {
             i,
             val,

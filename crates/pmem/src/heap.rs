@@ -1216,15 +1216,15 @@ impl ThreadHeap {
     /// early, without error, when the table is three quarters full, a class
     /// has `MAX_SPARE` spares, or no slab is left (`alloc` then works as
     /// usual). Entries for words nobody claims go at a trim like any other.
-    /// Other strategies: nothing to do.
-    pub fn reserve(&mut self, wants: &[(u64, u64)]) -> Result<()> {
+    /// Other strategies: nothing to do (`wants` is not even iterated).
+    pub fn reserve(&mut self, wants: impl IntoIterator<Item = (u64, u64)>) -> Result<()> {
         let inner = &*self.heap.inner;
         let region = &inner.region;
         if region.strategy() != Strategy::Msync {
             return Ok(());
         }
         let mut need = [0u64; CLASSES.len()];
-        for &(size, n) in wants {
+        for (size, n) in wants {
             if let Some(c) = class_of(size) {
                 need[c] += n;
             }

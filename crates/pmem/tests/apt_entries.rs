@@ -246,7 +246,7 @@ fn msync_reserve_covers_several_slabs_in_one_fence() {
     let mut th = heap.thread().unwrap();
     const N: u64 = 600;
     let f0 = heap.region().persist_stats().fences;
-    th.reserve(&[(64, N)]).unwrap();
+    th.reserve([(64, N)]).unwrap();
     let f1 = heap.region().persist_stats().fences;
     assert_eq!(f1 - f0, 1, "one fence for the whole reservation");
     let fresh: Vec<PPtr<u8>> = (0..N).map(|_| th.alloc(64).unwrap()).collect();
@@ -286,7 +286,7 @@ fn msync_reserve_covers_several_slabs_in_one_fence() {
     drop(th);
     let free_left = 3 * 1024 - kept.len() as u64 - N;
     let mut th2 = heap.thread().unwrap();
-    th2.reserve(&[(64, free_left)]).unwrap();
+    th2.reserve([(64, free_left)]).unwrap();
     drop(th2);
     let mut th = heap.thread().unwrap();
     let more: Vec<PPtr<u8>> = (0..free_left).map(|_| th.alloc(64).unwrap()).collect();

@@ -330,18 +330,29 @@ fn load_preamble(ctx: &Ctx) -> BenchResult<String> {
     Ok(version)
 }
 
-/// Starts `kind` in `dir` for a `redis-benchmark` round (Ember with a 1 GiB
-/// heap) and returns it with its row labels. Ember's durability and strategy
-/// go into `ember_note` once (rounds repeat the same servers).
+/// One server of a `redis-benchmark` round, in a directory of its own. The
+/// fields drop in order: the server is killed before its directory goes.
+struct LoadServer {
+    s: Server,
+    lab: Labels,
+    _dir: TempDir,
+}
+
+/// Starts `kind` for round `round` of a `redis-benchmark` scenario (Ember with
+/// a 1 GiB heap), with its progress line and row labels. Ember's durability
+/// and strategy go into `ember_note` once (rounds repeat the same servers).
 fn start_for_load(
-    ctx: &Ctx,
+    ctx: &mut Ctx,
     kind: Kind,
-    dir: &std::path::Path,
+    round: usize,
     ember_note: &mut Vec<String>,
-) -> BenchResult<(Server, Labels)> {
+) -> BenchResult<LoadServer> {
+    ctx.progress
+        .start(format!("{}, round {round}", kind.label()));
+    let dir = TempDir::new_in(ctx.work_dir(), &format!("{}-{round}", kind.tag()))?;
     let spec = Spec {
         kind,
-        dir,
+        dir: dir.path(),
         exe: &ctx.exe,
         fence_ns: ctx.fence_ns,
         heap_mib: 1024,
@@ -359,7 +370,7 @@ fn start_for_load(
             ember_note.push(note);
         }
     }
-    Ok((s, lab))
+    Ok(LoadServer { s, lab, _dir: dir })
 }
 
 pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
@@ -378,10 +389,8 @@ pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
     let stop = &*stop;
     for round in 1..=rounds {
         for (si, &kind) in kinds.iter().enumerate() {
-            ctx.progress
-                .start(format!("{}, round {round}", kind.label()));
-            let dir = TempDir::new_in(ctx.work_dir(), &format!("{}-{round}", kind.tag()))?;
-            let (s, lab) = start_for_load(ctx, kind, dir.path(), &mut ember_note)?;
+            let server = start_for_load(ctx, kind, round, &mut ember_note)?;
+            let (s, lab) = (&server.s, &server.lab);
             let mut summary = Vec::new();
             for (pi, &p) in pipelines.iter().enumerate() {
                 let load = BenchLoad {
@@ -397,7 +406,7 @@ pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
                 for l in &lines {
                     let mut cells = load_cells(l, &load, round);
                     cells.push(server_version(kind, &version));
-                    table.push(&lab, cells);
+                    table.push(lab, cells);
                     if let Some(ti) = tests.iter().position(|t| *t == l.test) {
                         rps[pi][si][ti].push(l.rps);
                     }
@@ -407,7 +416,7 @@ pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
             // Killed, not shut down: nothing here depends on the stop, and its
             // data directory goes next (a clean close can take long: Ember in
             // msync mode spends seconds draining its logs).
-            drop(s);
+            drop(server);
             ctx.progress.done(&summary.join(", "));
         }
     }
@@ -472,10 +481,8 @@ pub fn sustained(ctx: &mut Ctx) -> BenchResult<Report> {
     let stop = &*stop;
     for round in 1..=rounds {
         for (si, &kind) in kinds.iter().enumerate() {
-            ctx.progress
-                .start(format!("{}, round {round}", kind.label()));
-            let dir = TempDir::new_in(ctx.work_dir(), &format!("{}-{round}", kind.tag()))?;
-            let (s, lab) = start_for_load(ctx, kind, dir.path(), &mut ember_note)?;
+            let server = start_for_load(ctx, kind, round, &mut ember_note)?;
+            let (s, lab) = (&server.s, &server.lab);
             let load = BenchLoad {
                 tests: "set",
                 requests,
@@ -504,7 +511,7 @@ pub fn sustained(ctx: &mut Ctx) -> BenchResult<Report> {
                     waits.clone(),
                     server_version(kind, &version),
                 ]);
-                table.push(&lab, cells);
+                table.push(lab, cells);
                 got[si][0].push(l.rps);
                 if let Ok(v) = l.p99_ms.parse() {
                     got[si][1].push(v);
@@ -521,7 +528,7 @@ pub fn sustained(ctx: &mut Ctx) -> BenchResult<Report> {
                 ));
             }
             // Killed, not shut down (as in udorn-fig5).
-            drop(s);
+            drop(server);
             ctx.progress.done(&summary.join(", "));
         }
     }
