@@ -448,8 +448,10 @@ impl Inner {
 
     /// Initialises the buckets `need` (slots 0) with two fences in all, for a batch
     /// of writes: phase A finds each dummy's place in its parent's chain and writes
-    /// and flushes the dummy (its `next` included); **fence**; phase B CASes each
-    /// predecessor link to its dummy marked DIRTY and flushes it; **fence**; the
+    /// and flushes the dummy (its `next` included; dummies that go between the
+    /// same two nodes form one run in split order, each linked to the next);
+    /// **fence**; phase B CASes each predecessor link to its dummy (a run's
+    /// first) marked DIRTY and flushes it; **fence**; the
     /// marks are cleared and the slots set (flushed, not fenced: a slot is a hint,
     /// and a lost one is initialised again and finds its dummy). Uninitialised
     /// ancestors come first, a round per level; a dummy whose place changed between
@@ -490,9 +492,10 @@ impl Inner {
     fn init_round(&self, st: &mut OpState, th: &mut ThreadHeap, need: &[u64]) -> Result<()> {
         let r = self.r();
         let mut alone = Vec::new();
-        let mut prepared: Vec<(u64, u64, u64, u64)> = Vec::new();
-        let give_back = |th: &mut ThreadHeap, prepared: &mut Vec<(u64, u64, u64, u64)>| {
-            for (_, mine, _, _) in prepared.drain(..) {
+        // (predecessor, successor, split-order key, bucket, dummy) per new dummy.
+        let mut prepared: Vec<(u64, u64, u64, u64, u64)> = Vec::new();
+        let give_back = |th: &mut ThreadHeap, prepared: &mut Vec<(u64, u64, u64, u64, u64)>| {
+            for (_, _, _, _, mine) in prepared.drain(..) {
                 let _ = th.free(PPtr::from_raw(mine));
             }
         };
@@ -507,55 +510,90 @@ impl Inner {
                 continue;
             }
             let so = so_dummy(b);
-            let step = (|| -> Result<Option<u64>> {
+            let step = (|| -> Result<()> {
                 self.segment(th, si)?;
                 let (prev, curr, found) = self.find(st, p, so, &[]);
                 if found {
                     self.set_slot(b, curr);
-                    return Ok(None);
+                    return Ok(());
                 }
                 let mine = th.alloc(N_KEY)?.offset();
                 r.write::<u32>(mine, &DUMMY_TAG);
                 r.write::<u32>(mine + 4, &0);
                 r.write::<u64>(mine + N_SO, &so);
                 r.write::<u64>(mine + N_VAL, &0);
-                r.write::<u64>(mine + N_NEXT, &curr);
-                r.flush(mine, N_KEY as usize);
-                prepared.push((b, mine, prev, curr));
-                Ok(Some(mine))
+                prepared.push((prev, curr, so, b, mine));
+                Ok(())
             })();
             if let Err(e) = step {
                 give_back(th, &mut prepared);
                 return Err(e);
             }
         }
+        // Dummies that go between the same two nodes (siblings under one
+        // parent, in a sparse list) are one run, in split order: each links to
+        // the next, the last to the successor, and one CAS publishes the run.
+        // Linked one by one, all but the first would fail their CAS and go
+        // through `bucket` alone, at two fences each.
+        prepared.sort_unstable_by_key(|&(prev, curr, so, _, _)| (prev, curr, so));
+        let runs: Vec<std::ops::Range<usize>> = {
+            let mut runs = Vec::new();
+            let mut a = 0;
+            for k in 1..=prepared.len() {
+                if k == prepared.len()
+                    || prepared[k].0 != prepared[a].0
+                    || prepared[k].1 != prepared[a].1
+                {
+                    runs.push(a..k);
+                    a = k;
+                }
+            }
+            runs
+        };
+        for run in &runs {
+            for k in run.clone() {
+                let next = if k + 1 < run.end {
+                    prepared[k + 1].4
+                } else {
+                    prepared[k].1
+                };
+                let mine = prepared[k].4;
+                r.write::<u64>(mine + N_NEXT, &next);
+                r.flush(mine, N_KEY as usize);
+            }
+        }
         if !prepared.is_empty() {
             r.fence();
         }
-        let mut linked = Vec::with_capacity(prepared.len());
-        for (b, mine, prev, curr) in prepared.drain(..) {
+        let mut linked = Vec::with_capacity(runs.len());
+        for run in runs {
+            let (prev, curr, _, _, first) = prepared[run.start];
             self.scan(prev);
             if r.atomic_u64(prev + N_NEXT)
-                .compare_exchange(curr, mine | DIRTY, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(curr, first | DIRTY, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
                 r.flush(prev + N_NEXT, 8);
-                linked.push((b, prev + N_NEXT, mine));
+                linked.push((prev + N_NEXT, first, run));
             } else {
-                th.free(PPtr::from_raw(mine))?;
-                alone.push(b);
+                for k in run {
+                    th.free(PPtr::from_raw(prepared[k].4))?;
+                    alone.push(prepared[k].3);
+                }
             }
         }
         if !linked.is_empty() {
             r.fence();
-            for (b, a, mine) in linked {
+            for (a, first, run) in linked {
                 let _ = r.atomic_u64(a).compare_exchange(
-                    mine | DIRTY,
-                    mine,
+                    first | DIRTY,
+                    first,
                     Ordering::AcqRel,
                     Ordering::Acquire,
                 );
-                self.set_slot(b, mine);
+                for k in run {
+                    self.set_slot(prepared[k].3, prepared[k].4);
+                }
             }
         }
         for b in alone {
@@ -769,12 +807,13 @@ impl Inner {
     /// reserves the blocks the places call for (under `msync` one fence covers
     /// all their words, `ThreadHeap::reserve`), and writes and flushes its new
     /// blocks (a value block for a key present, node and value block for a new
-    /// key) and the free tickets of the values replaced;
-    /// **fence**; phase 2 CASes each link to its new value marked DIRTY and flushes
-    /// it; **fence**; the marks are cleared and the old values retired. A put whose
-    /// link changed between the phases (another writer, or an earlier put of the
-    /// batch in the same chain) gives its blocks back and runs alone, as do removes
-    /// and keys that occur more than once, after the rest and in batch order.
+    /// key; new keys with the same place form one run in list order, each node
+    /// linked to the next) and the free tickets of the values replaced;
+    /// **fence**; phase 2 CASes each link to its new value (or run) marked DIRTY
+    /// and flushes it; **fence**; the marks are cleared and the old values
+    /// retired. A put whose link changed between the phases (another writer)
+    /// gives its blocks back and is applied alone, as are removes and keys that
+    /// occur more than once, after the rest and in batch order.
     fn apply_batch(
         &self,
         h: &mut HandleState,
@@ -791,9 +830,11 @@ impl Inner {
                 nb: u64,
                 t: Option<FreeTicket>,
             },
+            /// New nodes that go between the same two nodes, in list order
+            /// (item, node, value block): each links to the next, the last to
+            /// `curr`, and one CAS of `prev` links them all.
             Insert {
-                node: u64,
-                vb: u64,
+                run: Vec<(usize, u64, u64)>,
                 prev: u64,
                 curr: u64,
             },
@@ -837,9 +878,11 @@ impl Inner {
                         }
                         let _ = h.th.free(PPtr::from_raw(nb));
                     }
-                    Prep::Insert { node, vb, .. } => {
-                        let _ = h.th.free(PPtr::from_raw(vb));
-                        let _ = h.th.free(PPtr::from_raw(node));
+                    Prep::Insert { run, .. } => {
+                        for (_, node, vb) in run {
+                            let _ = h.th.free(PPtr::from_raw(vb));
+                            let _ = h.th.free(PPtr::from_raw(node));
+                        }
                     }
                 }
             }
@@ -934,8 +977,7 @@ impl Inner {
                 to_flush.push((vb, blob::HDR as usize + val.len()));
                 to_flush.push((node, N_KEY as usize + key.len()));
                 Ok(Prep::Insert {
-                    node,
-                    vb,
+                    run: vec![(i, node, vb)],
                     prev,
                     curr,
                 })
@@ -947,6 +989,41 @@ impl Inner {
                     return Err(e);
                 }
             }
+        }
+        // New keys with the same place (two in one bucket of a sparse table, as
+        // when a table fills) are one run each: linked one by one, all but the
+        // first would fail their CAS and go alone, at two fences each.
+        let mut ins: Vec<(u64, u64, u64, &[u8], usize)> = Vec::new();
+        for (k, (i, p)) in preps.iter().enumerate() {
+            if let Prep::Insert { prev, curr, .. } = p {
+                ins.push((*prev, *curr, so_regular(hashes[*i]), items[*i].0, k));
+            }
+        }
+        ins.sort_unstable();
+        let mut a = 0;
+        while a < ins.len() {
+            let mut b = a + 1;
+            while b < ins.len() && (ins[b].0, ins[b].1) == (ins[a].0, ins[a].1) {
+                b += 1;
+            }
+            if b - a > 1 {
+                // In list order (split-order key, then key: as `cmp_node`); the
+                // first's entry takes the run, the others' become empty. The
+                // last node's `next` is the place's successor already.
+                let mut run = Vec::with_capacity(b - a);
+                for &(.., k) in &ins[a..b] {
+                    if let Prep::Insert { run: one, .. } = &mut preps[k].1 {
+                        run.append(one);
+                    }
+                }
+                for w in run.windows(2) {
+                    r.write::<u64>(w[0].1 + N_NEXT, &w[1].1);
+                }
+                if let Prep::Insert { run: first, .. } = &mut preps[ins[a].4].1 {
+                    *first = run;
+                }
+            }
+            a = b;
         }
         // The blocks are flushed after all the batch's allocations (whose locked
         // instructions would each wait for the flushes issued before them).
@@ -989,26 +1066,27 @@ impl Inner {
                         alone.push(i);
                     }
                 }
-                Prep::Insert {
-                    node,
-                    vb,
-                    prev,
-                    curr,
-                } => {
+                Prep::Insert { run, prev, curr } => {
+                    if run.is_empty() {
+                        continue; // merged into another run
+                    }
+                    let node = run[0].1;
                     self.scan(prev);
                     if r.atomic_u64(prev + N_NEXT)
                         .compare_exchange(curr, node | DIRTY, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
                     {
                         linked.push((prev + N_NEXT, node));
-                        h.count += 1;
+                        h.count += run.len() as i64;
                     } else {
-                        for b in [vb, node] {
-                            if let Err(e) = h.th.free(PPtr::from_raw(b)) {
-                                first_err.get_or_insert(e.into());
+                        for (i, node, vb) in run {
+                            for b in [vb, node] {
+                                if let Err(e) = h.th.free(PPtr::from_raw(b)) {
+                                    first_err.get_or_insert(e.into());
+                                }
                             }
+                            alone.push(i);
                         }
-                        alone.push(i);
                     }
                 }
             }
@@ -1433,7 +1511,8 @@ impl Ops for HashHandle {
         // well inside the thread's active page table.
         let apt = self.t.inner.r().geometry().apt_entries as usize;
         let part = (apt / 8).clamp(4, 256);
-        let inner = &*self.t.inner;
+        let t = self.t.clone();
+        let inner = &*t.inner;
         let hashes: Vec<u64> = items.iter().map(|(k, _)| inner.hasher.hash(k)).collect();
         let sorted;
         let (items, hashes) = if items.len() > part && inner.r().strategy() == pmem::Strategy::Msync
@@ -1443,6 +1522,25 @@ impl Ops for HashHandle {
         } else {
             (items, &hashes[..])
         };
+        if items.len() > part {
+            // The missing buckets of the whole batch first: their rounds (two
+            // fences each, one per level of uninitialised ancestors) are paid
+            // once, not by every part (a batch of new keys into a sparse table
+            // had made some twenty rounds per part). A part finds its buckets
+            // initialised, unless the table doubled since.
+            let mut need: Vec<u64> = items
+                .iter()
+                .zip(hashes)
+                .filter(|((_, v), _)| v.is_some())
+                .map(|(_, &h)| inner.bucket_of(h))
+                .filter(|&b| inner.slot(b) == 0)
+                .collect();
+            if !need.is_empty() {
+                need.sort_unstable();
+                need.dedup();
+                self.run(|i, h, _| i.init_buckets(&mut h.st, &mut h.th, &need))?;
+            }
+        }
         for (items, hashes) in items.chunks(part).zip(hashes.chunks(part)) {
             self.run(|i, h, g| i.apply_batch(h, g, items, hashes))?;
             // Publish the key count after each part, so that the table grows
