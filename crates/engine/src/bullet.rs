@@ -1462,10 +1462,15 @@ impl Gleaner {
     fn glean_batch(&mut self, sh: &Shared) -> Result<bool> {
         sh.enter(self.slot);
         let mut r = self.glean_inner(sh);
+        // The batch's reads of the logs are over: its values are folded into
+        // `writes`, and the records it flags at the end are unapplied until then,
+        // so no head passes them. Leaving the epoch here lets `advance` free
+        // other space to writers while the backend sync runs (under `msync` a
+        // large part of a second, and seconds for a backend's first batches).
+        sh.exit(self.slot);
         if let Err(e) = self.end_batch(sh) {
             r = Err(e);
         }
-        sh.exit(self.slot);
         if r.is_err() || self.inline {
             // A session gleans between requests; it must not keep a log from the
             // other gleaners (and from `drain`) while it serves or idles.
