@@ -1507,10 +1507,7 @@ impl Ops for HashHandle {
         for (k, v) in items {
             check_kv(k, *v)?;
         }
-        // A part's free tickets are all held until its second fence: parts stay
-        // well inside the thread's active page table.
-        let apt = self.t.inner.r().geometry().apt_entries as usize;
-        let part = (apt / 8).clamp(4, 256);
+        let part = part_len(&self.t.inner.r().geometry());
         let t = self.t.clone();
         let inner = &*t.inner;
         let hashes: Vec<u64> = items.iter().map(|(k, _)| inner.hasher.hash(k)).collect();
@@ -1556,6 +1553,14 @@ impl Ops for HashHandle {
         let _g = self.h.part.pin();
         Ok(inner.scan_keys(cursor, count, out))
     }
+}
+
+/// The writes of a batch's part (`HashHandle::apply_batch`). A part's free
+/// tickets are all held until its second fence: parts stay well inside the
+/// thread's active page table (an eighth of it). Under `msync` each part costs
+/// its fences, so the larger the better: 1,024 with the default table.
+fn part_len(geo: &pmem::Geometry) -> usize {
+    (geo.apt_entries as usize / 8).clamp(4, 1024)
 }
 
 /// One write of a batch: key, and value (`None`: remove).
@@ -1950,7 +1955,7 @@ mod by_place_tests {
                 items.push((&keys[i], v));
             }
         }
-        let part = (heap.region().geometry().apt_entries as usize / 8).clamp(4, 256);
+        let part = part_len(&heap.region().geometry());
         assert!(items.len() > part, "the batch is applied in parts");
         h.apply_batch(&items).unwrap();
         let mut out = Vec::new();

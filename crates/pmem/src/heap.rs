@@ -1040,7 +1040,11 @@ impl Apt {
     fn trim(&mut self, inner: &HeapInner, current: &[(u64, u64)]) {
         let region = &inner.region;
         let mut victims = Vec::new();
-        for i in 0..self.entries.len() {
+        // The page, word and chunk entries (block entries are not in `index`):
+        // the work follows the entries in use, not the table's size.
+        let mut used: Vec<usize> = self.index.values().copied().collect();
+        used.sort_unstable();
+        for i in used {
             let a = self.entries[i];
             if a.entry == 0 || a.entry & APT_BLOCK_FLAG != 0 || a.last_alloc_op >= self.op {
                 continue;

@@ -190,7 +190,7 @@ impl Default for Geometry {
             log_size: 64 * KIB,
             // Half may be free tickets' block entries (index::reclaim throttles
             // a thread at 512 outstanding).
-            apt_entries: 2048,
+            apt_entries: 8192,
         }
     }
 }
