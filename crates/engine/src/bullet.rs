@@ -1463,10 +1463,11 @@ impl Gleaner {
         sh.enter(self.slot);
         let mut r = self.glean_inner(sh);
         // The batch's reads of the logs are over: its values are folded into
-        // `writes`, and the records it flags at the end are unapplied until then,
+        // `writes`, and the records it flags at the end are unflagged until then,
         // so no head passes them. Leaving the epoch here lets `advance` free
         // other space to writers while the backend sync runs (under `msync` a
         // large part of a second, and seconds for a backend's first batches).
+        // `end_batch` enters again to set the flags (see there).
         sh.exit(self.slot);
         if let Err(e) = self.end_batch(sh) {
             r = Err(e);
@@ -1491,9 +1492,21 @@ impl Gleaner {
         if !self.pending.is_empty() {
             match self.flush_writes().and_then(|()| self.h.sync()) {
                 Ok(()) => {
+                    // The flags are set and fenced inside the epoch. A head
+                    // advance that sees some of them set moves past those
+                    // records, but frees their space, and makes the new head
+                    // durable, only once this batch has left: after its fence.
+                    // Otherwise a crash could find a head durably past one
+                    // record of a chain while an older record of that chain,
+                    // in another log, has no durable flag. Recovery would then
+                    // find that record unflagged, with the backend already past
+                    // it and no chain that reaches it: never applied, never
+                    // flagged, it would hold its log's head for good.
+                    sh.enter(self.slot);
                     sh.pool.mark_applied_all(&self.pending);
                     self.pending.clear();
                     sh.pool.fence();
+                    sh.exit(self.slot);
                     for (hash, key, newest, removed) in self.releases.drain(..) {
                         // Under the bucket lock: the node found is the current one
                         // even while the table doubles (a swap on a copy the
