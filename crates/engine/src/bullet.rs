@@ -2559,11 +2559,24 @@ impl Session for BulletSession {
         }
         let node = l.find(key);
         let g = l.guard();
-        // Whether the key is live, from the value pointer's tag: a put does not
-        // read the old value (a cache miss of its own on a large table).
+        // Whether the key is live, from the value pointer's tag.
         let live = node.is_some_and(|n| n.tagged(g) != TOMB_TAG);
         let (outcome, new): (Outcome, crossbeam_epoch::Owned<Blob>) = match op {
-            Op::Put(v) => (Outcome::Put { created: !live }, Blob::new(v)),
+            Op::Put(v) => {
+                // A put reads only the old value's first byte (its blob's first
+                // line, which a pipeline's prefetch has fetched already).
+                let old_first = node
+                    .filter(|_| live)
+                    .and_then(|n| n.value(g).get())
+                    .and_then(|b| b.first().copied());
+                (
+                    Outcome::Put {
+                        created: !live,
+                        old_first,
+                    },
+                    Blob::new(v),
+                )
+            }
             Op::Remove => {
                 if !live {
                     return Ok(Outcome::Removed(false));

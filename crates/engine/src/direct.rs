@@ -218,9 +218,19 @@ impl Session for DirectSession {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let out = match op {
-            Op::Put(v) => Outcome::Put {
-                created: self.h.put(key, v)?,
-            },
+            Op::Put(v) => {
+                // The index's put does not say what it replaced: the old value's
+                // first byte is read before it (the stripe lock keeps them together).
+                let old_first = if self.h.get(key, &mut self.buf)? {
+                    self.buf.first().copied()
+                } else {
+                    None
+                };
+                Outcome::Put {
+                    created: self.h.put(key, v)?,
+                    old_first,
+                }
+            }
             Op::Remove => Outcome::Removed(self.h.remove(key)?),
             Op::Incr(d) => {
                 let found = self.h.get(key, &mut self.buf)?;

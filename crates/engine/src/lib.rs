@@ -71,8 +71,14 @@ pub const OPC_INCR: u8 = 3;
 /// What an update did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// A put: whether the key was new.
-    Put { created: bool },
+    /// A put: whether the key was new, and the first byte of the value it
+    /// replaced (`None` when the key was new or that value was empty), so that
+    /// a caller whose values begin with a tag (the server's type and TTL byte)
+    /// learns what it overwrote without reading the value first.
+    Put {
+        created: bool,
+        old_first: Option<u8>,
+    },
     /// A remove: whether the key was present.
     Removed(bool),
     /// An increment: the new value.

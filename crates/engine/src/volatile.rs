@@ -102,11 +102,18 @@ impl Session for VolatileSession {
         match op {
             Op::Put(v) => {
                 if let Some(n) = l.find(key) {
+                    let old_first = n.value(l.guard()).get().and_then(|b| b.first().copied());
                     l.set_value(n, Blob::new(v));
-                    Ok(Outcome::Put { created: false })
+                    Ok(Outcome::Put {
+                        created: false,
+                        old_first,
+                    })
                 } else {
                     l.insert(hash, key, Blob::new(v), ());
-                    Ok(Outcome::Put { created: true })
+                    Ok(Outcome::Put {
+                        created: true,
+                        old_first: None,
+                    })
                 }
             }
             Op::Remove => Ok(Outcome::Removed(l.remove(key))),

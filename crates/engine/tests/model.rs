@@ -159,8 +159,10 @@ fn run_model(kind: Kind, ops: &[TOp]) -> Result<(), String> {
                     .sess()
                     .apply(&key(*k), Op::Put(&val))
                     .map_err(|e| format!("{what}: {e}"))?;
+                let old = model.insert(*k, val);
                 let want = Outcome::Put {
-                    created: model.insert(*k, val).is_none(),
+                    created: old.is_none(),
+                    old_first: old.and_then(|v| v.first().copied()),
                 };
                 if r != want {
                     return Err(format!("{what}: {r:?}, the model says {want:?}"));

@@ -252,8 +252,10 @@ fn run(ops: &[TOp]) -> Result<(), String> {
                     .apply(&key(*k), Op::Put(&val))
                     .map_err(|e| format!("{what}: {e}"))?;
                 let mut m = model;
+                let old = m.insert(*k, val);
                 let want = Outcome::Put {
-                    created: m.insert(*k, val).is_none(),
+                    created: old.is_none(),
+                    old_first: old.and_then(|v| v.first().copied()),
                 };
                 if r != want {
                     return Err(format!("{what}: {r:?}, the model says {want:?}"));
