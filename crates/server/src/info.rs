@@ -185,10 +185,8 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
     }
     if on("keyspace") {
         o.push_str("# Keyspace\r\n");
-        for (db, (keys, expires)) in count_all(ctx, cfg.databases as usize)?
-            .into_iter()
-            .enumerate()
-        {
+        for db in 0..cfg.databases.min(crate::counts::DBS as u64) {
+            let (keys, expires) = crate::counts::db_counts(ctx, db as u8)?;
             if keys > 0 {
                 let _ = write!(o, "db{db}:keys={keys},expires={expires},avg_ttl=0\r\n");
             }
@@ -266,17 +264,4 @@ fn heap_used(h: &pmem::Heap) -> u64 {
     let s = h.alloc_stats();
     (s.chunks_scanned * h.region().geometry().chunk_size())
         .saturating_sub(s.free_pages_scanned * pmem::layout::PAGE)
-}
-
-/// Keys and keys with a TTL per database (one full scan of the keyspace).
-fn count_all(ctx: &mut Ctx, dbs: usize) -> Result<Vec<(u64, u64)>, String> {
-    let mut counts = vec![(0u64, 0u64); dbs];
-    let sh = ctx.sh;
-    ctx.ks.for_each_live(&sh.stripes, ctx.now, |sk, h| {
-        if let Some(c) = sk.first().and_then(|&db| counts.get_mut(db as usize)) {
-            c.0 += 1;
-            c.1 += u64::from(h.expire.is_some());
-        }
-    })?;
-    Ok(counts)
 }

@@ -19,8 +19,9 @@
 //! RENAME, FLUSHDB) is atomic for clients of this server but not across a
 //! crash: a crash in the middle leaves a prefix of its keys written.
 
-use engine::{Op, Session};
-use std::sync::{Mutex, MutexGuard};
+use crate::counts::{Delta, KeyCounts};
+use engine::{Op, Outcome, Session};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The string type.
@@ -200,6 +201,10 @@ pub struct Keyspace {
     enc: Vec<u8>,
     /// Keys deleted because they had expired (INFO `expired_keys`).
     pub expired: u64,
+    /// The per-database key counts every write here keeps (DBSIZE).
+    counts: Arc<KeyCounts>,
+    /// This worker's shard of them.
+    shard: usize,
 }
 
 /// A live value found by [`Keyspace::lookup`]; the payload is
@@ -207,14 +212,59 @@ pub struct Keyspace {
 pub type Found = Option<Header>;
 
 impl Keyspace {
-    pub fn new(sess: Box<dyn Session>) -> Keyspace {
+    pub fn new(sess: Box<dyn Session>, counts: Arc<KeyCounts>, shard: usize) -> Keyspace {
         Keyspace {
             sess,
             raw: Vec::new(),
             kbuf: Vec::new(),
             enc: Vec::new(),
             expired: 0,
+            counts,
+            shard,
         }
+    }
+
+    /// Every write to the store goes through here: applies `op` and adds what
+    /// it did to the key counts (see [`crate::counts`]). `before` is the key's
+    /// state the caller found (Some(has a TTL)) for a remove; a put learns what
+    /// it replaced from the store's outcome.
+    fn write(&mut self, skey: &[u8], op: Op<'_>, before: Option<bool>) -> KsResult<Outcome> {
+        let after = match op {
+            Op::Put(v) => Some(v.first().is_some_and(|t| t & EXPIRY_BIT != 0)),
+            _ => None,
+        };
+        let counts = &*self.counts;
+        // While a recount runs, the write and its count exclude a recount step.
+        let guard = counts.write_guard();
+        let out = self.sess.apply(skey, op)?;
+        let before = match out {
+            Outcome::Put {
+                created: false,
+                old_first,
+            } => Some(old_first.is_some_and(|t| t & EXPIRY_BIT != 0)),
+            Outcome::Removed(true) => Some(before.unwrap_or(false)),
+            Outcome::Put { created: true, .. } | Outcome::Removed(false) | Outcome::Int(_) => None,
+        };
+        counts.add(
+            self.shard,
+            skey,
+            Delta::between(before, after),
+            guard.as_ref(),
+        );
+        Ok(out)
+    }
+
+    /// Writes a raw store value (RENAME's move; stripe lock held).
+    pub fn put_raw(&mut self, skey: &[u8], raw: &[u8]) -> KsResult<()> {
+        self.write(skey, Op::Put(raw), None)?;
+        Ok(())
+    }
+
+    /// Removes a key whose state the caller has just read under its stripe lock
+    /// (`ttl`: it has one).
+    pub fn remove_known(&mut self, skey: &[u8], ttl: bool) -> KsResult<()> {
+        self.write(skey, Op::Remove, Some(ttl))?;
+        Ok(())
     }
 
     fn set_key(&mut self, db: u8, key: &[u8]) {
@@ -261,7 +311,7 @@ impl Keyspace {
     pub fn lookup_locked(&mut self, skey: &[u8], now: i64) -> KsResult<Found> {
         let (f, expired) = self.lookup_raw(skey, now)?;
         if expired {
-            self.sess.apply(skey, Op::Remove)?;
+            self.write(skey, Op::Remove, Some(true))?;
             self.expired += 1;
         }
         Ok(f)
@@ -277,7 +327,7 @@ impl Keyspace {
     ) -> KsResult<()> {
         let mut enc = std::mem::take(&mut self.enc);
         encode(kind, expire, payload, &mut enc);
-        let r = self.sess.apply(skey, Op::Put(&enc));
+        let r = self.write(skey, Op::Put(&enc), None);
         self.enc = enc;
         r?;
         Ok(())
@@ -289,19 +339,23 @@ impl Keyspace {
         if f.is_none() && !expired {
             return Ok(false);
         }
-        self.sess.apply(skey, Op::Remove)?;
+        let ttl = expired || f.is_some_and(|h| h.expire.is_some());
+        self.write(skey, Op::Remove, Some(ttl))?;
         if expired {
             self.expired += 1;
         }
         Ok(f.is_some())
     }
 
-    /// Visits every live key of every database once, with its header: a full
+    /// Visits every live key of database `db` once, with its header: a full
     /// scan (the store's scan may return a key twice, so keys are deduplicated
-    /// here; expired keys met on the way are deleted, as a read would).
+    /// here; expired keys met on the way are deleted, as a read would). Keys of
+    /// other databases, and the store's own entries (such as the key counts,
+    /// under a key without a database byte), are skipped unread.
     pub fn for_each_live(
         &mut self,
         stripes: &Stripes,
+        db: u8,
         now: i64,
         mut f: impl FnMut(&[u8], Header),
     ) -> KsResult<()> {
@@ -312,7 +366,7 @@ impl Keyspace {
             page.clear();
             cursor = self.sess.scan(cursor, 1024, &mut page)?;
             for sk in page.drain(..) {
-                if seen.contains(&sk) {
+                if sk.first() != Some(&db) || seen.contains(&sk) {
                     continue;
                 }
                 if let Some(h) = self.get_sk(stripes, &sk, now)? {

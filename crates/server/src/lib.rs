@@ -10,7 +10,8 @@
 //! - [`config`]: flags, redis.conf-syntax file, CONFIG parameters.
 //! - [`store`]: opens the configured store on the heap file.
 //! - [`keyspace`]: the persistent key/value format (database byte, type tag,
-//!   expiry) and the operations commands are built from.
+//!   expiry) and the operations commands are built from; [`counts`]: the
+//!   per-database key counts they keep (DBSIZE without a scan).
 //! - [`server`]: acceptor, worker event loops, shutdown.
 //! - [`cmd`]: the command table and handlers.
 //! - [`info`], [`metrics`], [`stats`]: observability; [`clock`]: the
@@ -20,6 +21,7 @@ pub mod clock;
 pub mod cmd;
 pub mod commit;
 pub mod config;
+pub mod counts;
 pub mod info;
 pub mod keyspace;
 pub mod metrics;

@@ -17,6 +17,7 @@ use crate::clock::Stamp;
 use crate::cmd::{self, Ctx};
 use crate::commit::Committer;
 use crate::config::Config;
+use crate::counts::KeyCounts;
 use crate::keyspace::{Keyspace, Stripes};
 use crate::stats::{Stats, WorkerStats};
 use crate::store::{AnyStore, Startup};
@@ -81,6 +82,8 @@ pub struct Shared {
     pub cfg_epoch: AtomicU64,
     pub store: AnyStore,
     pub startup: Startup,
+    /// Keys per database (DBSIZE, INFO keyspace), kept by every write.
+    pub counts: Arc<KeyCounts>,
     pub stripes: Stripes,
     /// Set by [`Shared::begin_shutdown`] (SHUTDOWN, SIGTERM, SIGINT, a fatal
     /// error); every loop checks it.
@@ -1398,12 +1401,15 @@ pub fn run(cfg: Config) -> Result<(), String> {
         .unwrap_or(cfg.port);
     let (store, startup) = crate::store::open(&cfg)?;
     let threads = cfg.threads;
+    let counts = crate::counts::load(&store, threads)
+        .map_err(|e| format!("cannot read the key counts: {e}"))?;
     let metrics_port = cfg.metrics_port;
     let sh = Arc::new(Shared {
         cfg: RwLock::new(cfg),
         cfg_epoch: AtomicU64::new(0),
         store,
         startup,
+        counts: Arc::new(counts),
         stripes: Stripes::new(4096),
         shutdown: AtomicBool::new(false),
         wakers: Mutex::new(Vec::new()),
@@ -1440,6 +1446,15 @@ pub fn run(cfg: Config) -> Result<(), String> {
     if let Some(p) = metrics_port {
         aux.push(crate::metrics::spawn(sh.clone(), p)?);
     }
+    if !sh.counts.ready() {
+        let sh2 = sh.clone();
+        aux.push(
+            std::thread::Builder::new()
+                .name("ember-keycount".into())
+                .spawn(move || crate::counts::recount_thread(sh2))
+                .map_err(|e| e.to_string())?,
+        );
+    }
     let mut handles = Vec::new();
     let mut doors = Vec::new();
     for id in 0..threads {
@@ -1467,6 +1482,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                 };
                 let settings = Settings::load(&sh2);
                 let pipeline_commits = sh2.cfg().commit_pipeline;
+                let counts = sh2.counts.clone();
                 Worker {
                     id,
                     sh: sh2,
@@ -1474,7 +1490,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     rx,
                     clients: HashMap::new(),
                     next_token: 0,
-                    ks: Keyspace::new(sess),
+                    ks: Keyspace::new(sess, counts, id),
                     ws,
                     settings,
                     expire_cursor: 0,
@@ -1534,6 +1550,9 @@ pub fn run(cfg: Config) -> Result<(), String> {
         let _ = h.join();
     }
     let t = Instant::now();
+    if let Err(e) = crate::counts::save(&sh.store, &sh.counts) {
+        eprintln!("ember: could not save the key counts ({e}): the next start recounts them");
+    }
     let r = sh.store.close().map_err(|e| e.to_string());
     eprintln!(
         "ember: shut down in {:.1} ms{}",

@@ -52,8 +52,8 @@ fn all_keys(
 ) -> Result<Vec<Vec<u8>>, String> {
     let sh = ctx.sh;
     let mut out = Vec::new();
-    ctx.ks.for_each_live(&sh.stripes, ctx.now, |sk, _| {
-        if sk.first() == Some(&db) && keep(&sk[1..]) {
+    ctx.ks.for_each_live(&sh.stripes, db, ctx.now, |sk, _| {
+        if keep(&sk[1..]) {
             out.push(sk[1..].to_vec());
         }
     })?;
@@ -155,9 +155,9 @@ fn rename_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], nx: bool) -> R {
     let dst = skey(c.db, &a[2]);
     let sh = ctx.sh;
     let _g = sh.stripes.lock_many(&[&src, &dst]);
-    if ctx.ks.lookup_locked(&src, ctx.now)?.is_none() {
+    let Some(h) = ctx.ks.lookup_locked(&src, ctx.now)? else {
         return Err("ERR no such key".into());
-    }
+    };
     let raw = ctx.ks.raw.clone();
     if src == dst {
         if nx {
@@ -173,14 +173,8 @@ fn rename_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], nx: bool) -> R {
     }
     // The destination is written first: a crash in between leaves both keys,
     // never neither.
-    ctx.ks
-        .sess
-        .apply(&dst, engine::Op::Put(&raw))
-        .map_err(|e| crate::keyspace::store_error_text(&e))?;
-    ctx.ks
-        .sess
-        .apply(&src, engine::Op::Remove)
-        .map_err(|e| crate::keyspace::store_error_text(&e))?;
+    ctx.ks.put_raw(&dst, &raw)?;
+    ctx.ks.remove_known(&src, h.expire.is_some())?;
     if nx {
         c.int(1);
     } else {
@@ -198,7 +192,7 @@ pub fn renamenx(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 }
 
 pub fn dbsize(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
-    let n = all_keys(ctx, c.db, |_| true)?.len();
+    let (n, _) = crate::counts::db_counts(ctx, c.db)?;
     c.int(n as i64);
     Ok(())
 }
