@@ -78,7 +78,8 @@ pub struct Recount {
 pub struct KeyCounts {
     /// Counted by the recount, or read from the snapshot.
     base: Box<[AtomicI64]>,
-    /// One per worker: the changes its writes made.
+    /// One per worker: the changes its writes made (each written by its
+    /// worker only).
     shards: Box<[Box<[AtomicI64]>]>,
     /// The counts are exact (the recount ended, or the snapshot was read).
     ready: AtomicBool,
@@ -145,10 +146,13 @@ impl KeyCounts {
                 return;
             }
         }
+        // A shard has one writer (its worker): a load and a store, not a
+        // locked add.
         let s = &self.shards[shard % self.shards.len()];
         let i = 2 * db as usize;
-        s[i].fetch_add(d.keys, Ordering::Relaxed);
-        s[i + 1].fetch_add(d.expires, Ordering::Relaxed);
+        for (slot, v) in [(i, d.keys), (i + 1, d.expires)] {
+            s[slot].store(s[slot].load(Ordering::Relaxed) + v, Ordering::Relaxed);
+        }
     }
 
     /// Keys and keys with a TTL of `db`; None until the counts are exact.
