@@ -3,8 +3,9 @@
 //! writes over four databases runs against a model of which keys exist and
 //! which have a TTL, checked after every few commands; the server is restarted
 //! cleanly (the counts are read back: no recount) and killed with SIGKILL (the
-//! counts are recounted in the background while the writes go on, over 20,000
-//! keys, so that writes land both behind and ahead of the recount's cursor).
+//! counts are recounted in the background over 20,000 keys while the writes
+//! go on; the unit test in `server::counts` is the one that checks writes on
+//! both sides of the recount's cursor).
 
 mod serve_common;
 

@@ -30,7 +30,7 @@
 //!   finishes it on the asking worker (once per crash, at the cost of the old
 //!   full scan).
 
-use engine::{Session, Store as _};
+use engine::Session;
 use index::KeyHasher;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -340,17 +340,6 @@ pub fn db_counts(ctx: &mut crate::cmd::Ctx, db: u8) -> Result<(u64, u64), String
     Ok(counts.get(db).unwrap_or_default())
 }
 
-impl crate::store::AnyStore {
-    /// The key hash that orders this store's scan.
-    pub fn key_hasher(&self) -> KeyHasher {
-        match self {
-            crate::store::AnyStore::Volatile(s) => s.key_hasher(),
-            crate::store::AnyStore::Direct(s) => s.key_hasher(),
-            crate::store::AnyStore::Bullet(s) => s.key_hasher(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,6 +437,7 @@ mod tests {
     fn recount_under_concurrent_writes_is_exact() {
         use crate::keyspace::{Keyspace, KIND_STRING};
         use engine::volatile::VolatileStore;
+        use engine::Store as _;
         use rand::{RngExt, SeedableRng};
         use std::collections::HashMap;
         use std::sync::Arc;

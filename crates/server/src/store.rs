@@ -59,6 +59,15 @@ impl AnyStore {
         }
     }
 
+    /// The key hash that orders this store's scan (the key counts' recount).
+    pub fn key_hasher(&self) -> index::KeyHasher {
+        match self {
+            AnyStore::Volatile(s) => s.key_hasher(),
+            AnyStore::Direct(s) => s.key_hasher(),
+            AnyStore::Bullet(s) => s.key_hasher(),
+        }
+    }
+
     pub fn heap(&self) -> Option<&Heap> {
         match self {
             AnyStore::Volatile(_) => None,
