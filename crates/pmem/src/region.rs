@@ -687,17 +687,36 @@ impl Drop for Region {
     }
 }
 
+/// How long a heap's lock is retried before the heap is reported in use.
+///
+/// The lock (`flock`) belongs to the open file, which a child this process is
+/// spawning shares: between its `clone` and its `exec` the child holds a copy
+/// of every descriptor, so a heap closed and reopened by one thread while
+/// another spawns a process can find its own lock still held for a moment
+/// (a test binary that reopens heaps while other tests start `ember` failed so
+/// once). The copy goes at the `exec` (the descriptor is close-on-exec): a
+/// lock held for longer than this is another process's.
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
+
 fn lock_file(file: &File, path: &Path, access: Access) -> Result<()> {
-    let r = match access {
-        Access::ReadWrite => file.try_lock(),
-        Access::CheckOnly => file.try_lock_shared(),
-    };
-    match r {
-        Ok(()) => Ok(()),
-        Err(std::fs::TryLockError::WouldBlock) => Err(Error::InUse {
-            path: path.to_path_buf(),
-        }),
-        Err(std::fs::TryLockError::Error(e)) => Err(Error::io(path, e)),
+    let start = std::time::Instant::now();
+    loop {
+        let r = match access {
+            Access::ReadWrite => file.try_lock(),
+            Access::CheckOnly => file.try_lock_shared(),
+        };
+        match r {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if start.elapsed() < LOCK_RETRY => {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::InUse {
+                    path: path.to_path_buf(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(path, e)),
+        }
     }
 }
 
