@@ -160,6 +160,91 @@ fn expiry_lazy_and_active() {
     assert_eq!(n, 1);
 }
 
+/// `avg_ttl` of `db` in INFO keyspace (0 when the database is not listed).
+fn avg_ttl(con: &mut redis::Connection, db: u8) -> i64 {
+    let info: String = redis::cmd("INFO").arg("keyspace").query(con).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("db{db}:")))
+        .and_then(|rest| rest.split(',').find_map(|f| f.strip_prefix("avg_ttl=")))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or(0)
+}
+
+/// Polls until `db`'s `avg_ttl` satisfies `ok` (the active expiry cycle
+/// samples it), or fails after about 5 s.
+fn wait_avg_ttl(con: &mut redis::Connection, db: u8, ok: impl Fn(i64) -> bool, what: &str) {
+    let mut last = 0;
+    for _ in 0..200 {
+        last = avg_ttl(con, db);
+        if ok(last) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("db{db} avg_ttl is {last}: {what}");
+}
+
+#[test]
+fn info_keyspace_estimates_the_ttl_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(dir.path(), &["--hz", "50"]);
+    let mut con = srv.client();
+    let set = |con: &mut redis::Connection, db: u8, n: usize, ex: Option<u64>| {
+        let _: () = redis::cmd("SELECT").arg(db).query(con).unwrap();
+        for i in 0..n {
+            let mut c = redis::cmd("SET");
+            c.arg(format!("k{i}")).arg("v");
+            if let Some(s) = ex {
+                c.arg("EX").arg(s);
+            }
+            let _: () = c.query(con).unwrap();
+        }
+    };
+    set(&mut con, 0, 100, Some(1000));
+    set(&mut con, 0, 50, None);
+    set(&mut con, 1, 100, Some(100));
+    // Keys without a TTL do not count: only the TTLs left, in milliseconds.
+    wait_avg_ttl(
+        &mut con,
+        0,
+        |a| (900_000..=1_000_000).contains(&a),
+        "want ~1,000,000",
+    );
+    wait_avg_ttl(
+        &mut con,
+        1,
+        |a| (90_000..=100_000).contains(&a),
+        "want ~100,000",
+    );
+    // No key with a TTL left: 0, and the next estimate starts over.
+    let _: () = redis::cmd("SELECT").arg(1).query(&mut con).unwrap();
+    for i in 0..100 {
+        let _: () = redis::cmd("PERSIST")
+            .arg(format!("k{i}"))
+            .query(&mut con)
+            .unwrap();
+    }
+    assert_eq!(avg_ttl(&mut con, 1), 0);
+    std::thread::sleep(Duration::from_millis(100));
+    set(&mut con, 1, 100, Some(10));
+    wait_avg_ttl(
+        &mut con,
+        1,
+        |a| (1..=10_000).contains(&a),
+        "want ~10,000 after PERSIST",
+    );
+    // FLUSHDB forgets the estimate too.
+    let _: () = redis::cmd("SELECT").arg(0).query(&mut con).unwrap();
+    let _: () = redis::cmd("FLUSHDB").query(&mut con).unwrap();
+    set(&mut con, 0, 100, Some(20));
+    wait_avg_ttl(
+        &mut con,
+        0,
+        |a| (1..=20_000).contains(&a),
+        "want ~20,000 after FLUSHDB",
+    );
+}
+
 #[test]
 fn refuses_foreign_heaps_and_other_engines() {
     let dir = tempfile::tempdir().unwrap();

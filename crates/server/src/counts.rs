@@ -86,6 +86,10 @@ pub struct KeyCounts {
     recount: Mutex<Recount>,
     /// The store's key hash, whose scan positions order the recount.
     hasher: KeyHasher,
+    /// Per database, the estimate of the TTL left (ms) that INFO keyspace
+    /// reports as `avg_ttl`, from active expiry's samples (see
+    /// [`Self::sample_ttls`]); 0 when not known.
+    avg_ttl: Box<[AtomicI64]>,
 }
 
 fn zeros() -> Box<[AtomicI64]> {
@@ -105,6 +109,7 @@ impl KeyCounts {
                 done: false,
             }),
             hasher,
+            avg_ttl: (0..DBS).map(|_| AtomicI64::new(0)).collect(),
         }
     }
 
@@ -171,6 +176,37 @@ impl KeyCounts {
             s.max(0) as u64
         };
         Some((sum(i), sum(i + 1)))
+    }
+
+    /// Folds the TTLs left (ms) that one active-expiry slice found on `n`
+    /// live keys of `db`, summing to `sum`, into the database's `avg_ttl`, as
+    /// Redis does: the slice's mean weighs 1/50 against the estimate so far,
+    /// which starts at the first slice's mean.
+    pub fn sample_ttls(&self, db: u8, sum: i128, n: i64) {
+        if n <= 0 {
+            return;
+        }
+        let mean = (sum / i128::from(n)).clamp(0, i128::from(i64::MAX)) as i64;
+        let a = &self.avg_ttl[db as usize];
+        let mut cur = a.load(Ordering::Relaxed);
+        if cur == 0 {
+            cur = mean;
+        }
+        a.store((cur / 50) * 49 + mean / 50, Ordering::Relaxed);
+    }
+
+    /// `db`'s `avg_ttl` estimate: 0 when unknown or the database has no key
+    /// with a TTL.
+    pub fn avg_ttl(&self, db: u8) -> i64 {
+        match self.get(db) {
+            Some((_, 0)) => 0,
+            _ => self.avg_ttl[db as usize].load(Ordering::Relaxed),
+        }
+    }
+
+    /// Forgets `db`'s estimate (FLUSHDB, or no key with a TTL left there).
+    pub fn reset_avg_ttl(&self, db: u8) {
+        self.avg_ttl[db as usize].store(0, Ordering::Relaxed);
     }
 
     /// One recount step with `sess`: counts the keys of the next scan page.
@@ -343,6 +379,28 @@ pub fn db_counts(ctx: &mut crate::cmd::Ctx, db: u8) -> Result<(u64, u64), String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn avg_ttl_is_redis_running_estimate() {
+        let c = KeyCounts::new(1, KeyHasher::sip13(1, 2));
+        assert_eq!(c.avg_ttl[3].load(Ordering::Relaxed), 0);
+        // The first slice's mean, then 49/50 of the estimate plus 1/50 of
+        // each later slice's mean.
+        c.sample_ttls(3, 3 * 100_000, 3);
+        assert_eq!(c.avg_ttl[3].load(Ordering::Relaxed), 100_000);
+        c.sample_ttls(3, 50_000, 1);
+        assert_eq!(c.avg_ttl[3].load(Ordering::Relaxed), 99_000);
+        c.sample_ttls(3, 0, 0);
+        assert_eq!(c.avg_ttl[3].load(Ordering::Relaxed), 99_000);
+        // TTLs near the end of time neither overflow nor go negative.
+        c.sample_ttls(5, 200 * i128::from(i64::MAX - 1), 200);
+        assert!(c.avg_ttl[5].load(Ordering::Relaxed) > i64::MAX / 2);
+        c.sample_ttls(5, 200 * i128::from(i64::MAX - 1), 200);
+        assert!(c.avg_ttl[5].load(Ordering::Relaxed) > 0);
+        assert_eq!(c.avg_ttl[4].load(Ordering::Relaxed), 0);
+        c.reset_avg_ttl(3);
+        assert_eq!(c.avg_ttl[3].load(Ordering::Relaxed), 0);
+    }
 
     #[test]
     fn deltas() {

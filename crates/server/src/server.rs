@@ -1031,6 +1031,13 @@ impl Worker {
     fn active_expire(&mut self) {
         let budget = Duration::from_millis(250 / self.settings.hz.max(1));
         let t0 = Instant::now();
+        // A database left without keys with a TTL starts its `avg_ttl` over,
+        // as Redis's does.
+        for db in 0..=u8::MAX {
+            if let Some((_, 0)) = self.sh.counts.get(db) {
+                self.sh.counts.reset_avg_ttl(db);
+            }
+        }
         let mut keys = Vec::new();
         loop {
             keys.clear();
@@ -1045,15 +1052,31 @@ impl Worker {
             let now = crate::keyspace::now_ms();
             let mut expired = 0;
             let seen = keys.len();
+            // TTLs left on the live keys seen, per database: (sum, count);
+            // i128, as a TTL may lie near the end of time (PXAT).
+            let mut ttls: BTreeMap<u8, (i128, i64)> = BTreeMap::new();
             for k in &keys {
-                if let Ok((None, true)) = self.ks.lookup_raw(k, now) {
-                    let _g = self.sh.stripes.lock(k);
-                    if let Ok((None, true)) = self.ks.lookup_raw(k, now) {
-                        if self.ks.lookup_locked(k, now).is_ok() {
-                            expired += 1;
+                match self.ks.lookup_raw(k, now) {
+                    Ok((None, true)) => {
+                        let _g = self.sh.stripes.lock(k);
+                        if let Ok((None, true)) = self.ks.lookup_raw(k, now) {
+                            if self.ks.lookup_locked(k, now).is_ok() {
+                                expired += 1;
+                            }
                         }
                     }
+                    Ok((Some(h), false)) => {
+                        if let (Some(t), Some(&db)) = (h.expire, k.first()) {
+                            let e = ttls.entry(db).or_default();
+                            e.0 += i128::from(t - now);
+                            e.1 += 1;
+                        }
+                    }
+                    _ => {}
                 }
+            }
+            for (db, (sum, n)) in ttls {
+                self.sh.counts.sample_ttls(db, sum, n);
             }
             if next == 0 || seen == 0 || expired * 4 < seen || t0.elapsed() >= budget {
                 return;

@@ -205,6 +205,7 @@ fn flush_db(ctx: &mut Ctx, db: u8) -> R {
         let _g = sh.stripes.lock(&sk);
         ctx.ks.delete(&sk, ctx.now)?;
     }
+    ctx.sh.counts.reset_avg_ttl(db);
     Ok(())
 }
 
