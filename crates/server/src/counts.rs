@@ -195,13 +195,11 @@ impl KeyCounts {
         a.store((cur / 50) * 49 + mean / 50, Ordering::Relaxed);
     }
 
-    /// `db`'s `avg_ttl` estimate: 0 when unknown or the database has no key
-    /// with a TTL.
+    /// `db`'s `avg_ttl` estimate (0: none yet). INFO reports 0 for a database
+    /// without keys with a TTL whatever this says, as the estimate is reset
+    /// only at the next expiry tick.
     pub fn avg_ttl(&self, db: u8) -> i64 {
-        match self.get(db) {
-            Some((_, 0)) => 0,
-            _ => self.avg_ttl[db as usize].load(Ordering::Relaxed),
-        }
+        self.avg_ttl[db as usize].load(Ordering::Relaxed)
     }
 
     /// Forgets `db`'s estimate (FLUSHDB, or no key with a TTL left there).

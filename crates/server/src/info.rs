@@ -188,7 +188,11 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
         for db in 0..cfg.databases.min(crate::counts::DBS as u64) {
             let (keys, expires) = crate::counts::db_counts(ctx, db as u8)?;
             if keys > 0 {
-                let avg = ctx.sh.counts.avg_ttl(db as u8);
+                let avg = if expires == 0 {
+                    0
+                } else {
+                    ctx.sh.counts.avg_ttl(db as u8)
+                };
                 let _ = write!(o, "db{db}:keys={keys},expires={expires},avg_ttl={avg}\r\n");
             }
         }
