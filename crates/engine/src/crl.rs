@@ -658,11 +658,12 @@ impl Pool {
             let c = crc_parts(self.salt, &mut hdr, &[], &[]);
             hdr[12..16].copy_from_slice(&c.to_le_bytes());
             if self.stages() {
+                // Flushed by the commit, after it writes the run (`committing`).
                 self.stage(i, tail, base + phys, &[&hdr], 0, false)?;
             } else {
                 r.write_bytes(base + phys, &hdr);
+                r.flush(base + phys, REC_HDR as usize);
             }
-            r.flush(base + phys, REC_HDR as usize);
         }
         // A gap too small for a header is skipped by readers (`skip_gap`).
         tail += pad;
@@ -685,9 +686,14 @@ impl Pool {
             // Written to the file at the commit (`committing`); until then
             // readers find it staged, and any thread can write it out
             // (`make_durable_to`). Its checksum is computed on the staged
-            // copy, in one pass.
+            // copy, in one pass. Not flushed here: under msync a flush only
+            // queues the pages for the thread's next fence, and a fence
+            // before the commit's write (another log's `make_durable`, a log
+            // hand-over, a backend read settling a link) would sync them
+            // still holding their old bytes. Whoever writes the run to the
+            // file flushes what it wrote, after the write (`committing`,
+            // `make_durable_to`).
             self.stage(i, tail, at, &[&hdr, key, payload], padb as usize, true)?;
-            r.flush(at, len as usize);
         } else if self.group_commit.load(Ordering::Relaxed) {
             // Other writers may flush this record for a later one of its chain
             // (`make_durable`) before this thread fences: plain stores, which
@@ -764,14 +770,29 @@ impl Pool {
                 return Ok(());
             }
         }
+        // Written to the file (by this thread, or by one that finished
+        // before `staged_from` was cleared) before the flush below: the
+        // fence syncs the pages with the records in them.
         self.write_staged(i)?;
         let from = l
             .durable
             .load(Ordering::Acquire)
             .max(end.saturating_sub(self.size));
-        let base = l.base.load(Ordering::Acquire);
+        self.flush_positions(i, from, end);
+        self.r().fence();
+        l.durable.fetch_max(end, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Flushes log `i`'s positions `[from, to)` (at most a ring; no fence).
+    fn flush_positions(&self, i: usize, from: u64, to: u64) {
+        debug_assert!(from <= to && to - from <= self.size);
+        if from >= to {
+            return;
+        }
+        let base = self.logs[i].base.load(Ordering::Acquire);
         let r = self.r();
-        let (a, b) = (from % self.size, end % self.size);
+        let (a, b) = (from % self.size, to % self.size);
         if a < b || b == 0 {
             let stop = if b == 0 { self.size } else { b };
             r.flush(base + a, (stop - a) as usize);
@@ -779,19 +800,25 @@ impl Pool {
             r.flush(base + a, (self.size - a) as usize);
             r.flush(base, b as usize);
         }
-        r.fence();
-        l.durable.fetch_max(end, Ordering::AcqRel);
-        Ok(())
     }
 
-    /// Group commit: the caller is about to fence its appends to log `i` up to
-    /// `end` (then `mark_durable`); a writer that needs the log durable that far
-    /// waits for that fence instead of issuing its own.
+    /// Group commit: the caller is about to fence its appends to log `i`,
+    /// positions `[start, end)` (then `mark_durable`); a writer that needs the
+    /// log durable that far waits for that fence instead of issuing its own.
     ///
-    /// Writes the log's staged records to the file first (`stages`): the fence
-    /// then makes them durable.
-    pub fn committing(&self, i: usize, end: u64) -> Result<()> {
-        self.write_staged(i)?;
+    /// When appends are staged (`stages`), writes the log's staged records to
+    /// the file and then flushes `[start, end)`: the caller's fence (or its
+    /// detached fence) syncs exactly what was written, after the write. (A
+    /// flush at the append would queue the pages before the write, and any
+    /// fence of the thread in between would sync them with their old bytes.)
+    /// Bytes of the range that another thread wrote out earlier were flushed
+    /// and fenced by it (`make_durable_to`); flushing them again costs a
+    /// clean page. Otherwise the appends flushed their records themselves.
+    pub fn committing(&self, i: usize, start: u64, end: u64) -> Result<()> {
+        if self.stages() {
+            self.write_staged(i)?;
+            self.flush_positions(i, start.max(end.saturating_sub(self.size)), end);
+        }
         self.logs[i].committing.fetch_max(end, Ordering::AcqRel);
         Ok(())
     }
