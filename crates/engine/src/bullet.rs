@@ -515,6 +515,9 @@ impl BulletStore {
         let pool = Pool::attach(&heap, desc)?;
         debug_assert_eq!(pool.size, size);
         pool.clear_stale_flags();
+        // Before any append: a stale record at a drained head must not check
+        // as live after the next crash (`Pool::persist_floors`).
+        pool.persist_floors();
         let mut stats = BulletRecovery {
             index: istats,
             ..Default::default()
