@@ -266,3 +266,79 @@ fn a_side_table_transaction_does_not_leave_the_batch_unsynced() {
         &[("a", 12 * KIB, 1), ("b", 9 * KIB, 2)],
     );
 }
+
+/// After a restart a frontend miss reads the backend, and a read that meets a
+/// link still marked DIRTY (a crash between a backend write's CAS and its
+/// flush) persists it: a flush and a fence on the reader's thread. Here that
+/// read comes between a staged put and its commit; the commit must still
+/// sync the put's record. The DIRTY mark is planted in the closed heap file,
+/// on the value link of the key's backend node.
+#[test]
+fn a_backend_read_settling_a_dirty_link_does_not_leave_the_batch_unsynced() {
+    let Some(dir) = disk_dir() else {
+        return;
+    };
+    let path = dir.path().join("heap");
+    let cold = "cold-key-0123";
+    {
+        let heap = Heap::create(&path, &heap_opts(16 << 20, 16 << 20, Persist::Msync)).unwrap();
+        let store = BulletStore::create(&heap, &opts(Variant::Full, 2)).unwrap();
+        let mut s = store.session().unwrap();
+        put(&mut s, cold, 100, 7);
+        s.commit().unwrap();
+        drop(s);
+        store.drain().unwrap();
+        store.close().unwrap();
+    }
+    // The backend node of `cold`: tag "EHND", key length, key at 32; its
+    // value link (at 24) gets the DIRTY mark (bit 1). Written in place and
+    // synced: rewriting the whole file would leave pages of the page cache
+    // dirty that the test then counts.
+    let img = std::fs::read(&path).unwrap();
+    let mut node = [0u8; 8];
+    node[..4].copy_from_slice(b"EHND");
+    node[4..].copy_from_slice(&(cold.len() as u32).to_le_bytes());
+    let at = (0..img.len() - 64)
+        .step_by(16)
+        .find(|&i| img[i..i + 8] == node && img[i + 32..i + 32 + cold.len()] == *cold.as_bytes())
+        .expect("the key's backend node");
+    let link = u64::from_le_bytes(img[at + 24..at + 32].try_into().unwrap());
+    assert_ne!(link, 0);
+    {
+        use std::os::unix::fs::FileExt;
+        let w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        w.write_all_at(&(link | 2).to_le_bytes(), at as u64 + 24)
+            .unwrap();
+        w.sync_all().unwrap();
+    }
+
+    let rec = Heap::open(&path, &heap_opts(16 << 20, 16 << 20, Persist::Msync)).unwrap();
+    let (store, _) = BulletStore::open(rec, &opts(Variant::Full, 2)).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let f = Fixture {
+        _dir: dir,
+        store,
+        file,
+    };
+    let mut s = f.session();
+    assert_eq!(f.dirty_in_rings(), 0);
+    let fences = f.store.heap().region().persist_stats().fences;
+    put(&mut s, "big", 12 * KIB, 1);
+    let mut out = Vec::new();
+    assert!(s.get(cold.as_bytes(), &mut out).unwrap());
+    assert_eq!(out, vec![7; 100]);
+    assert!(
+        f.store.heap().region().persist_stats().fences > fences,
+        "the backend read fenced (the planted mark was settled)"
+    );
+    s.commit().unwrap();
+    assert_eq!(f.dirty_in_rings(), 0, "acknowledged records not synced");
+    drop(s);
+    let dir = f.close();
+    check_reopened(
+        &dir.path().join("heap"),
+        Variant::Full,
+        2,
+        &[(cold, 100, 7), ("big", 12 * KIB, 1)],
+    );
+}
