@@ -515,6 +515,9 @@ impl BulletStore {
         let pool = Pool::attach(&heap, desc)?;
         debug_assert_eq!(pool.size, size);
         pool.clear_stale_flags();
+        // Before any append: a stale record at a drained head must not check
+        // as live after the next crash (`Pool::persist_floors`).
+        pool.persist_floors();
         let mut stats = BulletRecovery {
             index: istats,
             ..Default::default()
@@ -2210,8 +2213,10 @@ pub struct BulletSession {
     appended: u64,
     payload: Vec<u8>,
     rng: u64,
-    /// Group commit: logs appended to since the last commit, and their ends.
-    uncommitted: Vec<(usize, u64)>,
+    /// Group commit: logs appended to since the last commit, each with the
+    /// span `[start, end)` of positions this session appended to it (the
+    /// commit flushes that span after writing it through the file).
+    uncommitted: Vec<(usize, u64, u64)>,
     /// Detached commits (`commit_detached`) not completed yet.
     detached: Arc<AtomicU64>,
 }
@@ -2614,6 +2619,9 @@ impl Session for BulletSession {
             // older record whenever it finds this one.
             sh.pool.make_durable(RecPtr(prev))?;
         }
+        // Where this append starts (a pad record before the record included):
+        // this session holds the log, so its tail moves only here.
+        let start = sh.pool.logs[log].tail.load(Ordering::Acquire);
         let rec = sh
             .pool
             .append(log, op.code(), key, &self.payload, RecPtr(prev), version)?
@@ -2621,9 +2629,12 @@ impl Session for BulletSession {
         self.appended += 1;
         if group {
             let end = rec.pos() + crl::record_len(key.len(), self.payload.len());
-            match self.uncommitted.iter_mut().find(|(i, _)| *i == log) {
-                Some(e) => e.1 = e.1.max(end),
-                None => self.uncommitted.push((log, end)),
+            match self.uncommitted.iter_mut().find(|(i, _, _)| *i == log) {
+                Some(e) => {
+                    e.1 = e.1.min(start);
+                    e.2 = e.2.max(end);
+                }
+                None => self.uncommitted.push((log, start, end)),
             }
         }
         match node {
@@ -2660,18 +2671,19 @@ impl Session for BulletSession {
             // A detached commit's records, before these in the same logs, may
             // not be durable yet, so this thread's fence would not make the
             // logs durable up to these ends: sync each from its watermark.
-            for (i, end) in self.uncommitted.drain(..) {
+            for (i, _, end) in self.uncommitted.drain(..) {
                 self.sh.pool.make_durable_to(i, end)?;
             }
             return Ok(());
         }
-        for &(i, end) in &self.uncommitted {
-            self.sh.pool.committing(i, end)?;
+        for &(i, start, end) in &self.uncommitted {
+            self.sh.pool.committing(i, start, end)?;
         }
-        // One fence for the batch: every record this thread flushed is durable.
+        // One fence for the batch: it syncs what `committing` wrote and
+        // flushed (and every other flush of this thread since its last fence).
         self.sh.pool.fence();
         self.sh.pool.heap.region().health()?;
-        for (i, end) in self.uncommitted.drain(..) {
+        for (i, _, end) in self.uncommitted.drain(..) {
             self.sh.pool.mark_durable(i, end);
         }
         Ok(())
@@ -2685,9 +2697,10 @@ impl Session for BulletSession {
         if self.uncommitted.is_empty() {
             return Ok(None);
         }
-        for &(i, end) in &self.uncommitted {
-            self.sh.pool.committing(i, end)?;
+        for &(i, start, end) in &self.uncommitted {
+            self.sh.pool.committing(i, start, end)?;
         }
+        // Detached after `committing` wrote and flushed the batch's records.
         let fence = self.sh.pool.heap.region().detach_fence();
         let marks = std::mem::take(&mut self.uncommitted);
         let sh = self.sh.clone();
@@ -2698,7 +2711,7 @@ impl Session for BulletSession {
             r.complete_fence(fence);
             let ok = r.health();
             if ok.is_ok() {
-                for (i, end) in marks {
+                for (i, _, end) in marks {
                     sh.pool.mark_durable(i, end);
                 }
             }

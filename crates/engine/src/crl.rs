@@ -8,11 +8,15 @@
 //! 32  u64 side table (variants st, lfr; 0 = none)   40 u64 salt (random, per store)
 //! 64 + 128*i: log i      +0 u64 base (0 = not allocated yet)   +8 u64 head
 //!                        +16 u64 cleared (applied flags below it are all clear)
+//!                        +24 u64 generation floor: gen << 40 | (head mod 2^40)
 //! ```
+//! Version 4; version 3 (no generations: its records carry generation 0, its
+//! floors are 0) is read too and upgraded at the first read-write open.
 //! Positions are logical byte counts that only grow; a record at position `p` lives
 //! at `base + p % size`. The live records of a log are those from `head` up to the
 //! tail. The tail is not stored: recovery finds it by reading records from `head`
-//! until one does not check (its position stamp or checksum is wrong), which saves
+//! until one does not check (its position stamp, generation or checksum is
+//! wrong, see "Generations"), which saves
 //! the append a second flush and fence (the paper persists a tail index after each
 //! record: three persist barriers, two once `lentry` moved to DRAM; ours takes one).
 //!
@@ -27,10 +31,11 @@
 //! A record (Figure 3a), 8-byte aligned:
 //! ```text
 //! 0  u32 len (whole record, padded to 8)   4  u32 klen
-//! 8  u8 opcode   9  zero (reserved)   10 u8 tail padding (0..=7)   11 zero
-//! 12 u32 checksum (CRC-32C-seeded by the salt, of the record with byte 9
-//!        and the checksum taken as 0)
-//! 16 u64 pos     (its own position: a pointer to a reclaimed record is detected)
+//! 8  u8 opcode   9  u8 gen bits 0-7   10 u8 tail padding (0..=7)   11 u8 gen bits 8-15
+//! 12 u32 checksum (CRC-32 of the salt, then the record with the checksum
+//!        taken as 0: the generation bytes are covered)
+//! 16 u64 pos     (bits 0-55: its own position, so a pointer to a reclaimed
+//!                record is detected; bits 56-63: gen bits 16-23)
 //! 24 u64 prev    (the key's previous record, in any log; 0 = none)
 //! 32 u64 version (per key, increasing; also the backend value's stamp)
 //! 40 key bytes, then the payload (value bytes, or an i64 for Incr)
@@ -39,12 +44,44 @@
 //! (opcode [`OPC_PAD`]) filling the rest of the buffer; when fewer than a header's
 //! bytes remain, there is no pad record and readers skip the gap ([`Pool::skip_gap`]).
 //!
+//! ## Generations
+//! Positions are reused after a crash: the tail recovery finds is where the
+//! next run appends, and a record the crash kept *behind* a lost one (B behind
+//! A) is still there, position stamp and checksum valid. A new record that
+//! ends exactly where B starts would let the next recovery read on into B, a
+//! write from before the first crash, replayed over acknowledged ones. So every
+//! record carries the 24-bit generation of the open that wrote it
+//! ([`record_gen`] of the heap's open generation, which every read-write open
+//! bumps and persists before the store appends anything), and recovery reads
+//! on only while generations do not decrease ([`gen_follows`]: serial numbers
+//! modulo 2^24, 0 for records written before generations, older than any
+//! other). A record written since the first crash is of a later open than B,
+//! so B, behind it, is where the log ends.
+//!
+//! The first record at the head has no predecessor: when a log was drained
+//! (head = tail) its head may rest exactly on B. Each log therefore has a
+//! *floor*, persisted with the head (same flush, one word naming the head it
+//! belongs to, so a crash tearing the two leaves no floor rather than a wrong
+//! one): the generation of the record at the head, or, for a drained log,
+//! of the open that persisted the head ([`Pool::persist_heads`]); every open
+//! persists it again for the recovered heads ([`Pool::persist_floors`]), so
+//! a floor is never older than the log's oldest live record. Serial
+//! comparison holds while a log's live records and floor span fewer than
+//! 2^23 opens.
+//!
 //! ## Append (the writer holds the key's frontend bucket lock)
 //! 1. write the record (and any pad record before it) at the tail with `prev` =
 //!    the frontend entry's `lentry` and its checksum;
 //! 2. flush its lines, fence (the one persist barrier of a put);
 //! 3. publish the new tail in DRAM (gleaners read up to it); 4. (the caller) sets
 //!    the frontend `lentry` to the record.
+//!
+//! Under group commit the fence of step 2 is the commit's. When the records
+//! go through the file ([`Pool::stages`]), step 1 stages them in DRAM and step
+//! 2 moves to the commit: write the staged run to the file, *then* flush the
+//! span written, then fence ([`Pool::committing`]; [`Pool::make_durable_to`]
+//! for another thread). A flush before the write would let any fence of the
+//! thread in between sync the pages with their old bytes.
 //!
 //! ## Reclamation
 //! Only the epoch advancer moves `head`: to the first record not yet applied. It
@@ -73,7 +110,12 @@ use pmem::{Heap, PPtr, Region};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub const ROOT_TAG: u32 = u32::from_le_bytes(*b"EBLT");
-pub const ROOT_VERSION: u32 = 3;
+/// Version 4: records carry their open's generation (see "Generations").
+pub const ROOT_VERSION: u32 = 4;
+/// The version before generations: its records carry generation 0, read as
+/// older than any other. Opened, and upgraded to `ROOT_VERSION` at the first
+/// read-write open (`Pool::persist_floors`), before any record is appended.
+pub const ROOT_VERSION_NO_GEN: u32 = 3;
 pub const SALT_OFF: u64 = 40;
 pub const LOGS_OFF: u64 = 64;
 pub const LOG_DESC: u64 = 128;
@@ -84,6 +126,41 @@ pub const REC_HDR: u64 = 40;
 /// Offsets in a log's descriptor slot.
 const LOG_HEAD: u64 = 8;
 const LOG_CLEARED: u64 = 16;
+const LOG_FLOOR: u64 = 24;
+
+/// Bits of a record's generation (see "Generations").
+pub const GEN_BITS: u32 = 24;
+const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+/// Bits of the head stored with a log's generation floor, to tell whether the
+/// floor belongs to the head persisted with it.
+const FLOOR_TAG_BITS: u32 = 40;
+const FLOOR_TAG_MASK: u64 = (1 << FLOOR_TAG_BITS) - 1;
+
+/// A record generation for the heap's open generation `g`: in `1..2^24`
+/// (0 marks records written before generations existed).
+pub fn record_gen(g: u64) -> u32 {
+    (g.wrapping_sub(1) % GEN_MASK as u64) as u32 + 1
+}
+
+/// Whether a record of generation `next` may follow one of generation `prev`
+/// in a log (or a log whose floor is `prev` may start with it): generations
+/// never decrease along a log. 0 (no generation) precedes every other, and
+/// nothing but 0 may precede it; others compare as serial numbers (RFC 1982)
+/// modulo 2^24, so `next` is not older when it is less than 2^23 ahead.
+pub fn gen_follows(prev: u32, next: u32) -> bool {
+    if prev == 0 {
+        return true;
+    }
+    if next == 0 {
+        return false;
+    }
+    next.wrapping_sub(prev) & GEN_MASK < 1 << (GEN_BITS - 1)
+}
+
+/// A log's floor word: generation `gen` for head `head`.
+fn floor_word(gen: u32, head: u64) -> u64 {
+    (gen as u64) << FLOOR_TAG_BITS | (head & FLOOR_TAG_MASK)
+}
 
 /// Bytes of applied flags after a ring of `size` bytes: a bit per 8 bytes,
 /// whole cache lines.
@@ -126,6 +203,9 @@ pub struct Header {
     pub pos: u64,
     pub prev: RecPtr,
     pub version: u64,
+    /// The generation of the open that wrote it (0: written before
+    /// generations existed).
+    pub gen: u32,
 }
 
 /// Backend kinds recorded in the descriptor.
@@ -193,6 +273,9 @@ pub struct Pool {
     /// checks.
     pub salt: u64,
     pub logs: Vec<LogState>,
+    /// The generation stamped on every record this pool appends
+    /// (`record_gen` of the heap's open generation).
+    gen: u32,
     /// Group commit: `append` flushes but does not fence; the writer fences once
     /// per batch ([`Pool::make_durable`] keeps every chain's older records
     /// durable before a newer one can be).
@@ -278,9 +361,10 @@ impl Pool {
             )));
         }
         let ver: u32 = r.read(desc + 4);
-        if ver != ROOT_VERSION {
+        if ver != ROOT_VERSION && ver != ROOT_VERSION_NO_GEN {
             return Err(Error::Corrupt(format!(
-                "Bullet descriptor version {ver}; this build reads version {ROOT_VERSION}"
+                "Bullet descriptor version {ver}; this build reads versions \
+                 {ROOT_VERSION_NO_GEN} and {ROOT_VERSION}"
             )));
         }
         let nlogs: u32 = r.read(desc + 8);
@@ -348,6 +432,7 @@ impl Pool {
             size,
             salt,
             logs,
+            gen: record_gen(heap.region().generation()),
             group_commit: AtomicBool::new(false),
             through_file: !heap.region().simulated()
                 && heap.region().access() == pmem::Access::ReadWrite,
@@ -400,6 +485,7 @@ impl Pool {
             return 0;
         }
         let head = l.head.load(Ordering::Acquire);
+        let mut gen = self.floor(i, head);
         let mut pos = head;
         let mut buf = Vec::new();
         loop {
@@ -409,12 +495,70 @@ impl Pool {
             }
             let ptr = RecPtr::new(i, p);
             match self.header(ptr) {
-                Ok(h) if p - head + h.len as u64 <= self.size && self.checks(ptr, &h, &mut buf) => {
+                Ok(h)
+                    if p - head + h.len as u64 <= self.size
+                        && gen_follows(gen, h.gen)
+                        && self.checks(ptr, &h, &mut buf) =>
+                {
+                    gen = h.gen;
                     pos = p + h.len as u64;
                 }
                 _ => return pos,
             }
         }
+    }
+
+    /// Log `i`'s generation floor as persisted with head `head` (0, no
+    /// floor, when the floor word belongs to another head: a crash between
+    /// their writes, or a store from before floors).
+    fn floor(&self, i: usize, head: u64) -> u32 {
+        let w: u64 = self.r().read(self.log_field(i, LOG_FLOOR));
+        if w & FLOOR_TAG_MASK == head & FLOOR_TAG_MASK {
+            (w >> FLOOR_TAG_BITS) as u32 & GEN_MASK
+        } else {
+            0
+        }
+    }
+
+    /// The generation floor for log `i` with head `head` (at or above the
+    /// read boundary, so its record is not reclaimed under this call): the
+    /// generation of the record at the head, or, when the head is at the
+    /// tail, this open's (a record written there from now on is this open's
+    /// or a later one's).
+    fn floor_for(&self, i: usize, head: u64) -> u32 {
+        let p = self.skip_gap(head);
+        if p >= self.logs[i].tail.load(Ordering::Acquire) {
+            return self.gen;
+        }
+        // A live record's header always reads; 0 (no floor) otherwise.
+        self.header(RecPtr::new(i, p)).map_or(0, |h| h.gen)
+    }
+
+    /// Opening a store read-write, before any append: persists each log's
+    /// generation floor for its recovered head (a drained log's floor is this
+    /// open's generation), and upgrades a descriptor from before generations
+    /// to `ROOT_VERSION`. Refreshed at every open, a floor is never more than
+    /// the oldest live record's age behind the current generation.
+    pub fn persist_floors(&self) {
+        let r = self.r();
+        if r.access() != pmem::Access::ReadWrite {
+            return;
+        }
+        for (i, l) in self.logs.iter().enumerate() {
+            if l.base.load(Ordering::Acquire) == 0 {
+                continue;
+            }
+            let head = l.head.load(Ordering::Acquire);
+            let f = self.log_field(i, LOG_FLOOR);
+            r.write(f, &floor_word(self.floor_for(i, head), head));
+            r.flush(f, 8);
+        }
+        let ver: u32 = r.read(self.desc + 4);
+        if ver != ROOT_VERSION {
+            r.write(self.desc + 4, &ROOT_VERSION);
+            r.flush(self.desc + 4, 4);
+        }
+        r.fence();
     }
 
     /// Whether the record at `p` is whole: its checksum matches (`buf` is scratch).
@@ -654,15 +798,17 @@ impl Pool {
             hdr[0..4].copy_from_slice(&(pad as u32).to_le_bytes());
             hdr[8] = OPC_PAD;
             hdr[16..24].copy_from_slice(&tail.to_le_bytes());
+            put_gen(&mut hdr, self.gen);
             // A pad record's checksum covers its header only (`len` = the gap).
             let c = crc_parts(self.salt, &mut hdr, &[], &[]);
             hdr[12..16].copy_from_slice(&c.to_le_bytes());
             if self.stages() {
+                // Flushed by the commit, after it writes the run (`committing`).
                 self.stage(i, tail, base + phys, &[&hdr], 0, false)?;
             } else {
                 r.write_bytes(base + phys, &hdr);
+                r.flush(base + phys, REC_HDR as usize);
             }
-            r.flush(base + phys, REC_HDR as usize);
         }
         // A gap too small for a header is skipped by readers (`skip_gap`).
         tail += pad;
@@ -676,6 +822,7 @@ impl Pool {
         hdr[16..24].copy_from_slice(&tail.to_le_bytes());
         hdr[24..32].copy_from_slice(&prev.0.to_le_bytes());
         hdr[32..40].copy_from_slice(&version.to_le_bytes());
+        put_gen(&mut hdr, self.gen);
         let staged = self.stages();
         if !staged {
             let c = crc_parts(self.salt, &mut hdr, key, payload);
@@ -685,9 +832,14 @@ impl Pool {
             // Written to the file at the commit (`committing`); until then
             // readers find it staged, and any thread can write it out
             // (`make_durable_to`). Its checksum is computed on the staged
-            // copy, in one pass.
+            // copy, in one pass. Not flushed here: under msync a flush only
+            // queues the pages for the thread's next fence, and a fence
+            // before the commit's write (another log's `make_durable`, a log
+            // hand-over, a backend read settling a link) would sync them
+            // still holding their old bytes. Whoever writes the run to the
+            // file flushes what it wrote, after the write (`committing`,
+            // `make_durable_to`).
             self.stage(i, tail, at, &[&hdr, key, payload], padb as usize, true)?;
-            r.flush(at, len as usize);
         } else if self.group_commit.load(Ordering::Relaxed) {
             // Other writers may flush this record for a later one of its chain
             // (`make_durable`) before this thread fences: plain stores, which
@@ -764,14 +916,29 @@ impl Pool {
                 return Ok(());
             }
         }
+        // Written to the file (by this thread, or by one that finished
+        // before `staged_from` was cleared) before the flush below: the
+        // fence syncs the pages with the records in them.
         self.write_staged(i)?;
         let from = l
             .durable
             .load(Ordering::Acquire)
             .max(end.saturating_sub(self.size));
-        let base = l.base.load(Ordering::Acquire);
+        self.flush_positions(i, from, end);
+        self.r().fence();
+        l.durable.fetch_max(end, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Flushes log `i`'s positions `[from, to)` (at most a ring; no fence).
+    fn flush_positions(&self, i: usize, from: u64, to: u64) {
+        debug_assert!(from <= to && to - from <= self.size);
+        if from >= to {
+            return;
+        }
+        let base = self.logs[i].base.load(Ordering::Acquire);
         let r = self.r();
-        let (a, b) = (from % self.size, end % self.size);
+        let (a, b) = (from % self.size, to % self.size);
         if a < b || b == 0 {
             let stop = if b == 0 { self.size } else { b };
             r.flush(base + a, (stop - a) as usize);
@@ -779,19 +946,25 @@ impl Pool {
             r.flush(base + a, (self.size - a) as usize);
             r.flush(base, b as usize);
         }
-        r.fence();
-        l.durable.fetch_max(end, Ordering::AcqRel);
-        Ok(())
     }
 
-    /// Group commit: the caller is about to fence its appends to log `i` up to
-    /// `end` (then `mark_durable`); a writer that needs the log durable that far
-    /// waits for that fence instead of issuing its own.
+    /// Group commit: the caller is about to fence its appends to log `i`,
+    /// positions `[start, end)` (then `mark_durable`); a writer that needs the
+    /// log durable that far waits for that fence instead of issuing its own.
     ///
-    /// Writes the log's staged records to the file first (`stages`): the fence
-    /// then makes them durable.
-    pub fn committing(&self, i: usize, end: u64) -> Result<()> {
-        self.write_staged(i)?;
+    /// When appends are staged (`stages`), writes the log's staged records to
+    /// the file and then flushes `[start, end)`: the caller's fence (or its
+    /// detached fence) syncs exactly what was written, after the write. (A
+    /// flush at the append would queue the pages before the write, and any
+    /// fence of the thread in between would sync them with their old bytes.)
+    /// Bytes of the range that another thread wrote out earlier were flushed
+    /// and fenced by it (`make_durable_to`); flushing them again costs a
+    /// clean page. Otherwise the appends flushed their records themselves.
+    pub fn committing(&self, i: usize, start: u64, end: u64) -> Result<()> {
+        if self.stages() {
+            self.write_staged(i)?;
+            self.flush_positions(i, start.max(end.saturating_sub(self.size)), end);
+        }
         self.logs[i].committing.fetch_max(end, Ordering::AcqRel);
         Ok(())
     }
@@ -845,8 +1018,8 @@ impl Pool {
         }
         if checksum {
             let rec = &mut st.bytes[start..];
-            // As `crc_parts`: the reserved byte 9 and the checksum are zero.
-            debug_assert!(rec[9] == 0 && rec[12..16] == [0; 4]);
+            // As `crc_parts`: the checksum field is zero while hashing.
+            debug_assert!(rec[12..16] == [0; 4]);
             let mut h = crc32fast::Hasher::new();
             h.update(&self.salt.to_le_bytes());
             h.update(rec);
@@ -995,12 +1168,13 @@ impl Pool {
             klen,
             opcode: b[0],
             applied: flagged || b[0] == OPC_PAD,
-            pos,
+            pos: pos & RecPtr::POS_MASK,
             prev: RecPtr(prev),
             version,
+            gen: b[1] as u32 | (b[3] as u32) << 8 | ((pos >> 56) as u32) << 16,
         };
         let room = self.size - p.pos() % self.size;
-        if pos != p.pos()
+        if h.pos != p.pos()
             || (len as u64) < REC_HDR
             || !len.is_multiple_of(8)
             || len as u64 > room
@@ -1197,9 +1371,13 @@ impl Pool {
             .collect();
         for (&(i, head), &old) in moved.iter().zip(&olds) {
             let f = self.log_field(i, 0);
+            // The floor word names the head it is for: torn from the head
+            // by a crash, it is ignored (no floor), never applied to
+            // another head's records.
+            r.write(f + LOG_FLOOR, &floor_word(self.floor_for(i, head), head));
             r.write(f + LOG_HEAD, &head);
             r.write(f + LOG_CLEARED, &old);
-            r.flush(f + LOG_HEAD, 16);
+            r.flush(f + LOG_HEAD, 24);
         }
         r.fence();
         for (&(i, head), &old) in moved.iter().zip(&olds) {
@@ -1213,7 +1391,7 @@ impl Pool {
 }
 
 /// The checksum of a record given as one buffer (header, key, payload, padding),
-/// with `applied` and the checksum field taken as 0.
+/// with the checksum field taken as 0.
 fn crc(salt: u64, rec: &mut [u8]) -> u32 {
     let (hdr, rest) = rec.split_at_mut(REC_HDR as usize);
     let hdr: &mut [u8; REC_HDR as usize] = hdr.try_into().expect("header size");
@@ -1228,21 +1406,29 @@ fn crc(salt: u64, rec: &mut [u8]) -> u32 {
     crc_parts(salt, hdr, &rest[..body], &[])
 }
 
-/// The checksum of header `hdr` followed by `a` and `b` (`applied` and the
-/// checksum field zeroed in `hdr` while hashing, then restored).
+/// The checksum of header `hdr` followed by `a` and `b` (the checksum field
+/// zeroed in `hdr` while hashing, then restored). It covers the generation
+/// bytes: a record of one open never checks as another open's. (Records
+/// from before generations have zeros there, and checked the same way.)
 fn crc_parts(salt: u64, hdr: &mut [u8; REC_HDR as usize], a: &[u8], b: &[u8]) -> u32 {
-    let saved_applied = hdr[9];
     let saved_crc: [u8; 4] = hdr[12..16].try_into().expect("4 bytes");
-    hdr[9] = 0;
     hdr[12..16].fill(0);
     let mut h = crc32fast::Hasher::new();
     h.update(&salt.to_le_bytes());
     h.update(hdr);
     h.update(a);
     h.update(b);
-    hdr[9] = saved_applied;
     hdr[12..16].copy_from_slice(&saved_crc);
     h.finalize()
+}
+
+/// Stores generation `gen` in a record header: bits 0-7 in byte 9, 8-15 in
+/// byte 11, 16-23 in the top byte of the position field (byte 23).
+fn put_gen(hdr: &mut [u8; REC_HDR as usize], gen: u32) {
+    debug_assert!(gen <= GEN_MASK);
+    hdr[9] = gen as u8;
+    hdr[11] = (gen >> 8) as u8;
+    hdr[23] = (gen >> 16) as u8;
 }
 
 /// A random salt for a new store's checksums.
@@ -1386,5 +1572,137 @@ mod flag_tests {
             !pool.header(c).unwrap().applied,
             "a reused position's flag is clear"
         );
+    }
+}
+
+#[cfg(test)]
+mod gen_tests {
+    use super::*;
+
+    fn pool(heap: &Heap) -> (u64, Pool) {
+        let desc = Pool::create_desc(heap, 1, 8192, BACKEND_HASH, PPtr::from_raw(0)).unwrap();
+        let pool = Pool::attach(heap, desc).unwrap();
+        pool.ensure_buffer(0).unwrap();
+        (desc, pool)
+    }
+
+    fn append_as(pool: &mut Pool, gen: u32, key: &[u8]) -> RecPtr {
+        pool.gen = gen;
+        pool.append(0, 1, key, &[7; 60], RecPtr::NULL, 1)
+            .unwrap()
+            .unwrap()
+    }
+
+    fn end(pool: &Pool, p: RecPtr) -> u64 {
+        p.pos() + pool.header(p).unwrap().len as u64
+    }
+
+    #[test]
+    fn generations_compare_as_serial_numbers() {
+        assert!(gen_follows(5, 5) && gen_follows(5, 6) && !gen_follows(6, 5));
+        assert!(
+            gen_follows(GEN_MASK, 1),
+            "wraps past 2^24 - 1 (0 is skipped)"
+        );
+        assert!(!gen_follows(1, GEN_MASK));
+        assert!(gen_follows(1, 1 << 22) && !gen_follows(1 << 22, 1));
+        assert!(
+            gen_follows(1 << 23 | 2, 1),
+            "less than 2^23 ahead, past the wrap"
+        );
+        assert!(
+            gen_follows(0, 0) && gen_follows(0, 9),
+            "no generation first"
+        );
+        assert!(!gen_follows(9, 0), "none after one");
+        for g in [1, 2, GEN_MASK as u64, GEN_MASK as u64 + 1, u64::MAX] {
+            let r = record_gen(g);
+            assert!((1..=GEN_MASK).contains(&r), "{g} -> {r}");
+        }
+        assert_eq!(record_gen(GEN_MASK as u64 + 1), 1);
+    }
+
+    /// Recovery reads records while their generations do not decrease: one
+    /// of an older open after a newer one's is where the log ends.
+    #[test]
+    fn an_older_generation_ends_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let heap = Heap::create(
+            &dir.path().join("h"),
+            &crate::test_heap_opts(8 << 20, 8 << 20),
+        )
+        .unwrap();
+        let (desc, mut pool) = pool(&heap);
+        let _a = append_as(&mut pool, 3, b"a");
+        let b = append_as(&mut pool, 4, b"b");
+        let _c = append_as(&mut pool, 2, b"c");
+        let h = pool.header(b).unwrap();
+        assert_eq!(
+            (h.gen, h.pos),
+            (4, b.pos()),
+            "the generation and position read back"
+        );
+        let again = Pool::attach(&heap, desc).unwrap();
+        assert_eq!(again.logs[0].tail.load(Ordering::Acquire), end(&pool, b));
+    }
+
+    /// A store from before generations (descriptor version 3, records with
+    /// generation 0) opens: its records are found, the descriptor is upgraded
+    /// before the first append, and records appended after them are found
+    /// too; a generation-0 record behind a newer one is not.
+    #[test]
+    fn records_from_before_generations_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let heap = Heap::create(
+            &dir.path().join("h"),
+            &crate::test_heap_opts(8 << 20, 8 << 20),
+        )
+        .unwrap();
+        let (desc, mut pool) = pool(&heap);
+        let r = heap.region();
+        r.write(desc + 4, &ROOT_VERSION_NO_GEN);
+        r.persist(desc + 4, 4);
+        let _old1 = append_as(&mut pool, 0, b"old1");
+        let old2 = append_as(&mut pool, 0, b"old2");
+
+        let mut again = Pool::attach(&heap, desc).unwrap();
+        assert_eq!(again.logs[0].tail.load(Ordering::Acquire), end(&pool, old2));
+        again.persist_floors();
+        assert_eq!(r.read::<u32>(desc + 4), ROOT_VERSION);
+        let new = append_as(&mut again, 6, b"new");
+        let stale = append_as(&mut again, 0, b"stale");
+        assert!(again.header(stale).is_ok());
+        let third = Pool::attach(&heap, desc).unwrap();
+        assert_eq!(third.logs[0].tail.load(Ordering::Acquire), end(&again, new));
+    }
+
+    /// A drained log's floor is the generation of the open that persisted
+    /// its head: a checksum-valid record of an older open at the head is not
+    /// live. A floor word torn from its head (another head) is ignored.
+    #[test]
+    fn a_drained_head_rejects_an_older_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let heap = Heap::create(
+            &dir.path().join("h"),
+            &crate::test_heap_opts(8 << 20, 8 << 20),
+        )
+        .unwrap();
+        let (desc, mut pool) = pool(&heap);
+        let a = append_as(&mut pool, 3, b"a");
+        let b = append_as(&mut pool, 3, b"b");
+        // Drained to b's position by an open of generation 5 (b's record
+        // then read as a stale one: the log's tail was a's end).
+        pool.gen = 5;
+        pool.logs[0].tail.store(end(&pool, a), Ordering::Release);
+        pool.logs[0].head.store(b.pos(), Ordering::Release);
+        pool.persist_heads(&[(0, b.pos())]);
+        let again = Pool::attach(&heap, desc).unwrap();
+        assert_eq!(again.logs[0].tail.load(Ordering::Acquire), b.pos());
+        // The same head with the floor of another head: no floor.
+        let f = pool.log_field(0, LOG_FLOOR);
+        heap.region().write(f, &floor_word(5, a.pos()));
+        heap.region().persist(f, 8);
+        let torn = Pool::attach(&heap, desc).unwrap();
+        assert_eq!(torn.logs[0].tail.load(Ordering::Acquire), end(&pool, b));
     }
 }

@@ -126,18 +126,25 @@ fn a_sync_waits_for_the_writer_committing_and_falls_back_after_50_ms() {
         pool.logs[0].tail.load(Acquire)
     };
 
-    // The writer announces its commit, fences 5 ms later, then marks the log.
+    // The writer announces its commit (which writes and flushes its records
+    // on its thread), fences 5 ms later, then marks the log.
+    let start = pool.logs[0].tail.load(Acquire);
     let end = append(3);
     assert!(pool.logs[0].durable.load(Acquire) < end);
-    pool.committing(0, end).unwrap();
-    let before = flushes();
-    let t = Instant::now();
+    let (announced, wait) = std::sync::mpsc::channel();
+    let mut before = 0;
+    let mut t = Instant::now();
     std::thread::scope(|s| {
         s.spawn(|| {
+            pool.committing(0, start, end).unwrap();
+            announced.send(()).unwrap();
             std::thread::sleep(Duration::from_millis(5));
             pool.fence();
             pool.mark_durable(0, end);
         });
+        wait.recv().unwrap();
+        before = flushes();
+        t = Instant::now();
         pool.make_durable_to(0, end).unwrap();
     });
     assert!(pool.logs[0].durable.load(Acquire) >= end);
@@ -146,8 +153,9 @@ fn a_sync_waits_for_the_writer_committing_and_falls_back_after_50_ms() {
     }
 
     // A commit announced but never finished: after 50 ms, the caller syncs.
+    let start = pool.logs[0].tail.load(Acquire);
     let end = append(3);
-    pool.committing(0, end).unwrap();
+    pool.committing(0, start, end).unwrap();
     let before = flushes();
     let t = Instant::now();
     pool.make_durable_to(0, end).unwrap();

@@ -88,7 +88,7 @@ fn group_commit_records_reach_the_file_at_the_commit() {
     let before = std::fs::read(&path).unwrap();
 
     // The commit: one write through the file, then the fence.
-    pool.committing(0, end).unwrap();
+    pool.committing(0, 0, end).unwrap();
     pool.fence();
     pool.mark_durable(0, end);
     assert_eq!(through(), w0 + 1);

@@ -17,6 +17,16 @@
 //!
 //! Recovery replays a log whose header is COMMITTED and whose checksum matches, then
 //! clears it; a torn or uncommitted log fails the checksum and is ignored.
+//!
+//! Recovery does not find the log's end by reading records while they check
+//! (as the engine's record logs do, which is why their records carry the
+//! generation of the open that wrote them): the header gives the length, and a
+//! COMMITTED header exists only from a commit point until step 4's fence,
+//! before the slot's next transaction writes any record (and recovery clears a
+//! torn or replayed header, persisted, before the heap is used). So a header a
+//! crash keeps is always the last transaction's, and records left from an
+//! earlier transaction (or an earlier run) where the last one's were lost fail
+//! its checksum: nothing from before a crash can be replayed after the next.
 //! Concurrency control is the caller's (Bullet §3): hold your locks until commit
 //! returns.
 
