@@ -1054,6 +1054,107 @@ fn shutdown_and_sigterm_are_clean() {
     assert_healthy(&mut srv);
 }
 
+/// Issue 31: a pattern an exponential matcher never finishes on. KEYS and
+/// SCAN MATCH answer at once and the server goes on serving.
+#[test]
+fn keys_with_an_adversarial_pattern_answers_at_once() {
+    let dir = tmp();
+    let mut srv = Server::start(dir.path(), &["--threads", "1"]);
+    let mut s = srv.raw();
+    let key = "a".repeat(40);
+    let pat = format!("{}b", "a*".repeat(20));
+    assert_eq!(pat, "a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b");
+    s.write_all(format!("SET {key} 1\r\n").as_bytes()).unwrap();
+    assert_eq!(
+        read_exact_timeout(&mut s, 5, Duration::from_secs(10)),
+        b"+OK\r\n"
+    );
+    let t = Instant::now();
+    s.write_all(format!("KEYS \"{pat}\"\r\n").as_bytes())
+        .unwrap();
+    let got = read_exact_timeout(&mut s, 4, Duration::from_secs(2));
+    assert_eq!(show(&got), "*0\r\n");
+    let mut r = Raw::new(&srv);
+    let mut cursor = "0".to_string();
+    loop {
+        match r.cmd(&["SCAN", &cursor, "MATCH", &pat, "COUNT", "1000"]) {
+            V::Arr(v) => {
+                assert_eq!(v[1], V::Arr(vec![]));
+                cursor = bulk_str(&v[0]);
+            }
+            v => panic!("{v:?}"),
+        }
+        if cursor == "0" {
+            break;
+        }
+    }
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // The same pattern ending in a matches the key.
+    let pat_a = format!("{}a", "a*".repeat(20));
+    s.write_all(format!("KEYS \"{pat_a}\"\r\n").as_bytes())
+        .unwrap();
+    let want = format!("*1\r\n$40\r\n{key}\r\n");
+    let got = read_exact_timeout(&mut s, want.len(), Duration::from_secs(2));
+    assert_eq!(show(&got), want);
+    assert_healthy(&mut srv);
+}
+
+/// COMMAND LIST FILTERBY as Redis 7 parses it: PATTERN (a nocase glob),
+/// ACLCAT, MODULE (Ember has none); FILTERBY is the only option.
+#[test]
+fn command_list_filterby() {
+    let dir = tmp();
+    let srv = Server::start(dir.path(), &[]);
+    let mut r = Raw::new(&srv);
+    let names = |v: V| -> Vec<String> {
+        let V::Arr(v) = v else { panic!("{v:?}") };
+        let mut n: Vec<String> = v.iter().map(bulk_str).collect();
+        n.sort();
+        n
+    };
+    assert_eq!(
+        names(r.cmd(&["COMMAND", "LIST", "FILTERBY", "PATTERN", "*EXPIRE*"])),
+        [
+            "expire",
+            "expireat",
+            "expiretime",
+            "pexpire",
+            "pexpireat",
+            "pexpiretime"
+        ]
+    );
+    assert_eq!(
+        names(r.cmd(&["command", "list", "filterby", "pattern", "[gm]et"])),
+        ["get"]
+    );
+    let strings = names(r.cmd(&["COMMAND", "LIST", "FILTERBY", "ACLCAT", "String"]));
+    assert!(strings.contains(&"incrbyfloat".to_string()) && !strings.contains(&"del".to_string()));
+    assert_eq!(
+        names(r.cmd(&["COMMAND", "LIST", "FILTERBY", "ACLCAT", "nosuch"])),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        names(r.cmd(&["COMMAND", "LIST", "FILTERBY", "MODULE", "x"])),
+        Vec::<String>::new()
+    );
+    let all = names(r.cmd(&["COMMAND", "LIST"]));
+    assert!(all.len() > 50 && all.contains(&"keys".to_string()));
+    for bad in [
+        &["COMMAND", "LIST", "FILTERBY"][..],
+        &["COMMAND", "LIST", "FILTERBY", "PATTERN"],
+        &["COMMAND", "LIST", "FILTERBY", "NAME", "x"],
+        &["COMMAND", "LIST", "FILTERBY", "PATTERN", "x", "y"],
+        &["COMMAND", "LIST", "x"],
+    ] {
+        assert_eq!(err_text(&r.cmd(bad)), "ERR syntax error", "{bad:?}");
+    }
+    // CONFIG GET: nocase globs, several patterns.
+    match r.cmd(&["CONFIG", "GET", "MAXCLIENT?", "[h]z"]) {
+        V::Arr(v) => assert_eq!(v.len(), 4, "{v:?}"),
+        v => panic!("{v:?}"),
+    }
+}
+
 // ---------------------------------------------------------------- 9. commands
 
 #[test]
