@@ -1878,6 +1878,11 @@ DBSIZE
 FLUSHALL ASYNC
 DBSIZE
 
+# DEBUG is refused unless enable-debug-command allows it (default no).
+DEBUG
+DEBUG SLEEP 0
+DEBUG HELP
+
 # PING, ECHO.
 PING
 PING hello

@@ -6,6 +6,7 @@ use crate::glob::Glob;
 use crate::server::Client;
 use proto::Reply;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 pub fn info(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sections: Vec<String> = a[1..]
@@ -360,6 +361,50 @@ pub fn bgsave(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     // As SAVE: the heap is the image, there is no snapshot to take.
     c.ok();
     Ok(())
+}
+
+/// DEBUG (only where `enable-debug-command` allows it): SLEEP and HELP.
+pub fn debug(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    if a.len() == 2 && eq(&a[1], "help") {
+        let lines = [
+            "DEBUG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "SLEEP <seconds>",
+            "    Stop the server for <seconds>. Decimals allowed.",
+            "HELP",
+            "    Print this help.",
+        ];
+        super::help(c, &lines);
+        return Ok(());
+    }
+    if a.len() == 3 && eq(&a[1], "sleep") {
+        // As Redis: the worker sleeps (its clients wait, as all of Redis's
+        // do); a SHUTDOWN or SIGTERM meanwhile waits `shutdown-worker-timeout`
+        // for it, then exits.
+        let secs = strtod_prefix(&a[2]);
+        if secs > 0.0 {
+            std::thread::sleep(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX));
+        }
+        c.ok();
+        return Ok(());
+    }
+    let sub = a[1].split(|&b| b == 0).next().unwrap_or_default();
+    Err(format!(
+        "ERR unknown subcommand or wrong number of arguments for '{}'. Try DEBUG HELP.",
+        String::from_utf8_lossy(&sub[..sub.len().min(128)])
+    ))
+}
+
+/// C's `strtod` on a C string: the longest prefix (after leading white
+/// space) that reads as a number; 0 when none does.
+fn strtod_prefix(a: &[u8]) -> f64 {
+    let a = a.split(|&b| b == 0).next().unwrap_or_default();
+    let s = String::from_utf8_lossy(&a[..a.len().min(64)]);
+    let s = s.trim_start_matches([' ', '\t', '\n', '\r', '\x0b', '\x0c']);
+    (1..=s.len())
+        .rev()
+        .filter(|&n| s.is_char_boundary(n))
+        .find_map(|n| s[..n].parse::<f64>().ok())
+        .unwrap_or(0.0)
 }
 
 pub fn shutdown(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
