@@ -210,6 +210,10 @@ impl Glob {
             if ti < t.len() {
                 if t[ti] == Token::Star {
                     ti += 1;
+                    if ti == t.len() {
+                        // A final star takes whatever is left.
+                        return true;
+                    }
                     resume = Some((ti, si));
                     continue;
                 }
