@@ -12,9 +12,10 @@
 //! - `[...]` matches one byte in the class, `[^...]` one byte not in it. In a
 //!   class, `\c` is the byte `c` (compared exactly, also in nocase mode), `a-z`
 //!   a range (the ends may come in either order; they compare as C `char`s,
-//!   which are signed, so bytes >= 0x80 sort below `\0`), and a `]` first in
-//!   the class ends it (`[]` matches nothing, `[^]` any byte). A class the
-//!   pattern ends in without its `]` ends with the pattern;
+//!   which are signed, so bytes >= 0x80 sort below `\0`; an end may be `]`
+//!   or `\`), and any other `]` ends the class, also right after `[` or `[^`
+//!   (`[]` matches nothing, `[^]` any byte). A class the pattern ends in
+//!   without its `]` ends with the pattern;
 //! - `\c` outside a class is the byte `c`; a `\` that ends the pattern is
 //!   itself;
 //! - any other byte is itself.
@@ -26,8 +27,8 @@
 //! subject matches only the empty pattern (`*` does not match ""; KEYS and
 //! SCAN treat the pattern `*` apart), and a pattern whose match would pass
 //! more than 1000 star groups that do not end the pattern matches nothing
-//! (Redis's recursion depth limit; the limit is a property of the pattern
-//! alone, see [`Glob::new`]).
+//! (Redis's recursion depth limit, `MAX_STAR_GROUPS`: every match passes
+//! each star group in turn, so the limit is a property of the pattern alone).
 //!
 //! Matching is the iterative algorithm that remembers only the last star:
 //! when a later token fails, the last star takes one more byte and matching
