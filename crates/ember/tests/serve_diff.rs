@@ -6,6 +6,8 @@
 //!   command, with valid, invalid and conflicting options, bad numbers, wrong
 //!   arities and unknown commands. Set `EMBER_DIFF_SEED` / `EMBER_DIFF_STEPS` to
 //!   replay one seed or run longer.
+//! - `glob_patterns_match_redis`: random glob patterns and keys over every
+//!   special byte, KEYS and SCAN MATCH.
 //! - `edge_case_errors_match_redis`: a curated list of edge cases (error texts,
 //!   limits, rounding, absolute expiry times), every reply compared exactly.
 //!
@@ -1815,6 +1817,38 @@ MSET "" 1 a 2 ab 3 "h*llo" 4 "h?llo" 5 "[x]" 6 "\x00\xff" 7 "a\\b" 8 key:1 9 key
 ~KEYS "\x00*"
 ~KEYS "[\x01-\xfe]*"
 ~KEYS "*[x]*"
+# Glob corner cases (Redis's stringmatchlen): empty and unterminated
+# classes, ranges ending in ] or \, escapes in classes, signed high bytes,
+# and a pattern an exponential matcher never finishes on.
+MSET "]" 1 "-" 2 "^" 3 "\\" 4 "A" 5 "_" 6 "\xe1" 7 "\xff" 8 "a-" 9 "[" 10 "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" 11
+~KEYS []
+~KEYS []]
+~KEYS [^]
+~KEYS []a]
+~KEYS [a-]
+~KEYS [a-
+~KEYS [^
+~KEYS [\\
+~KEYS "[a-]x]"
+~KEYS "[Z-\\]"
+~KEYS "[\\-]"
+~KEYS "[\\^a]"
+~KEYS "[\x80-a]"
+~KEYS "[a-\xff]"
+~KEYS "[\xff-\x80]"
+~KEYS "*[\xe1]"
+~KEYS [A-a]
+~KEYS [a-A]
+~KEYS [^-a]*
+~KEYS a[-]
+~KEYS \\
+~KEYS \\\\
+~KEYS *\\
+~KEYS [*]
+~KEYS ?[?]*
+~KEYS "a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b"
+~KEYS "a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a"
+~KEYS "*a*a*a*a*a*a*a*a*a*a*?*a*a*a*a*a*a*a*a*a*a*"
 SCAN abc
 SCAN " 0"
 SCAN "0 "
@@ -1844,6 +1878,11 @@ DBSIZE
 FLUSHALL ASYNC
 DBSIZE
 
+# DEBUG is refused unless enable-debug-command allows it (default no).
+DEBUG
+DEBUG SLEEP 0
+DEBUG HELP
+
 # PING, ECHO.
 PING
 PING hello
@@ -1851,6 +1890,46 @@ PING ""
 ECHO ""
 ECHO "a\r\nb"
 "#;
+
+/// Random glob patterns over an alphabet of every special byte, against
+/// keys over the same alphabet: KEYS and SCAN MATCH give the same sets.
+/// `EMBER_DIFF_SEED` replays one seed.
+#[test]
+fn glob_patterns_match_redis() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &[]);
+    let mut d = Diff::new(&ember, redis.port);
+    d.reset();
+    d.label = "glob patterns".into();
+    let seed = std::env::var("EMBER_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(31);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    const ALPHABET: &[u8] = b"abA-*?[]^\\\xe1";
+    let word = |rng: &mut SmallRng, max: usize| -> Vec<u8> {
+        let n = rng.random_range(0..=max);
+        (0..n)
+            .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())])
+            .collect()
+    };
+    let mut mset = vec![b("MSET")];
+    for _ in 0..60 {
+        mset.push(word(&mut rng, 5));
+        mset.push(b("1"));
+    }
+    d.exact(&mset);
+    for i in 0..400 {
+        let pat = word(&mut rng, 8);
+        d.call(&[b("KEYS"), pat.clone()], Cmp::Sorted);
+        if i % 4 == 0 {
+            d.scan_all(&[b("MATCH"), pat, b("COUNT"), b("7")]);
+        }
+    }
+    println!("serve_diff: {} glob requests compared", d.total);
+    report(&d);
+}
 
 #[test]
 fn edge_case_errors_match_redis() {

@@ -1054,6 +1054,253 @@ fn shutdown_and_sigterm_are_clean() {
     assert_healthy(&mut srv);
 }
 
+/// A worker busy in a long command (DEBUG SLEEP blocks its worker, as it
+/// blocks Redis) cannot keep the process alive: SIGTERM, or SHUTDOWN served
+/// by another worker, ends it `shutdown-worker-timeout` (here 2 s) later
+/// with status 1, and the next start recovers every acknowledged write.
+#[test]
+fn shutdown_ends_a_server_whose_worker_is_stuck() {
+    for (how, extra) in [
+        ("SIGTERM", &["--threads", "1"][..]),
+        (
+            "SIGTERM",
+            &[
+                "--threads",
+                "2",
+                "--durability",
+                "msync",
+                "--commit-pipeline",
+                "yes",
+            ][..],
+        ),
+        ("SHUTDOWN", &["--threads", "2"][..]),
+    ] {
+        let dir = tmp();
+        let mut args = vec![
+            "--enable-debug-command",
+            "yes",
+            "--shutdown-worker-timeout",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        let mut srv = Server::start(dir.path(), &args);
+        let mut con = srv.client();
+        for i in 0..200 {
+            let _: () = con.set(format!("stuck:{i}"), i).unwrap();
+        }
+        drop(con);
+        // Connections go to the workers in turn: with two workers, `other`
+        // is served by the worker that does not sleep.
+        let mut sleeper = srv.raw();
+        let mut other = Raw::new(&srv);
+        sleeper.write_all(b"DEBUG SLEEP 600\r\n").unwrap();
+        // The sleep has begun once a request behind it on the same
+        // connection gets no answer.
+        std::thread::sleep(Duration::from_millis(300));
+        let t = Instant::now();
+        if how == "SIGTERM" {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(srv.pid() as i32, libc::SIGTERM);
+            }
+        } else {
+            other.w.write_all(b"SHUTDOWN\r\n").unwrap();
+        }
+        let st = srv.wait_exit_within(Duration::from_secs(30));
+        let took = t.elapsed();
+        let log = srv.log();
+        let st = st.unwrap_or_else(|| panic!("{how} {extra:?}: still running after 30 s\n{log}"));
+        assert_eq!(st.code(), Some(1), "{how} {extra:?}: {st:?}\n{log}");
+        assert!(
+            took >= Duration::from_secs(2) && took < Duration::from_secs(10),
+            "{how} {extra:?}: exited after {took:?}\n{log}"
+        );
+        assert!(
+            log.contains("ember-worker-") && log.contains("exiting without a clean shutdown"),
+            "{log}"
+        );
+        let (_, closed) = read_to_close(&mut sleeper, Duration::from_secs(10));
+        assert!(
+            closed,
+            "the sleeping client's connection closed with the process"
+        );
+        srv.restart();
+        assert!(
+            srv.log().contains("recovered after a crash"),
+            "{}",
+            srv.log()
+        );
+        let mut con = srv.client();
+        for i in 0..200 {
+            let v: i64 = con.get(format!("stuck:{i}")).unwrap();
+            assert_eq!(v, i, "{how} {extra:?}");
+        }
+        let n: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
+        assert_eq!(n, 200, "{how} {extra:?}: the key counts are recounted");
+        // A clean shutdown with an idle worker still exits 0.
+        drop(con);
+        assert!(srv.terminate(), "{}", srv.log());
+    }
+}
+
+/// DEBUG as Redis 7 has it: refused unless `enable-debug-command` allows it
+/// (`local`: loopback clients), SLEEP with decimals, HELP.
+#[test]
+fn debug_command_is_protected_and_sleeps() {
+    let dir = tmp();
+    let srv = Server::start(dir.path(), &[]);
+    let mut r = Raw::new(&srv);
+    let e = err_text(&r.cmd(&["DEBUG", "SLEEP", "0"])).to_string();
+    assert!(
+        e.starts_with(
+            "ERR DEBUG command not allowed. If the enable-debug-command option is set to \"local\""
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        r.cmd(&["CONFIG", "GET", "enable-debug-command"]),
+        V::Arr(vec![
+            V::Bulk(b"enable-debug-command".to_vec()),
+            V::Bulk(b"no".to_vec())
+        ])
+    );
+    let e = err_text(&r.cmd(&["CONFIG", "SET", "enable-debug-command", "yes"])).to_string();
+    assert!(e.contains("can't set immutable config"), "{e}");
+    drop(r);
+    drop(srv);
+    let srv = Server::start(dir.path(), &["--enable-debug-command", "local"]);
+    let mut r = Raw::new(&srv);
+    let t = Instant::now();
+    assert_eq!(r.cmd(&["DEBUG", "SLEEP", "0.3"]), V::Simple("OK".into()));
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    assert_eq!(r.cmd(&["debug", "sleep", "abc"]), V::Simple("OK".into()));
+    assert_eq!(r.cmd(&["DEBUG", "SLEEP", "-1"]), V::Simple("OK".into()));
+    match r.cmd(&["DEBUG", "HELP"]) {
+        V::Arr(lines) => assert!(lines.contains(&V::Simple("SLEEP <seconds>".into()))),
+        v => panic!("{v:?}"),
+    }
+    assert_eq!(
+        err_text(&r.cmd(&["DEBUG", "NOPE"])),
+        "ERR unknown subcommand or wrong number of arguments for 'NOPE'. Try DEBUG HELP."
+    );
+    assert_eq!(
+        err_text(&r.cmd(&["DEBUG", "SLEEP"])),
+        "ERR unknown subcommand or wrong number of arguments for 'SLEEP'. Try DEBUG HELP."
+    );
+    assert_eq!(
+        r.cmd(&["CONFIG", "GET", "shutdown-worker-timeout"]),
+        V::Arr(vec![
+            V::Bulk(b"shutdown-worker-timeout".to_vec()),
+            V::Bulk(b"5".to_vec())
+        ])
+    );
+    assert_eq!(
+        r.cmd(&["CONFIG", "SET", "shutdown-worker-timeout", "3"]),
+        V::Simple("OK".into())
+    );
+}
+
+/// Issue 31: a pattern an exponential matcher never finishes on. KEYS and
+/// SCAN MATCH answer at once and the server goes on serving.
+#[test]
+fn keys_with_an_adversarial_pattern_answers_at_once() {
+    let dir = tmp();
+    let mut srv = Server::start(dir.path(), &["--threads", "1"]);
+    let mut s = srv.raw();
+    let key = "a".repeat(40);
+    let pat = format!("{}b", "a*".repeat(20));
+    assert_eq!(pat, "a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b");
+    s.write_all(format!("SET {key} 1\r\n").as_bytes()).unwrap();
+    assert_eq!(
+        read_exact_timeout(&mut s, 5, Duration::from_secs(10)),
+        b"+OK\r\n"
+    );
+    let t = Instant::now();
+    s.write_all(format!("KEYS \"{pat}\"\r\n").as_bytes())
+        .unwrap();
+    let got = read_exact_timeout(&mut s, 4, Duration::from_secs(2));
+    assert_eq!(show(&got), "*0\r\n");
+    let mut r = Raw::new(&srv);
+    let mut cursor = "0".to_string();
+    loop {
+        match r.cmd(&["SCAN", &cursor, "MATCH", &pat, "COUNT", "1000"]) {
+            V::Arr(v) => {
+                assert_eq!(v[1], V::Arr(vec![]));
+                cursor = bulk_str(&v[0]);
+            }
+            v => panic!("{v:?}"),
+        }
+        if cursor == "0" {
+            break;
+        }
+    }
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // The same pattern ending in a matches the key.
+    let pat_a = format!("{}a", "a*".repeat(20));
+    s.write_all(format!("KEYS \"{pat_a}\"\r\n").as_bytes())
+        .unwrap();
+    let want = format!("*1\r\n$40\r\n{key}\r\n");
+    let got = read_exact_timeout(&mut s, want.len(), Duration::from_secs(2));
+    assert_eq!(show(&got), want);
+    assert_healthy(&mut srv);
+}
+
+/// COMMAND LIST FILTERBY as Redis 7 parses it: PATTERN (a nocase glob),
+/// ACLCAT, MODULE (Ember has none); FILTERBY is the only option.
+#[test]
+fn command_list_filterby() {
+    let dir = tmp();
+    let srv = Server::start(dir.path(), &[]);
+    let mut r = Raw::new(&srv);
+    let names = |v: V| -> Vec<String> {
+        let V::Arr(v) = v else { panic!("{v:?}") };
+        let mut n: Vec<String> = v.iter().map(bulk_str).collect();
+        n.sort();
+        n
+    };
+    assert_eq!(
+        names(r.cmd(&["COMMAND", "LIST", "FILTERBY", "PATTERN", "*EXPIRE*"])),
+        [
+            "expire",
+            "expireat",
+            "expiretime",
+            "pexpire",
+            "pexpireat",
+            "pexpiretime"
+        ]
+    );
+    assert_eq!(
+        names(r.cmd(&["command", "list", "filterby", "pattern", "[gm]et"])),
+        ["get"]
+    );
+    let strings = names(r.cmd(&["COMMAND", "LIST", "FILTERBY", "ACLCAT", "String"]));
+    assert!(strings.contains(&"incrbyfloat".to_string()) && !strings.contains(&"del".to_string()));
+    assert_eq!(
+        names(r.cmd(&["COMMAND", "LIST", "FILTERBY", "ACLCAT", "nosuch"])),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        names(r.cmd(&["COMMAND", "LIST", "FILTERBY", "MODULE", "x"])),
+        Vec::<String>::new()
+    );
+    let all = names(r.cmd(&["COMMAND", "LIST"]));
+    assert!(all.len() > 50 && all.contains(&"keys".to_string()));
+    for bad in [
+        &["COMMAND", "LIST", "FILTERBY"][..],
+        &["COMMAND", "LIST", "FILTERBY", "PATTERN"],
+        &["COMMAND", "LIST", "FILTERBY", "NAME", "x"],
+        &["COMMAND", "LIST", "FILTERBY", "PATTERN", "x", "y"],
+        &["COMMAND", "LIST", "x"],
+    ] {
+        assert_eq!(err_text(&r.cmd(bad)), "ERR syntax error", "{bad:?}");
+    }
+    // CONFIG GET: nocase globs, several patterns.
+    match r.cmd(&["CONFIG", "GET", "MAXCLIENT?", "[h]z"]) {
+        V::Arr(v) => assert_eq!(v.len(), 4, "{v:?}"),
+        v => panic!("{v:?}"),
+    }
+}
+
 // ---------------------------------------------------------------- 9. commands
 
 #[test]

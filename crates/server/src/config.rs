@@ -20,7 +20,8 @@ pub struct ServeArgs {
     /// maxclients, timeout, hz, protected-mode, databases, proto-max-bulk-len,
     /// client-query-buffer-limit, heap, heap-size, heap-max-size, engine,
     /// durability, commit-pipeline, threads, metrics-port, logs, log-size, fence-ns,
-    /// tcp-backlog, busy-poll-us; Redis's
+    /// tcp-backlog, busy-poll-us, shutdown-worker-timeout,
+    /// enable-debug-command; Redis's
     /// snapshot/AOF/encoding directives are accepted and have no effect).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -110,6 +111,16 @@ pub struct ServeArgs {
     /// net.core.somaxconn) [default: 511].
     #[arg(long)]
     pub tcp_backlog: Option<u32>,
+    /// SHUTDOWN and SIGTERM wait this many seconds for the workers to finish
+    /// the commands they are running; then the process exits without the
+    /// clean shutdown steps (every acknowledged write is already durable; the
+    /// next start recovers the heap as after a crash) [default: 5].
+    #[arg(long, value_name = "SECONDS")]
+    pub shutdown_worker_timeout: Option<u64>,
+    /// Allow the DEBUG command (Redis's enable-debug-command): no, yes, or
+    /// local (loopback clients only) [default: no].
+    #[arg(long, value_name = "no|yes|local")]
+    pub enable_debug_command: Option<String>,
 }
 
 /// The engine a heap is served with.
@@ -174,6 +185,34 @@ impl DurabilityMode {
     }
 }
 
+/// Who may run a protected command (Redis's `enable-debug-command`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protected {
+    No,
+    Yes,
+    /// Clients on a loopback address only.
+    Local,
+}
+
+impl Protected {
+    pub fn name(self) -> &'static str {
+        match self {
+            Protected::No => "no",
+            Protected::Yes => "yes",
+            Protected::Local => "local",
+        }
+    }
+
+    /// Whether a client (loopback or not) may run the command.
+    pub fn allows(self, local: bool) -> bool {
+        match self {
+            Protected::No => false,
+            Protected::Yes => true,
+            Protected::Local => local,
+        }
+    }
+}
+
 /// The resolved configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -201,6 +240,10 @@ pub struct Config {
     pub tcp_backlog: u32,
     /// Microseconds a worker polls without sleeping after finding work.
     pub busy_poll_us: u64,
+    /// Seconds a shutdown waits for the workers before the process exits
+    /// without the clean steps.
+    pub shutdown_worker_timeout: u64,
+    pub enable_debug_command: Protected,
     /// Redis directives accepted with no effect here (name → value as given).
     pub no_effect: BTreeMap<String, String>,
     /// The file the configuration was read from.
@@ -235,6 +278,8 @@ impl Default for Config {
             fence_ns: 0,
             busy_poll_us: 50,
             tcp_backlog: 511,
+            shutdown_worker_timeout: 5,
+            enable_debug_command: Protected::No,
             no_effect: BTreeMap::new(),
             config_file: None,
         }
@@ -332,6 +377,8 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("fence-ns", false),
     ("tcp-backlog", false),
     ("busy-poll-us", true),
+    ("shutdown-worker-timeout", true),
+    ("enable-debug-command", false),
 ];
 
 /// Parses a size the way Redis's `memtoll` does: `k`/`m`/`g` are powers of
@@ -482,6 +529,25 @@ impl Config {
                 }
                 self.tcp_backlog = n as u32;
             }
+            "shutdown-worker-timeout" => {
+                let n = parse_u64(one()?)?;
+                if !(1..=86_400).contains(&n) {
+                    return Err("shutdown-worker-timeout must be between 1 and 86400".into());
+                }
+                self.shutdown_worker_timeout = n;
+            }
+            "enable-debug-command" => {
+                self.enable_debug_command = match one()?.to_ascii_lowercase().as_str() {
+                    "no" => Protected::No,
+                    "yes" => Protected::Yes,
+                    "local" => Protected::Local,
+                    _ => {
+                        return Err(
+                            "argument(s) must be one of the following: no, yes, local".into()
+                        )
+                    }
+                }
+            }
             n if NO_EFFECT.contains(&n) => {
                 self.no_effect.insert(n.to_string(), args.join(" "));
             }
@@ -573,6 +639,11 @@ impl Config {
         set("fence-ns", a.fence_ns.map(|v| v.to_string()))?;
         set("busy-poll-us", a.busy_poll_us.map(|v| v.to_string()))?;
         set("tcp-backlog", a.tcp_backlog.map(|v| v.to_string()))?;
+        set(
+            "shutdown-worker-timeout",
+            a.shutdown_worker_timeout.map(|v| v.to_string()),
+        )?;
+        set("enable-debug-command", a.enable_debug_command.clone())?;
         if c.heap_max_size < c.heap_size {
             c.heap_max_size = c.heap_size;
         }
@@ -605,6 +676,8 @@ impl Config {
             "fence-ns" => self.fence_ns.to_string(),
             "busy-poll-us" => self.busy_poll_us.to_string(),
             "tcp-backlog" => self.tcp_backlog.to_string(),
+            "shutdown-worker-timeout" => self.shutdown_worker_timeout.to_string(),
+            "enable-debug-command" => self.enable_debug_command.name().into(),
             n if NO_EFFECT.contains(&n) => self.no_effect.get(n).cloned().unwrap_or_default(),
             _ => return None,
         })
@@ -663,6 +736,41 @@ mod tests {
         assert!(e.contains(":2:") && e.contains("Bad directive"), "{e}");
         std::fs::write(&f, "maxclients x\n").unwrap();
         assert!(Config::load(&a).is_err());
+    }
+
+    #[test]
+    fn shutdown_timeout_and_debug_command() {
+        let c = Config::default();
+        assert_eq!(c.shutdown_worker_timeout, 5);
+        assert_eq!(c.enable_debug_command, Protected::No);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("e.conf");
+        std::fs::write(
+            &f,
+            "shutdown-worker-timeout 2\nenable-debug-command local\n",
+        )
+        .unwrap();
+        let mut a = ServeArgs {
+            config: Some(f.clone()),
+            ..Default::default()
+        };
+        let c = Config::load(&a).unwrap();
+        assert_eq!(c.get("shutdown-worker-timeout").unwrap(), "2");
+        assert_eq!(c.get("enable-debug-command").unwrap(), "local");
+        assert!(c.enable_debug_command.allows(true));
+        assert!(!c.enable_debug_command.allows(false));
+        a.enable_debug_command = Some("YES".into());
+        a.shutdown_worker_timeout = Some(30);
+        let c = Config::load(&a).unwrap();
+        assert!(c.enable_debug_command.allows(false));
+        assert_eq!(c.shutdown_worker_timeout, 30, "the flag wins");
+        for bad in ["shutdown-worker-timeout 0", "enable-debug-command maybe"] {
+            std::fs::write(&f, bad).unwrap();
+            a.enable_debug_command = None;
+            a.shutdown_worker_timeout = None;
+            assert!(Config::load(&a).is_err(), "{bad}");
+        }
+        assert!(!Protected::No.allows(true));
     }
 
     #[test]

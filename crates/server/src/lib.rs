@@ -12,6 +12,8 @@
 //! - [`keyspace`]: the persistent key/value format (database byte, type tag,
 //!   expiry) and the operations commands are built from; [`counts`]: the
 //!   per-database key counts they keep (DBSIZE without a scan).
+//! - [`glob`]: Redis's glob patterns (KEYS, SCAN MATCH, CONFIG GET...),
+//!   matched in polynomial time.
 //! - [`server`]: acceptor, worker event loops, shutdown.
 //! - [`cmd`]: the command table and handlers.
 //! - [`info`], [`metrics`], [`stats`]: observability; [`clock`]: the
@@ -22,6 +24,7 @@ pub mod cmd;
 pub mod commit;
 pub mod config;
 pub mod counts;
+pub mod glob;
 pub mod info;
 pub mod keyspace;
 pub mod metrics;

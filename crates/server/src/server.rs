@@ -134,6 +134,13 @@ pub struct ClientMeta {
 }
 
 impl ClientMeta {
+    /// The client connected from a loopback address (Redis's `connIsLocal`).
+    pub fn is_local(&self) -> bool {
+        self.addr
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| is_loopback(a.ip()))
+    }
+
     /// One line of CLIENT LIST / CLIENT INFO (Redis's field order).
     pub fn line(&self) -> String {
         let age_ms = Stamp::now().millis_since(self.created);
@@ -1294,6 +1301,16 @@ fn accept_loop(
 
 /// Whether a new connection is served: `None`, or the error it gets before
 /// being closed (maxclients; protected mode: no password and not loopback).
+fn is_loopback(peer: std::net::IpAddr) -> bool {
+    match peer {
+        std::net::IpAddr::V4(a) => a.is_loopback(),
+        // An IPv4 client on a dual-stack socket (::ffff:127.0.0.1).
+        std::net::IpAddr::V6(a) => {
+            a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
 fn admission(
     connected: u64,
     maxclients: u64,
@@ -1304,14 +1321,7 @@ fn admission(
     if connected >= maxclients {
         return Some("-ERR max number of clients reached\r\n");
     }
-    let loopback = match peer {
-        std::net::IpAddr::V4(a) => a.is_loopback(),
-        // An IPv4 client on a dual-stack socket (::ffff:127.0.0.1).
-        std::net::IpAddr::V6(a) => {
-            a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
-        }
-    };
-    if protected && !has_password && !loopback {
+    if protected && !has_password && !is_loopback(peer) {
         return Some(PROTECTED_MSG);
     }
     None
@@ -1395,7 +1405,9 @@ fn refuse(mut s: std::net::TcpStream, msg: &str) {
 }
 
 /// Runs the server until SHUTDOWN, SIGTERM or SIGINT; returns after a clean
-/// shutdown (the store closed, the heap marked clean).
+/// shutdown (the store closed, the heap marked clean). When a thread does not
+/// stop within `shutdown-worker-timeout`, the process exits with status 1
+/// instead (see `force_exit`).
 pub fn run(cfg: Config) -> Result<(), String> {
     for (k, v) in &cfg.no_effect {
         eprintln!("ember: config '{k} {v}' accepted; it has no effect in Ember (the heap is always the image)");
@@ -1569,7 +1581,12 @@ pub fn run(cfg: Config) -> Result<(), String> {
         .spawn(move || accept_loop(sh2, accept_poll, listeners, doors))
         .map_err(|e| e.to_string())?;
     let _ = acceptor.join();
-    for h in handles.into_iter().chain(aux) {
+    let threads: Vec<_> = handles.into_iter().chain(aux).collect();
+    let wait = Duration::from_secs(sh.cfg().shutdown_worker_timeout);
+    if !finish_within(&threads, wait) {
+        force_exit(&threads, wait);
+    }
+    for h in threads {
         let _ = h.join();
     }
     let t = Instant::now();
@@ -1592,6 +1609,44 @@ pub fn run(cfg: Config) -> Result<(), String> {
         Err(_) => eprintln!("ember: the store is still referenced at exit; the next start recovers as after a crash"),
     }
     r
+}
+
+/// Waits up to `wait` for every thread to finish; true when they all did.
+fn finish_within(threads: &[std::thread::JoinHandle<()>], wait: Duration) -> bool {
+    let deadline = Instant::now() + wait;
+    loop {
+        if threads.iter().all(|h| h.is_finished()) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Ends the process when a thread (a worker in a long command such as DEBUG
+/// SLEEP, or waiting for the store) did not stop within
+/// `shutdown-worker-timeout` of the shutdown. Nothing is closed: the store
+/// stays as a crash would leave it, which recovery expects, and no step that
+/// needs the stuck thread's session or locks is attempted. Every write
+/// whose reply was sent is durable already (a reply leaves only after its
+/// writes are, in either durability mode); the key counts are not saved, so
+/// the next start recounts them, and it replays Bullet's logs as after a
+/// crash.
+fn force_exit(threads: &[std::thread::JoinHandle<()>], wait: Duration) -> ! {
+    let stuck: Vec<&str> = threads
+        .iter()
+        .filter(|h| !h.is_finished())
+        .map(|h| h.thread().name().unwrap_or("a thread"))
+        .collect();
+    eprintln!(
+        "ember: {} still busy {} s after the shutdown began; exiting without a clean shutdown \
+         (acknowledged writes are durable; the next start recovers the heap as after a crash)",
+        stuck.join(", "),
+        wait.as_secs()
+    );
+    std::process::exit(1)
 }
 
 fn run_id() -> String {

@@ -183,6 +183,24 @@ impl Server {
         }
     }
 
+    /// Waits at most `limit` for the process to exit by itself; its exit
+    /// status, or None (then it is SIGKILLed) when it is still running.
+    pub fn wait_exit_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        let t = Instant::now();
+        loop {
+            if let Ok(Some(st)) = c.try_wait() {
+                return Some(st);
+            }
+            if t.elapsed() > limit {
+                let _ = c.kill();
+                let _ = c.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Starts the server again on the same heap (after kill9/terminate).
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "restart while running");

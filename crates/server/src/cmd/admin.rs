@@ -2,10 +2,11 @@
 
 use super::{eq, Ctx, Spec, R, TABLE};
 use crate::config::{HONOURED, NO_EFFECT};
-use crate::keyspace::glob_match;
+use crate::glob::Glob;
 use crate::server::Client;
 use proto::Reply;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 pub fn info(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sections: Vec<String> = a[1..]
@@ -33,12 +34,13 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             }
             let cfg = ctx.sh.cfg();
             let mut out = Vec::new();
+            let globs: Vec<Glob> = a[2..].iter().map(|p| Glob::new(p, true)).collect();
             let names = HONOURED
                 .iter()
                 .map(|(n, _)| *n)
                 .chain(NO_EFFECT.iter().copied());
             for n in names {
-                if a[2..].iter().any(|p| glob_match(p, n.as_bytes(), true)) {
+                if globs.iter().any(|g| g.matches(n.as_bytes())) {
                     if let Some(v) = cfg.get(n) {
                         out.push((bulk(n), bulk(&v)));
                     }
@@ -119,14 +121,15 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     Ok(())
 }
 
-fn command_info(s: &Spec) -> Reply {
+/// A command's ACL categories (COMMAND INFO, COMMAND LIST FILTERBY ACLCAT).
+fn categories(s: &Spec) -> Vec<&'static str> {
     let acl = match s.group {
         "string" => vec!["@string"],
         "generic" => vec!["@keyspace"],
         "connection" => vec!["@connection"],
         _ => vec!["@admin"],
     };
-    let mut cats: Vec<&str> = acl;
+    let mut cats: Vec<&'static str> = acl;
     if s.flags.contains(&"write") {
         cats.push("@write");
     }
@@ -138,6 +141,11 @@ fn command_info(s: &Spec) -> Reply {
     } else {
         cats.push("@slow");
     }
+    cats
+}
+
+fn command_info(s: &Spec) -> Reply {
+    let cats = categories(s);
     let key_specs = if s.first > 0 {
         vec![Reply::Map(vec![
             (
@@ -210,7 +218,41 @@ pub fn command(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sub = String::from_utf8_lossy(&a[1]).to_ascii_lowercase();
     match sub.as_str() {
         "count" => c.int(TABLE.len() as i64),
-        "list" => c.reply(&Reply::Array(TABLE.iter().map(|s| bulk(s.name)).collect())),
+        "list" => {
+            // Redis: `FILTERBY MODULE name | ACLCAT cat | PATTERN pat`, the
+            // only option, so FILTERBY comes last with exactly two arguments.
+            let filter = match a.len() {
+                2 => None,
+                5 if eq(&a[2], "filterby") => {
+                    let kind = String::from_utf8_lossy(&a[3]).to_ascii_lowercase();
+                    if !matches!(kind.as_str(), "module" | "aclcat" | "pattern") {
+                        return Err(super::syntax_error());
+                    }
+                    Some((kind, a[4].as_slice()))
+                }
+                _ => return Err(super::syntax_error()),
+            };
+            let keep: Box<dyn Fn(&Spec) -> bool> = match filter {
+                None => Box::new(|_| true),
+                // Ember has no modules.
+                Some((k, _)) if k == "module" => Box::new(|_| false),
+                Some((k, cat)) if k == "aclcat" => {
+                    let cat = format!("@{}", String::from_utf8_lossy(cat).to_ascii_lowercase());
+                    Box::new(move |s| categories(s).contains(&cat.as_str()))
+                }
+                Some((_, pat)) => {
+                    let g = Glob::new(pat, true);
+                    Box::new(move |s| g.matches(s.name.as_bytes()))
+                }
+            };
+            c.reply(&Reply::Array(
+                TABLE
+                    .iter()
+                    .filter(|s| keep(s))
+                    .map(|s| bulk(s.name))
+                    .collect(),
+            ));
+        }
         "info" => {
             let r = if a.len() == 2 {
                 TABLE.iter().map(command_info).collect()
@@ -319,6 +361,50 @@ pub fn bgsave(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     // As SAVE: the heap is the image, there is no snapshot to take.
     c.ok();
     Ok(())
+}
+
+/// DEBUG (only where `enable-debug-command` allows it): SLEEP and HELP.
+pub fn debug(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    if a.len() == 2 && eq(&a[1], "help") {
+        let lines = [
+            "DEBUG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "SLEEP <seconds>",
+            "    Stop the server for <seconds>. Decimals allowed.",
+            "HELP",
+            "    Print this help.",
+        ];
+        super::help(c, &lines);
+        return Ok(());
+    }
+    if a.len() == 3 && eq(&a[1], "sleep") {
+        // As Redis: the worker sleeps (its clients wait, as all of Redis's
+        // do); a SHUTDOWN or SIGTERM meanwhile waits `shutdown-worker-timeout`
+        // for it, then exits.
+        let secs = strtod_prefix(&a[2]);
+        if secs > 0.0 {
+            std::thread::sleep(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX));
+        }
+        c.ok();
+        return Ok(());
+    }
+    let sub = a[1].split(|&b| b == 0).next().unwrap_or_default();
+    Err(format!(
+        "ERR unknown subcommand or wrong number of arguments for '{}'. Try DEBUG HELP.",
+        String::from_utf8_lossy(&sub[..sub.len().min(128)])
+    ))
+}
+
+/// C's `strtod` on a C string: the longest prefix (after leading white
+/// space) that reads as a number; 0 when none does.
+fn strtod_prefix(a: &[u8]) -> f64 {
+    let a = a.split(|&b| b == 0).next().unwrap_or_default();
+    let s = String::from_utf8_lossy(&a[..a.len().min(64)]);
+    let s = s.trim_start_matches([' ', '\t', '\n', '\r', '\x0b', '\x0c']);
+    (1..=s.len())
+        .rev()
+        .filter(|&n| s.is_char_boundary(n))
+        .find_map(|n| s[..n].parse::<f64>().ok())
+        .unwrap_or(0.0)
 }
 
 pub fn shutdown(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {

@@ -1,7 +1,8 @@
 //! Keyspace commands: deletion, existence, iteration, renames, expiry.
 
 use super::{eq, int_arg, syntax_error, Ctx, R};
-use crate::keyspace::{glob_match, skey, type_name, KIND_STRING};
+use crate::glob::Glob;
+use crate::keyspace::{skey, type_name, KIND_STRING};
 use crate::server::Client;
 use proto::Reply;
 
@@ -61,9 +62,9 @@ fn all_keys(
 }
 
 pub fn keys(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
-    let pat = a[1].clone();
-    let all = pat.as_slice() == b"*";
-    let ks = all_keys(ctx, c.db, |k| all || glob_match(&pat, k, false))?;
+    // Redis skips matching for the pattern "*" (which alone would not match "").
+    let glob = (a[1].as_slice() != b"*").then(|| Glob::new(&a[1], false));
+    let ks = all_keys(ctx, c.db, |k| glob.as_ref().is_none_or(|g| g.matches(k)))?;
     c.array_header(ks.len());
     for k in &ks {
         c.bulk(k);
@@ -123,13 +124,13 @@ pub fn scan(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         i += 2;
     }
     // Redis skips matching for the pattern "*" (which alone would not match "").
-    let pat = pat.filter(|p| *p != b"*");
+    let glob = pat.filter(|p| *p != b"*").map(|p| Glob::new(p, false));
     let mut page = Vec::new();
     let next = ctx.ks.scan_page(c.db, cursor, count, &mut page)?;
     let mut out = Vec::new();
     for k in page {
-        if let Some(p) = pat {
-            if !glob_match(p, &k, false) {
+        if let Some(g) = &glob {
+            if !g.matches(&k) {
                 continue;
             }
         }

@@ -140,6 +140,7 @@ pub static TABLE: &[Spec] = &[
     spec!("lastsave", 1, ["loading", "stale", "fast"], 0, 0, 0, "server", "1.0.0", "Returns the Unix timestamp of the last successful save to disk.", admin::lastsave),
     spec!("save", 1, ["admin", "noscript"], 0, 0, 0, "server", "1.0.0", "Synchronously saves the database(s) to disk.", admin::save),
     spec!("bgsave", -1, ["admin", "noscript"], 0, 0, 0, "server", "1.0.0", "Asynchronously saves the database(s) to disk.", admin::bgsave),
+    spec!("debug", -2, ["admin", "noscript", "loading", "stale"], 0, 0, 0, "server", "1.0.0", "A container for debugging commands.", admin::debug),
     spec!("shutdown", -1, ["admin", "noscript", "loading", "stale"], 0, 0, 0, "server", "1.0.0", "Synchronously saves the database(s) to disk and shuts down the Redis server.", admin::shutdown),
 ];
 
@@ -247,6 +248,12 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
     if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
         ctx.ws.cmds[i].rejected.add(1);
         c.err(&arity_error(spec.name));
+        return;
+    }
+    // Redis's protected commands: refused before authentication.
+    if spec.name == "debug" && !ctx.sh.cfg().enable_debug_command.allows(c.meta.is_local()) {
+        ctx.ws.cmds[i].rejected.add(1);
+        c.err("ERR DEBUG command not allowed. If the enable-debug-command option is set to \"local\", you can run it from a local connection, otherwise you need to set this option in the configuration file, and then restart the server.");
         return;
     }
     if !c.authed && !spec.no_auth() {
