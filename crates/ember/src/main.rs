@@ -6,6 +6,7 @@ mod check;
 mod util;
 
 use clap::{Parser, Subcommand};
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
@@ -26,8 +27,18 @@ enum Command {
     Serve(Box<server::ServeArgs>),
     /// Verify a heap file offline (read-only: recovery runs in a private copy).
     Check(check::CheckArgs),
-    /// Micro-benchmarks of the persistent domain.
-    Bench(bench::BenchArgs),
+    /// Benchmarks and the papers' experiments (`ember bench --help` lists them).
+    ///
+    /// Runs the ember-bench binary next to this one with ARGS.
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "ARGS"
+        )]
+        args: Vec<OsString>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -41,6 +52,6 @@ fn main() -> ExitCode {
             }
         },
         Command::Check(args) => check::run(&args),
-        Command::Bench(args) => bench::run(&args),
+        Command::Bench { args } => bench::run(&args),
     }
 }

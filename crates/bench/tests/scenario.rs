@@ -1,4 +1,5 @@
-//! `ember bench scenario`: the list, and every scenario in its quick mode into a
+//! `ember bench scenario` (the `ember-bench` binary): the list, and every
+//! scenario in its quick mode into a
 //! temporary directory, checking that the CSV has the labelled columns and at
 //! least one data row, and that the SVG and PNG charts were written.
 //!
@@ -9,7 +10,7 @@
 //!
 //! Also: a bench stopped by SIGTERM removes its heap file.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
@@ -46,12 +47,58 @@ const LABELS: [&str; 13] = [
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn ember(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ember"))
+fn harness(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ember-bench"))
         .args(args)
         .current_dir(dir)
         .output()
-        .expect("run ember")
+        .expect("run ember-bench")
+}
+
+/// `ember` beside the `ember-bench` under test (the server scenarios run its
+/// `ember serve`), built first if it is missing.
+///
+/// Cargo puts the binaries of a build in one directory. `cargo test
+/// --workspace` (scripts/test.sh) builds both, fresh; `cargo test -p
+/// ember-bench` builds only the harness, so a missing `ember` is built here
+/// (`cargo build -p ember`, same profile). One already there is used as it is:
+/// rebuild it after changing the server when testing this package alone.
+fn ember_binary() -> PathBuf {
+    static BUILDING: Mutex<()> = Mutex::new(());
+    let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = Path::new(env!("CARGO_BIN_EXE_ember-bench"))
+        .parent()
+        .expect("the binaries' directory");
+    let path = dir.join("ember");
+    if path.is_file() {
+        return path;
+    }
+    // target/debug holds the test profile's binaries, target/release the
+    // release profile's, target/NAME a custom profile's.
+    let profile = match dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "test",
+        Some(p) => p,
+        None => panic!("no profile directory in {}", dir.display()),
+    };
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "-p",
+            "ember",
+            "--bin",
+            "ember",
+            "--profile",
+            profile,
+        ])
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success() && path.is_file(),
+        "cargo build -p ember --profile {profile} did not give {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    path
 }
 
 fn text(b: &[u8]) -> String {
@@ -99,9 +146,11 @@ fn run(name: &str, extra: &[&str], columns: &[&str]) -> (Vec<String>, Vec<Vec<St
     let tmp = tempfile::tempdir().unwrap();
     let out_dir = tmp.path().join("out");
     let out_s = out_dir.to_str().unwrap();
-    let mut args = vec!["bench", "scenario", name, "--quick", "--out", out_s];
+    // The server scenarios find it next to the harness.
+    ember_binary();
+    let mut args = vec!["scenario", name, "--quick", "--out", out_s];
     args.extend_from_slice(extra);
-    let out = ember(&args, tmp.path());
+    let out = harness(&args, tmp.path());
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(
         out.status.success(),
@@ -158,7 +207,7 @@ fn column<'a>(header: &[String], rows: &'a [Vec<String>], c: &str) -> Vec<&'a st
 #[test]
 fn list_names_every_scenario() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = ember(&["bench", "scenario", "--list"], tmp.path());
+    let out = harness(&["scenario", "--list"], tmp.path());
     assert!(out.status.success(), "{}", text(&out.stderr));
     let list = text(&out.stdout);
     assert_eq!(list.lines().count(), SCENARIOS.len(), "{list}");
@@ -171,22 +220,47 @@ fn list_names_every_scenario() {
 #[test]
 fn unknown_scenarios_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = ember(
-        &["bench", "scenario", "bullet-fig99", "--quick"],
-        tmp.path(),
-    );
+    let out = harness(&["scenario", "bullet-fig99", "--quick"], tmp.path());
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(
         err.contains("unknown scenario") && err.contains("bullet-fig5"),
         "{err}"
     );
-    let out = ember(&["bench", "scenario"], tmp.path());
+    let out = harness(&["scenario"], tmp.path());
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("--list"),
         "{}",
         text(&out.stderr)
+    );
+}
+
+/// A server scenario without an `ember` binary to start says where it looked
+/// and how to get one.
+#[test]
+fn a_server_scenario_names_a_missing_ember() {
+    let tmp = tempfile::tempdir().unwrap();
+    let nope = tmp.path().join("no-ember-here");
+    let out_dir = tmp.path().join("out");
+    let out = harness(
+        &[
+            "scenario",
+            "udorn-fig4",
+            "--quick",
+            "--out",
+            out_dir.to_str().unwrap(),
+            "--ember",
+            nope.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("no ember binary at {}", nope.display()))
+            && err.contains("cargo build --release -p ember"),
+        "{err}"
     );
 }
 
@@ -382,15 +456,8 @@ fn serve_recovery() {
 fn a_terminated_bench_removes_its_heap() {
     let tmp = tempfile::tempdir().unwrap();
     let heap = tmp.path().join("engine.heap");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args([
-            "bench",
-            "engine",
-            "--engine",
-            "bullet-full",
-            "--keys",
-            "10000",
-        ])
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember-bench"))
+        .args(["engine", "--engine", "bullet-full", "--keys", "10000"])
         .args(["--logs", "2", "--log-size", "1", "--warmup", "0"])
         .args(["--seconds", "60", "--heap"])
         .arg(&heap)
@@ -398,7 +465,7 @@ fn a_terminated_bench_removes_its_heap() {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .expect("run ember");
+        .expect("run ember-bench");
     let t = std::time::Instant::now();
     while !heap.exists() {
         assert!(

@@ -1,5 +1,11 @@
-//! `ember bench ...`: micro-benchmarks of the persistent domain, and the helpers
-//! they share (machine description, medians, temporary heaps).
+//! `ember-bench`: Ember's benchmark harness, the micro-benchmarks of the
+//! persistent domain and the papers' experiments as named scenarios, and the
+//! helpers they share (machine description, medians, temporary heaps).
+//!
+//! A binary of its own, so that the server binary does not link the plotting,
+//! fonts and progress bars; `ember bench ARGS` runs it (it execs the
+//! `ember-bench` found next to `ember`). The scenarios that start servers run
+//! `ember serve` from the `ember` binary next to this one (or `--ember PATH`).
 
 mod alloc;
 mod engine;
@@ -7,15 +13,24 @@ mod index;
 mod persist;
 mod recovery;
 mod scenario;
+mod util;
 
-use clap::{Args, Subcommand};
+use clap::{Parser, Subcommand};
 use pmem::{Heap, HeapOptions, PersistStats};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Mutex, Once};
 
-#[derive(Args, Debug)]
+// The usage lines say `ember bench` when `ember bench` started this binary
+// (clap names the program after argv[0], which the dispatch sets to that), and
+// `ember-bench` when it was run directly.
+#[derive(Parser, Debug)]
+#[command(
+    name = "ember-bench",
+    version,
+    about = "Ember's benchmarks: micro-benchmarks of the persistent domain, and the papers' experiments"
+)]
 pub struct BenchArgs {
     #[command(subcommand)]
     pub which: Which,
@@ -46,7 +61,11 @@ pub enum Which {
     RecoveryFill(recovery::FillArgs),
 }
 
-pub fn run(args: &BenchArgs) -> ExitCode {
+fn main() -> ExitCode {
+    run(&BenchArgs::parse())
+}
+
+fn run(args: &BenchArgs) -> ExitCode {
     // A benchmark thread that panics leaves its peers waiting at their
     // barriers (start, stop): the process would hang until killed, with the
     // panic's message lost. Its figures are void anyway: print the message

@@ -76,8 +76,8 @@ pub struct Spec<'a> {
     pub kind: Kind,
     /// Its data directory (heap file, RDB or AOF) and log.
     pub dir: &'a Path,
-    /// This binary (for `ember serve`).
-    pub exe: &'a Path,
+    /// The `ember` binary (for `ember serve`; see `Ctx::ember`).
+    pub ember: &'a Path,
     /// Ember only: emulated fence latency.
     pub fence_ns: u64,
     /// Ember only: size of a new heap, MiB.
@@ -113,7 +113,7 @@ impl Spec<'_> {
             Kind::Ember { msync } => {
                 // In its data directory, as an operator would run it: the
                 // heap file is ./ember.heap.
-                let mut c = Command::new(self.exe);
+                let mut c = Command::new(self.ember);
                 c.current_dir(self.dir)
                     .arg("serve")
                     .args(["--port", &port, "--bind", "127.0.0.1"])

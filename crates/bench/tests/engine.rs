@@ -44,7 +44,6 @@ const FIELDS: &[&str] = &[
 /// succeeded.
 fn bench(engine: &str, put_ratio: &str, extra: &[&str]) -> String {
     let mut args = vec![
-        "bench",
         "engine",
         "--engine",
         engine,
@@ -65,10 +64,10 @@ fn bench(engine: &str, put_ratio: &str, extra: &[&str]) -> String {
         "4",
     ];
     args.extend_from_slice(extra);
-    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+    let out = Command::new(env!("CARGO_BIN_EXE_ember-bench"))
         .args(&args)
         .output()
-        .expect("run ember");
+        .expect("run ember-bench");
     assert!(
         out.status.success(),
         "{engine}: {}\n{}",
@@ -141,11 +140,11 @@ fn rejects_bad_arguments() {
         &["--zipf", "1.0"],
         &["--key-size", "4"],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-            .args(["bench", "engine", "--keys", "100000", "--seconds", "0.1"])
+        let out = Command::new(env!("CARGO_BIN_EXE_ember-bench"))
+            .args(["engine", "--keys", "100000", "--seconds", "0.1"])
             .args(bad)
             .output()
-            .expect("run ember");
+            .expect("run ember-bench");
         assert!(!out.status.success(), "{bad:?} was accepted");
     }
 }
@@ -168,12 +167,12 @@ fn bullet_recovery_is_timed() {
 /// Runs `ember bench engine --engine bullet` on four 1 MiB logs with `args`;
 /// returns (success, stdout, stderr).
 fn bullet_small_logs(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["bench", "engine", "--engine", "bullet"])
+    let out = Command::new(env!("CARGO_BIN_EXE_ember-bench"))
+        .args(["engine", "--engine", "bullet"])
         .args(["--logs", "4", "--log-size", "1", "--json"])
         .args(args)
         .output()
-        .expect("run ember");
+        .expect("run ember-bench");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -68,6 +68,10 @@ pub struct ScenarioArgs {
     /// Most threads: scenarios run 1..=N threads, or 1 and N.
     #[arg(long, default_value_t = 2)]
     pub max_threads: usize,
+    /// The `ember` binary whose `ember serve` the server scenarios (udorn-*,
+    /// serve-recovery) measure [default: the `ember` next to this program].
+    #[arg(long, value_name = "PATH")]
+    pub ember: Option<PathBuf>,
 }
 
 /// What a scenario produces: its rows and its chart.
@@ -150,7 +154,11 @@ pub struct Ctx {
     pub strategy: String,
     pub max_threads: usize,
     pub machine: Machine,
+    /// This program: the benchmarks run as its children.
     pub exe: PathBuf,
+    /// The `ember` binary the server scenarios start (`ember serve`); checked
+    /// when a scenario asks for it ([`Ctx::ember`]).
+    ember: PathBuf,
     pub progress: Progress,
     stop: Arc<AtomicBool>,
     /// Scratch space of the benchmarks' heap files: removed with everything in
@@ -181,6 +189,20 @@ impl Ctx {
         &self.stop
     }
 
+    /// The `ember` binary to start servers from: a scenario that runs
+    /// `ember serve` fails here, with how to get it, when there is none.
+    pub fn ember(&self) -> BenchResult<PathBuf> {
+        if self.ember.is_file() {
+            Ok(self.ember.clone())
+        } else {
+            Err(format!(
+                "no ember binary at {}: this scenario measures `ember serve`; build it \
+                 (cargo build --release -p ember) or name it with --ember PATH",
+                self.ember.display()
+            ))
+        }
+    }
+
     /// The scenario's scratch directory (for `--heap` and `--dir` of the benches).
     pub fn work_dir(&self) -> &Path {
         self.work.path()
@@ -198,11 +220,12 @@ impl Ctx {
         v
     }
 
-    /// Runs `ember bench ARGS --json` and returns its (last) JSON object.
+    /// Runs `ember bench ARGS --json` (this program with ARGS) and returns its
+    /// (last) JSON object.
     pub fn bench(&self, args: &[String], timeout: Duration) -> BenchResult<Value> {
         self.check_stop()?;
         let mut cmd = std::process::Command::new(&self.exe);
-        cmd.arg("bench").args(args).arg("--json");
+        cmd.args(args).arg("--json");
         let what = format!("ember bench {}", args.join(" "));
         let out = child::run_capture(cmd, &what, timeout, &self.stop)?;
         let line = out
@@ -318,6 +341,10 @@ pub fn run(args: &ScenarioArgs) -> BenchResult<()> {
         }
     };
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let ember = match &args.ember {
+        Some(p) => p.clone(),
+        None => exe.with_file_name("ember"),
+    };
     let stop = stop_on_signals()?;
     let machine = Machine::detect();
     let mut failed = Vec::new();
@@ -336,6 +363,7 @@ pub fn run(args: &ScenarioArgs) -> BenchResult<()> {
             max_threads: args.max_threads,
             machine: machine.clone(),
             exe: exe.clone(),
+            ember: ember.clone(),
             progress: Progress::new(s.name),
             stop: stop.clone(),
             work: child::TempDir::for_scenario(s.name)?,

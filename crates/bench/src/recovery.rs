@@ -272,7 +272,7 @@ pub fn run(args: &RecoveryArgs) -> BenchResult<()> {
         });
     }
     let child = cmd
-        .args(["bench", "recovery-fill", "--path"])
+        .args(["recovery-fill", "--path"])
         .arg(&path)
         .args([
             "--structure",

@@ -138,10 +138,11 @@ pub fn fig4(ctx: &mut Ctx) -> BenchResult<Report> {
                     .start(format!("{}, {keys} keys, round {round}", kind.label()));
                 let dir =
                     TempDir::new_in(ctx.work_dir(), &format!("{}-{keys}-{round}", kind.tag()))?;
+                let ember = ctx.ember()?;
                 let spec = Spec {
                     kind,
                     dir: dir.path(),
-                    exe: &ctx.exe,
+                    ember: &ember,
                     fence_ns: ctx.fence_ns,
                     heap_mib: heap_mib(keys),
                     extra: Vec::new(),
@@ -350,10 +351,11 @@ fn start_for_load(
     ctx.progress
         .start(format!("{}, round {round}", kind.label()));
     let dir = TempDir::new_in(ctx.work_dir(), &format!("{}-{round}", kind.tag()))?;
+    let ember = ctx.ember()?;
     let spec = Spec {
         kind,
         dir: dir.path(),
-        exe: &ctx.exe,
+        ember: &ember,
         fence_ns: ctx.fence_ns,
         heap_mib: 1024,
         extra: Vec::new(),

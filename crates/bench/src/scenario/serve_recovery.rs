@@ -124,10 +124,11 @@ pub fn run(ctx: &mut Ctx) -> BenchResult<Report> {
                 "{LOGS} logs of {mib} MiB, round {round}: SET load, SIGKILL, restart"
             ));
             let dir = TempDir::new_in(ctx.work_dir(), &format!("serve-{LOGS}x{mib}-{round}"))?;
+            let ember = ctx.ember()?;
             let spec = Spec {
                 kind: Kind::Ember { msync },
                 dir: dir.path(),
-                exe: &ctx.exe,
+                ember: &ember,
                 fence_ns: ctx.fence_ns,
                 heap_mib: HEAP_MIB,
                 extra: vec![
