@@ -157,10 +157,11 @@ impl CrashSim {
     fn maybe_capture(&self, st: &mut State, read: &dyn Fn(u64, &mut [u8])) {
         let ppm = self.capture_ppm.load(Ordering::Relaxed);
         if ppm > 0 && st.rng.random_range(0..1_000_000) < ppm {
+            let tag = self.tag.load(Ordering::SeqCst);
             let bytes = Self::build_pages(st, read);
             st.images.push(CrashImage {
                 bytes,
-                tag: self.tag.load(Ordering::SeqCst),
+                tag,
                 fence: self.fences.load(Ordering::SeqCst),
             });
             self.captured.fetch_add(1, Ordering::SeqCst);
@@ -282,10 +283,13 @@ impl CrashSim {
         let mut st = self.st.lock().unwrap();
         let ppm = self.capture_ppm.load(Ordering::Relaxed);
         if ppm > 0 && st.rng.random_range(0..1_000_000) < ppm {
+            // The tag before the image: an operation stamped before the tag
+            // completed before the image was built.
+            let tag = self.tag.load(Ordering::SeqCst);
             let img = Self::build(&mut st, region);
             st.images.push(CrashImage {
                 bytes: img,
-                tag: self.tag.load(Ordering::SeqCst),
+                tag,
                 fence,
             });
             self.captured.fetch_add(1, Ordering::SeqCst);
@@ -303,6 +307,7 @@ impl CrashSim {
     /// Takes a crash image now (outside a fence), tagged with the current tag.
     pub fn capture_now(&self, region: &Region) -> CrashImage {
         let mut st = self.st.lock().unwrap();
+        let tag = self.tag.load(Ordering::SeqCst);
         let bytes = if self.pages {
             Self::build_pages(&mut st, &|o, b| region.read_bytes(o, b))
         } else {
@@ -311,7 +316,7 @@ impl CrashSim {
         self.captured.fetch_add(1, Ordering::SeqCst);
         CrashImage {
             bytes,
-            tag: self.tag.load(Ordering::SeqCst),
+            tag,
             fence: self.fences(),
         }
     }
