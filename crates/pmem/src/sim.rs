@@ -48,6 +48,9 @@ struct State {
     durable_len: u64,
     /// Power-loss mode: the mapped size (the file's length in the page cache).
     size: u64,
+    /// Power-loss mode: fixed chances (a page written since its sync is new or
+    /// torn; of those, torn) instead of random ones per image.
+    tear: Option<(f64, f64)>,
     pending: HashMap<ThreadId, Vec<u64>>,
     rng: rand::rngs::SmallRng,
     images: Vec<CrashImage>,
@@ -84,6 +87,7 @@ impl CrashSim {
             st: Mutex::new(State {
                 durable_len: 0,
                 size: 0,
+                tear: None,
                 persisted: Vec::new(),
                 pending: HashMap::new(),
                 rng: rand::rngs::SmallRng::seed_from_u64(seed),
@@ -111,6 +115,14 @@ impl CrashSim {
     /// operation stamped `t` before an image tagged `g` has `t < g`).
     pub fn tick(&self) -> u64 {
         self.tag.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Power-loss mode: from now on each page written since its last sync is
+    /// written back (whole or torn) with probability `p_new`, and of those torn
+    /// at sectors with probability `p_torn` (by default both are drawn per
+    /// image). For tests that want many torn pages.
+    pub fn set_tear(&self, p_new: f64, p_torn: f64) {
+        self.st.lock().unwrap().tear = Some((p_new, p_torn));
     }
 
     /// Power-loss mode: the offsets of the pages whose cached content differs
@@ -221,6 +233,7 @@ impl CrashSim {
             _ => st.rng.random_range(0.0..1.0),
         };
         let p_torn: f64 = [0.0, 0.1, 0.5][st.rng.random_range(0..3usize)];
+        let (p_new, p_torn) = st.tear.unwrap_or((p_new, p_torn));
         let mut cur = vec![0u8; pg];
         for i in 0..size / pg {
             let at = i * pg;
