@@ -199,8 +199,9 @@ fn key_space(c: &Cfg) -> Vec<Vec<u8>> {
 }
 
 /// Whether `got` may be what key `k` holds after a crash whose image was
-/// tagged `tag`.
-fn check_key(ws: &[W], got: &Option<Vec<u8>>, tag: u64) -> Result<(), String> {
+/// built between the instants `before` and `tag`: writes acknowledged before
+/// `before` must be there, writes started after `tag` cannot.
+fn check_key(ws: &[W], got: &Option<Vec<u8>>, before: u64, tag: u64) -> Result<(), String> {
     let show = |v: &Option<Vec<u8>>| {
         v.as_ref()
             .map(|v| String::from_utf8_lossy(&v[..v.len().min(16)]).into_owned())
@@ -214,14 +215,14 @@ fn check_key(ws: &[W], got: &Option<Vec<u8>>, tag: u64) -> Result<(), String> {
     }
     let mut lost = None;
     for x in cands {
-        match ws.iter().find(|y| y.ack < tag && x.end < y.start) {
+        match ws.iter().find(|y| y.ack < before && x.end < y.start) {
             None => return Ok(()),
             Some(y) => lost = Some(y),
         }
     }
     let y = lost.expect("a candidate");
     Err(format!(
-        "reads {:?}, but {:?} was acknowledged at {} (image at {tag})",
+        "reads {:?}, but {:?} was acknowledged at {} (image from {before} to {tag})",
         show(got),
         show(&y.val),
         y.ack
@@ -444,7 +445,7 @@ fn check_image(
     let (store, _) = BulletStore::open(rec, &store_o(c)).map_err(|e| format!("recover: {e}"))?;
     let got = read_all(c, &store);
     for (k, ws) in hist {
-        check_key(ws, &got.get(k).cloned(), img.tag)
+        check_key(ws, &got.get(k).cloned(), img.tag_before, img.tag)
             .map_err(|e| format!("key {}: {e}", String::from_utf8_lossy(k)))?;
     }
     if deep {

@@ -36,7 +36,12 @@ use std::thread::ThreadId;
 /// when it was taken.
 pub struct CrashImage {
     pub bytes: Vec<u8>,
+    /// The tag when the image was complete: what the image holds was written
+    /// by operations started before it.
     pub tag: u64,
+    /// The tag before the image was built: operations completed before it are
+    /// in the image.
+    pub tag_before: u64,
     pub fence: u64,
 }
 
@@ -169,11 +174,12 @@ impl CrashSim {
     fn maybe_capture(&self, st: &mut State, read: &dyn Fn(u64, &mut [u8])) {
         let ppm = self.capture_ppm.load(Ordering::Relaxed);
         if ppm > 0 && st.rng.random_range(0..1_000_000) < ppm {
-            let tag = self.tag.load(Ordering::SeqCst);
+            let tag_before = self.tag.load(Ordering::SeqCst);
             let bytes = Self::build_pages(st, read);
             st.images.push(CrashImage {
                 bytes,
-                tag,
+                tag: self.tag.load(Ordering::SeqCst),
+                tag_before,
                 fence: self.fences.load(Ordering::SeqCst),
             });
             self.captured.fetch_add(1, Ordering::SeqCst);
@@ -296,13 +302,12 @@ impl CrashSim {
         let mut st = self.st.lock().unwrap();
         let ppm = self.capture_ppm.load(Ordering::Relaxed);
         if ppm > 0 && st.rng.random_range(0..1_000_000) < ppm {
-            // The tag before the image: an operation stamped before the tag
-            // completed before the image was built.
-            let tag = self.tag.load(Ordering::SeqCst);
+            let tag_before = self.tag.load(Ordering::SeqCst);
             let img = Self::build(&mut st, region);
             st.images.push(CrashImage {
                 bytes: img,
-                tag,
+                tag: self.tag.load(Ordering::SeqCst),
+                tag_before,
                 fence,
             });
             self.captured.fetch_add(1, Ordering::SeqCst);
@@ -320,7 +325,7 @@ impl CrashSim {
     /// Takes a crash image now (outside a fence), tagged with the current tag.
     pub fn capture_now(&self, region: &Region) -> CrashImage {
         let mut st = self.st.lock().unwrap();
-        let tag = self.tag.load(Ordering::SeqCst);
+        let tag_before = self.tag.load(Ordering::SeqCst);
         let bytes = if self.pages {
             Self::build_pages(&mut st, &|o, b| region.read_bytes(o, b))
         } else {
@@ -329,7 +334,8 @@ impl CrashSim {
         self.captured.fetch_add(1, Ordering::SeqCst);
         CrashImage {
             bytes,
-            tag,
+            tag: self.tag.load(Ordering::SeqCst),
+            tag_before,
             fence: self.fences(),
         }
     }
