@@ -35,7 +35,7 @@
 //! The checks that catch the two bugs of issue 37 are `#[ignore]`d until their
 //! fixes merge (branch msync-commit): §1, an acknowledged record unsynced when
 //! a fence ran between its append and the commit (hot keys, detached commits,
-//! small logs, backend reads, st / lfr); §2, a record from before a crash replayed after the next one
+//! small logs, backend reads, opt, st / lfr); §2, a record from before a crash replayed after the next one
 //! (`double_crash_any_image`).
 //!
 //! Each test prints `power-loss-sim: N images, M inconsistent (engine ...)`.
