@@ -60,5 +60,6 @@ passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | grep -Eo '[0
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
 grep -E '^crash-sim: ' "$log" || { echo "test.sh: the heap crash simulator printed no summary" >&2; exit 1; }
 grep -E '^index crash-sim' "$log" || { echo "test.sh: the index crash simulator printed no summary" >&2; exit 1; }
+grep -E '^power-loss-sim: ' "$log" || { echo "test.sh: the power-loss simulator printed no summary" >&2; exit 1; }
 echo "all: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

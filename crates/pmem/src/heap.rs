@@ -412,8 +412,14 @@ impl Heap {
         Self::open_with(path, &opts, Access::CheckOnly, None)
     }
 
-    /// Opens a heap with a crash simulator attached (tests).
+    /// Opens a heap with a crash simulator attached (tests). The power-loss
+    /// simulator ([`CrashSim::power_loss`]) models the msync strategy only.
     pub fn open_sim(path: &Path, opts: &HeapOptions, sim: Arc<CrashSim>) -> Result<Recovery> {
+        if sim.is_power_loss() && opts.strategy != Strategy::Msync {
+            return Err(Error::InvalidOptions(
+                "the power-loss simulator models the msync strategy".into(),
+            ));
+        }
         Self::open_with(path, opts, Access::ReadWrite, Some(sim))
     }
 

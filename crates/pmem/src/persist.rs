@@ -5,8 +5,10 @@
 //! after flush + fence (or, for `msync`, after the fence's `msync` of the dirty pages).
 
 use crate::error::{Error, Result};
+use crate::sim::CrashSim;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock, Weak};
 
 /// Cache line size assumed for flushes.
 pub const LINE: usize = 64;
@@ -234,13 +236,60 @@ impl Default for Counters {
     }
 }
 
-thread_local! {
-    /// Page ranges (absolute addresses) this thread flushed since its last fence, for
-    /// the msync strategy.
-    static MSYNC_DIRTY: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
+/// The size of the system's memory pages (`sysconf(_SC_PAGESIZE)`), read once:
+/// what `msync` ranges must be aligned to (4 KiB on x86-64; 16 or 64 KiB on some
+/// arm64 and POWER kernels, where a 4 KiB-aligned `msync` fails with EINVAL).
+pub fn os_page() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if n > 0 && (n as usize).is_power_of_two() {
+            n as usize
+        } else {
+            4096
+        }
+    })
 }
 
-const OS_PAGE: usize = 4096;
+/// One thread's msync ranges for one region (see `MSYNC_DIRTY`).
+struct DirtyList {
+    /// `Persister::id` of the region they belong to.
+    pub(crate) id: u64,
+    /// The region's persister, for the sync at thread exit.
+    owner: Weak<Persister>,
+    ranges: Vec<(usize, usize)>,
+}
+
+/// A thread's msync ranges, one list per region it flushed since its fences.
+struct ThreadDirty(Vec<DirtyList>);
+
+impl Drop for ThreadDirty {
+    /// At thread exit the ranges flushed and never fenced are synced (for the
+    /// regions still open), as a cache-line write-back issued and never fenced
+    /// still completes: unfenced flushes end up durable under every strategy.
+    fn drop(&mut self) {
+        for l in self.0.drain(..) {
+            if l.ranges.is_empty() {
+                continue;
+            }
+            if let Some(p) = l.owner.upgrade() {
+                p.sync_detached(l.ranges);
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Page ranges (absolute addresses) this thread flushed since its last fence,
+    /// for the msync strategy, kept per region: a fence syncs only its own
+    /// region's ranges (another heap's may be unmapped by now, and its errors
+    /// belong to that heap).
+    static MSYNC_DIRTY: RefCell<ThreadDirty> = const { RefCell::new(ThreadDirty(Vec::new())) };
+}
+
+/// Identities of persisters (never reused, unlike addresses).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Flushed ranges closer than this are synced by one `msync` over their hull. Each
 /// `msync` call is a write-out and a wait of its own (on the virtual disk measured
@@ -258,10 +307,29 @@ pub struct Persister {
     /// Emulated extra latency per index node read (see `HeapOptions::read_ns`).
     pub(crate) read_ns: u64,
     pub(crate) counters: Counters,
-    /// First errno of a failed `msync` (0 = none): from then on durability is not
-    /// guaranteed and `Region::health` reports it, so the layers above stop
-    /// acknowledging writes.
-    pub(crate) failed: std::sync::atomic::AtomicI32,
+    /// First errno of a failed `msync`, `fsync`, `pwrite` or file extension (0 =
+    /// none): from then on durability is not guaranteed and `Region::health`
+    /// reports it, so the layers above stop acknowledging writes. Never reset:
+    /// Linux reports a write-back error once per open file, so a later sync
+    /// that succeeds says nothing about the pages whose write-back failed
+    /// (PostgreSQL's "fsyncgate").
+    pub(crate) failed: AtomicI32,
+    /// Identity of this persister in the threads' msync lists.
+    pub(crate) id: u64,
+    /// This persister, as the region's `Arc` holds it (`Region::map`): the
+    /// threads' msync lists and detached fences hold it weakly, to sync at
+    /// thread exit or drop what was flushed and never fenced.
+    pub(crate) this: Weak<Persister>,
+    /// The mapping's base address (0 until mapped).
+    pub(crate) base: usize,
+    /// False once the region is closing (set under the write lock before the
+    /// mapping goes): a sync outside the region's own calls (thread exit, a
+    /// dropped detached fence) holds the read lock and syncs only while true.
+    pub(crate) live: RwLock<bool>,
+    /// The power-loss simulator watching the file (tests), if any.
+    pub(crate) sim: OnceLock<Arc<CrashSim>>,
+    /// Tests: the errno the next fsync or file extension fails with (0 = none).
+    pub(crate) inject: AtomicI32,
 }
 
 impl Persister {
@@ -277,8 +345,21 @@ impl Persister {
             fence_ns,
             read_ns: 0,
             counters: Counters::new(),
-            failed: std::sync::atomic::AtomicI32::new(0),
+            failed: AtomicI32::new(0),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            this: Weak::new(),
+            base: 0,
+            live: RwLock::new(true),
+            sim: OnceLock::new(),
+            inject: AtomicI32::new(0),
         }
+    }
+
+    /// Records `errno` as the first failure, if there was none (see `failed`).
+    pub(crate) fn record_failure(&self, errno: i32) {
+        let _ = self
+            .failed
+            .compare_exchange(0, errno, Ordering::SeqCst, Ordering::SeqCst);
     }
 
     /// Writes back the cache lines covering `[addr, addr + len)`.
@@ -295,10 +376,12 @@ impl Persister {
                 self.write_back(start, end);
             }
             Strategy::Msync => {
-                let ps = addr & !(OS_PAGE - 1);
-                let pe = (end + OS_PAGE - 1) & !(OS_PAGE - 1);
+                let pg = os_page();
+                let ps = addr & !(pg - 1);
+                let pe = (end + pg - 1) & !(pg - 1);
                 MSYNC_DIRTY.with(|d| {
                     let mut d = d.borrow_mut();
+                    let d = self.dirty_list(&mut d.0);
                     if let Some(last) = d.last_mut() {
                         if ps <= last.1 && pe >= last.0 {
                             last.0 = last.0.min(ps);
@@ -418,14 +501,58 @@ impl Persister {
         self.counted_fence();
     }
 
-    /// The page ranges this thread flushed since its last fence (msync
-    /// strategy; empty for the others), taken: the thread's next fence no
-    /// longer covers them, a `sync` of them does.
+    /// This thread's msync ranges for this region in `lists` (added if
+    /// missing; lists of closed regions are dropped then: their regions synced
+    /// the whole mapping when they closed).
+    fn dirty_list<'a>(&self, lists: &'a mut Vec<DirtyList>) -> &'a mut Vec<(usize, usize)> {
+        let i = match lists.iter().position(|l| l.id == self.id) {
+            Some(i) => i,
+            None => {
+                lists.retain(|l| l.owner.strong_count() > 0);
+                lists.push(DirtyList {
+                    id: self.id,
+                    owner: self.this.clone(),
+                    ranges: Vec::new(),
+                });
+                lists.len() - 1
+            }
+        };
+        &mut lists[i].ranges
+    }
+
+    /// The page ranges this thread flushed for this region since its last
+    /// fence (msync strategy; empty for the others), taken: the thread's next
+    /// fence no longer covers them, a `sync` of them does.
     pub(crate) fn take_dirty(&self) -> Vec<(usize, usize)> {
         if self.strategy != Strategy::Msync {
             return Vec::new();
         }
-        MSYNC_DIRTY.with(|d| std::mem::take(&mut *d.borrow_mut()))
+        MSYNC_DIRTY
+            .try_with(|d| {
+                d.borrow_mut()
+                    .0
+                    .iter_mut()
+                    .find(|l| l.id == self.id)
+                    .map(|l| std::mem::take(&mut l.ranges))
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Syncs `ranges` of this region from outside the region's own calls (a
+    /// thread's exit, a dropped detached fence): only while the region is
+    /// open (`live`), which it stays until this returns.
+    pub(crate) fn sync_detached(&self, ranges: Vec<(usize, usize)>) {
+        let live = self.live.read().unwrap_or_else(|e| e.into_inner());
+        if *live {
+            self.sync(ranges);
+        }
+    }
+
+    /// The region is closing: no sync from outside its calls starts from now
+    /// on, and none is under way when this returns.
+    pub(crate) fn close(&self) {
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = false;
     }
 
     /// Counts a write through the file (`Region::write_through`).
@@ -447,6 +574,7 @@ impl Persister {
         let mut merged: Vec<(usize, usize)> = ranges;
         merged.sort_unstable();
         let mut i = 0;
+        let mut out = Vec::new();
         while i < merged.len() {
             let (s, mut e) = merged[i];
             let mut j = i + 1;
@@ -454,6 +582,17 @@ impl Persister {
                 e = e.max(merged[j].1);
                 j += 1;
             }
+            out.push((s, e));
+            i = j;
+        }
+        if let Some(sim) = self.sim.get() {
+            let offs: Vec<(u64, u64)> = out
+                .iter()
+                .map(|&(s, e)| ((s - self.base) as u64, (e - s) as u64))
+                .collect();
+            sim.on_msync(&offs, &|off, dst| self.read_mapped(off, dst));
+        }
+        for (s, e) in out {
             // SAFETY: the range is page aligned and was flushed while mapped;
             // msync on a range that is no longer mapped fails with ENOMEM and
             // touches nothing; any failure is recorded (see `failed`).
@@ -462,12 +601,29 @@ impl Persister {
                 let errno = std::io::Error::last_os_error()
                     .raw_os_error()
                     .unwrap_or(libc::EIO);
-                let _ = self
-                    .failed
-                    .compare_exchange(0, errno, Ordering::SeqCst, Ordering::SeqCst);
+                self.record_failure(errno);
             }
             self.counters.add(|s| &s.msyncs, 1);
-            i = j;
+        }
+    }
+
+    /// Copies mapped bytes at offset `off` into `dst`, for the power-loss
+    /// simulator, which sees the region only through its persister.
+    ///
+    /// The caller guarantees `[off, off + dst.len())` lies in the mapped
+    /// part of the region and that the region is open (a region's own call,
+    /// or `live` held).
+    fn read_mapped(&self, off: u64, dst: &mut [u8]) {
+        debug_assert!(self.base != 0);
+        // SAFETY: by the caller's guarantee the range is mapped and stays so
+        // for the copy; `dst` is a distinct buffer. Concurrent stores by other
+        // threads may be seen in part, as a write-back would see them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (self.base + off as usize) as *const u8,
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
         }
     }
 }
@@ -571,6 +727,24 @@ mod tests {
         ));
         let auto = Strategy::parse("auto").unwrap();
         assert!(auto.supported());
+    }
+
+    #[test]
+    fn msync_ranges_are_aligned_to_the_system_page() {
+        // SAFETY: sysconf has no preconditions.
+        let sys = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        assert_eq!(os_page(), sys);
+        let p = Persister::new(Strategy::Msync, 0);
+        let buf = vec![0u8; 4 * sys];
+        let at = buf.as_ptr() as usize + sys + 100;
+        p.flush(at, 10);
+        p.flush(at + sys, 1);
+        let ranges = p.take_dirty();
+        assert_eq!(ranges.len(), 1, "adjacent pages merge: {ranges:?}");
+        let (s, e) = ranges[0];
+        assert_eq!((s % sys, e % sys), (0, 0));
+        assert!(s <= at && e > at + sys && e - s == 2 * sys, "{ranges:?}");
+        assert!(p.take_dirty().is_empty());
     }
 
     #[test]

@@ -10,14 +10,14 @@
 
 use crate::error::{Error, Result};
 use crate::layout::*;
-use crate::persist::{PersistStats, Persister, Strategy, LINE};
+use crate::persist::{os_page, PersistStats, Persister, Strategy, LINE};
 use crate::sim::CrashSim;
 use bytemuck::Pod;
 use std::fs::{File, OpenOptions as FsOpen};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 /// How a region is opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,7 +36,9 @@ pub struct Region {
     file: File,
     path: PathBuf,
     access: Access,
-    persister: Persister,
+    persister: Arc<Persister>,
+    /// The cache-line crash simulator (tests); the power-loss simulator is
+    /// the persister's (`Persister::sim`).
     pub(crate) sim: Option<Arc<CrashSim>>,
     sb: Mutex<Superblock>,
     /// The format parameters (fixed for the life of the heap).
@@ -226,6 +228,11 @@ impl Region {
     ) -> Result<Region> {
         let reserved = reserve_len.max(sb.size).next_multiple_of(PAGE) as usize;
         let base = reserve(reserved).map_err(|e| Error::io(path, e))?;
+        let persister = Arc::new_cyclic(|this| Persister {
+            this: this.clone(),
+            base: base as usize,
+            ..persister
+        });
         let region = Region {
             base,
             reserved,
@@ -293,9 +300,11 @@ impl Region {
             crate::persist::spin_ns(ns);
         }
     }
-    /// Whether every persist so far succeeded. After an `msync` failure (an I/O
-    /// error of the medium) durability is no longer guaranteed: callers must stop
-    /// acknowledging writes.
+    /// Whether every persist so far succeeded. After a failed `msync`, `fsync`,
+    /// write through the file or file extension (an I/O error of the medium, or
+    /// no space) durability is no longer guaranteed: callers must stop
+    /// acknowledging writes. A failure stays: a later sync that succeeds does not
+    /// say the pages whose write-back failed reached the file.
     pub fn health(&self) -> Result<()> {
         match self.persister.failed.load(Ordering::SeqCst) {
             0 => Ok(()),
@@ -308,6 +317,29 @@ impl Region {
 
     pub fn persist_stats(&self) -> PersistStats {
         self.persister.counters.snapshot()
+    }
+
+    /// Records a failed file operation (see `health`) and returns it as an error.
+    fn io_failed(&self, e: std::io::Error) -> Error {
+        self.persister
+            .record_failure(e.raw_os_error().unwrap_or(libc::EIO));
+        Error::io(&self.path, e)
+    }
+
+    /// The error injected for the next fsync or file extension
+    /// (`fail_next_file_op`), taken.
+    fn injected(&self) -> std::io::Result<()> {
+        match self.persister.inject.swap(0, Ordering::SeqCst) {
+            0 => Ok(()),
+            errno => Err(std::io::Error::from_raw_os_error(errno)),
+        }
+    }
+
+    /// Tests: the next `fsync` of the file or extension of it fails with
+    /// `errno`, as a write-back error reported by the kernel would.
+    #[doc(hidden)]
+    pub fn fail_next_file_op(&self, errno: i32) {
+        self.persister.inject.store(errno, Ordering::SeqCst);
     }
 
     /// Whether `[off, off+len)` lies inside the heap.
@@ -371,31 +403,36 @@ impl Region {
     /// write-back needs no TLB shootdown (ARCHITECTURE.md, "Log writes under
     /// msync"). Durable after a fence covering a `flush` of the range, as a
     /// store would be. A failure is recorded as a failed msync is (`health`).
-    /// A read-only or simulated region refuses (the simulator sees only
-    /// stores and flushes).
+    /// A read-only region refuses, and so does one under the cache-line
+    /// simulator (which sees only stores and flushes); the power-loss
+    /// simulator models the write (the page cache changes, nothing is
+    /// durable yet).
     pub fn write_through(&self, off: u64, src: &[u8]) -> Result<()> {
         use std::os::unix::fs::FileExt;
         if self.access != Access::ReadWrite || self.sim.is_some() {
             return Err(Error::ReadOnly);
         }
         self.check(off, src.len());
+        if let Some(sim) = self.persister.sim.get() {
+            sim.on_write_through(self);
+        }
         if let Err(e) = self.file.write_all_at(src, off) {
-            let errno = e.raw_os_error().unwrap_or(libc::EIO);
-            let _ = self.persister.failed.compare_exchange(
-                0,
-                errno,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            );
-            return Err(Error::io(&self.path, e));
+            return Err(self.io_failed(e));
         }
         self.persister.counted_write_through();
         Ok(())
     }
 
-    /// Whether the crash simulator watches this region.
+    /// Whether the cache-line crash simulator watches this region (it sees
+    /// only stores and flushes: writes through the file are refused). The
+    /// power-loss simulator, which models the file, does not count here.
     pub fn simulated(&self) -> bool {
         self.sim.is_some()
+    }
+
+    /// The power-loss simulator watching this region, if any.
+    pub fn power_loss_sim(&self) -> Option<&Arc<CrashSim>> {
+        self.persister.sim.get()
     }
 
     /// Fills a range with one byte value.
@@ -481,8 +518,8 @@ impl Region {
         if !self.contains(off, len) {
             return false;
         }
-        const PAGE: u64 = 4096;
-        let (a, b) = (off & !(PAGE - 1), (off + len).div_ceil(PAGE) * PAGE);
+        let page = os_page() as u64;
+        let (a, b) = (off & !(page - 1), (off + len).div_ceil(page) * page);
         let b = b.min(self.size());
         if a >= b {
             return false;
@@ -551,17 +588,21 @@ impl Region {
             self.persister.fence();
             Vec::new()
         };
-        DetachedFence { ranges, sim_lines }
+        DetachedFence {
+            ranges,
+            sim_lines,
+            owner: Arc::downgrade(&self.persister),
+        }
     }
 
     /// Makes the flushes of a [`Region::detach_fence`] durable (any thread).
     /// Check [`Region::health`] after it, as after a fence.
-    pub fn complete_fence(&self, f: DetachedFence) {
-        if let (Some(sim), Some(lines)) = (&self.sim, f.sim_lines) {
+    pub fn complete_fence(&self, mut f: DetachedFence) {
+        if let (Some(sim), Some(lines)) = (&self.sim, f.sim_lines.take()) {
             sim.on_fence_lines(self, lines);
         }
         if self.persister.strategy == Strategy::Msync {
-            self.persister.sync(f.ranges);
+            self.persister.sync(std::mem::take(&mut f.ranges));
             self.persister.counted_fence();
         }
     }
@@ -617,10 +658,18 @@ impl Region {
         Ok(())
     }
 
-    /// `fsync` of the file's metadata (its length after create or grow).
+    /// `fsync` of the file's metadata (its length after create or grow), and
+    /// with it every dirty page. A failure is recorded (`health`): the
+    /// write-back error it reports belongs to pages that later msyncs of the
+    /// same file would no longer report.
     pub(crate) fn sync_metadata(&self) -> Result<()> {
         if self.access == Access::ReadWrite && self.sim.is_none() {
-            self.file.sync_all().map_err(|e| Error::io(&self.path, e))?;
+            if let Some(sim) = self.persister.sim.get() {
+                sim.on_fsync(self);
+            }
+            self.injected()
+                .and_then(|()| self.file.sync_all())
+                .map_err(|e| self.io_failed(e))?;
         }
         Ok(())
     }
@@ -650,9 +699,9 @@ impl Region {
                 .map_err(|e| Error::io(&self.path, e))?
                 .len();
             if flen < new_size {
-                self.file
-                    .set_len(new_size)
-                    .map_err(|e| Error::io(&self.path, e))?;
+                self.injected()
+                    .and_then(|()| self.file.set_len(new_size))
+                    .map_err(|e| self.io_failed(e))?;
             }
         }
         map_file(
@@ -663,7 +712,7 @@ impl Region {
             self.access,
         )
         .map_err(|e| Error::io(&self.path, e))?;
-        if let Some(sim) = &self.sim {
+        if let Some(sim) = self.sim.as_ref().or(self.persister.sim.get()) {
             sim.on_grow(self, old, new_size);
         }
         self.size.store(new_size as usize, Ordering::Release);
@@ -672,12 +721,32 @@ impl Region {
 
     pub(crate) fn attach_sim(&mut self, sim: Arc<CrashSim>) {
         sim.reset_from(self);
-        self.sim = Some(sim);
+        if sim.is_power_loss() {
+            let _ = self.persister.sim.set(sim);
+        } else {
+            self.sim = Some(sim);
+        }
     }
 }
 
 impl Drop for Region {
     fn drop(&mut self) {
+        if self.access == Access::ReadWrite && self.persister.strategy == Strategy::Msync {
+            // Flushes some thread never fenced (its list still holds them)
+            // are synced here, as cache-line write-backs never fenced still
+            // complete: under msync too, what was flushed is durable once the
+            // region is closed.
+            let size = self.size();
+            if size > 0 {
+                self.persister.sync(vec![(
+                    self.base as usize,
+                    self.base as usize + size as usize,
+                )]);
+            }
+        }
+        // No sync from a thread's exit or a dropped detached fence runs from
+        // now on.
+        self.persister.close();
         // SAFETY: `base..base+reserved` is the reservation created in `map`, which
         // includes every file mapping we placed inside it; nothing borrows it any more
         // (all borrows are tied to `&self`).
@@ -761,10 +830,26 @@ pub fn prefetch_line(p: *const u8) {
 }
 
 /// The flushes of a fence taken apart ([`Region::detach_fence`]); durable once
-/// given to [`Region::complete_fence`]. Dropped instead, they stay as durable
-/// as unfenced flushes are.
+/// given to [`Region::complete_fence`]. Dropped instead, they are as durable
+/// as unfenced flushes are: under msync the drop syncs them (if the region is
+/// still open; a region syncs its whole mapping when it closes), with no
+/// health check; under the cache-line strategies their write-backs were
+/// issued and complete by themselves. The cache-line simulator, which
+/// persists a thread's lines only at a fence, never persists them.
 #[must_use = "the flushes are durable only once completed"]
 pub struct DetachedFence {
     ranges: Vec<(usize, usize)>,
     sim_lines: Option<Vec<u64>>,
+    owner: Weak<Persister>,
+}
+
+impl Drop for DetachedFence {
+    fn drop(&mut self) {
+        if self.ranges.is_empty() {
+            return;
+        }
+        if let Some(p) = self.owner.upgrade() {
+            p.sync_detached(std::mem::take(&mut self.ranges));
+        }
+    }
 }

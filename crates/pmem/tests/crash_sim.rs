@@ -17,6 +17,12 @@
 //! - fresh allocations on the recovered heap never overlap a reachable block.
 //!
 //! Prints `crash-sim: N images, M inconsistent`; fails unless N >= 10,000 and M = 0.
+//!
+//! The same workload and checks run under the msync strategy with the power-loss
+//! simulator (`CrashSim::power_loss`: images hold the pages msync and fsync made
+//! durable plus, per page written since, its old or new content or a tear of both
+//! at 512-byte sectors), including online growth (`set_len`, fsync). Prints
+//! `power-loss-sim: N images, M inconsistent (pmem heap: ...)`.
 
 use pmem::{CrashSim, Geometry, Heap, HeapOptions, PPtr, Strategy, ThreadHeap};
 use rand::rngs::SmallRng;
@@ -27,13 +33,15 @@ use std::sync::Arc;
 const SLOTS: usize = 24;
 const HDR: u64 = 32; // len, seq, birth, crc
 const MIN_IMAGES: u64 = 10_000;
+/// Power-loss images of this test (the engine's power-loss test adds its own).
+const MIN_POWER_LOSS_IMAGES: u64 = 6_000;
 
-fn min_images() -> u64 {
+fn min_images(floor: u64) -> u64 {
     std::env::var("EMBER_CRASH_IMAGES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(MIN_IMAGES)
-        .max(MIN_IMAGES)
+        .unwrap_or(floor)
+        .max(floor)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +60,13 @@ fn opts() -> HeapOptions {
         geometry: Geometry::small(),
         strategy: Strategy::FenceOnly,
         ..Default::default()
+    }
+}
+
+fn msync_opts() -> HeapOptions {
+    HeapOptions {
+        strategy: Strategy::Msync,
+        ..opts()
     }
 }
 
@@ -376,6 +391,18 @@ fn shm_dir() -> PathBuf {
 
 #[test]
 fn crash_sim_allocator_and_transactions() {
+    run_sim(false);
+}
+
+#[test]
+fn power_loss_sim_allocator_and_transactions() {
+    run_sim(true);
+}
+
+/// The workload under the cache-line simulator (fence-only strategy) or the
+/// power-loss simulator (msync).
+fn run_sim(power_loss: bool) {
+    let run_opts = if power_loss { msync_opts() } else { opts() };
     let dir = tempfile::tempdir_in(shm_dir()).unwrap();
     let img_path = dir.path().join("image.heap");
     let mut images = 0u64;
@@ -388,20 +415,28 @@ fn crash_sim_allocator_and_transactions() {
         .map_or(0, |r| r.saturating_sub(1));
     let keep = std::env::var_os("EMBER_CRASH_KEEP").map(PathBuf::from);
     let started = std::time::Instant::now();
-    let target = min_images();
+    let target = min_images(if power_loss {
+        MIN_POWER_LOSS_IMAGES
+    } else {
+        MIN_IMAGES
+    });
     while images < target {
         run += 1;
         let path = dir.path().join(format!("run{run}.heap"));
         // Set up the root table, then reopen with the simulator attached.
         {
-            let heap = Heap::create(&path, &opts()).unwrap();
+            let heap = Heap::create(&path, &run_opts).unwrap();
             let mut th = heap.thread().unwrap();
             let t = th.alloc_zeroed(8 * SLOTS as u64).unwrap();
             heap.region().fence();
             heap.set_root(t).unwrap();
         }
-        let sim = Arc::new(CrashSim::new(run, 0));
-        let (heap, _) = Heap::open_sim(&path, &opts(), sim.clone())
+        let sim = Arc::new(if power_loss {
+            CrashSim::power_loss(run, 0)
+        } else {
+            CrashSim::new(run, 0)
+        });
+        let (heap, _) = Heap::open_sim(&path, &run_opts, sim.clone())
             .unwrap()
             .finish_clean()
             .unwrap();
@@ -454,11 +489,17 @@ fn crash_sim_allocator_and_transactions() {
     // Written to the process's stderr directly so that it shows in the test log
     // (the harness captures only the print macros).
     use std::io::Write;
+    let name = if power_loss {
+        "power-loss-sim"
+    } else {
+        "crash-sim"
+    };
+    let detail = if power_loss { "pmem heap: " } else { "" };
     let _ = writeln!(
         std::io::stderr(),
-        "crash-sim: {images} images, {bad} inconsistent ({run} runs, {:.1} s)",
+        "{name}: {images} images, {bad} inconsistent ({detail}{run} runs, {:.1} s)",
         started.elapsed().as_secs_f64()
     );
-    assert_eq!(bad, 0, "crash-sim found inconsistent images");
+    assert_eq!(bad, 0, "{name} found inconsistent images");
     assert!(images >= target);
 }
