@@ -32,11 +32,11 @@
 //! (`st`, `lfr`: a side-table transaction per put); and double crashes (an
 //! image recovered under a second simulator, written to, crashed again).
 //!
-//! The checks that catch the two bugs of issue 37 are `#[ignore]`d until their
-//! fixes merge (branch msync-commit): §1, an acknowledged record unsynced when
-//! a fence ran between its append and the commit (hot keys, detached commits,
-//! small logs, backend reads, opt, st / lfr); §2, a record from before a crash replayed after the next one
-//! (`double_crash_any_image`).
+//! The checks that catch the two bugs of issue 37 (each failed before its
+//! fix): §1, an acknowledged record unsynced when a fence ran between its
+//! append and the commit (hot keys, detached commits, small logs, backend
+//! reads, opt, st / lfr); §2, a record from before a crash replayed after the
+//! next one (`double_crash_any_image`).
 //!
 //! Each test prints `power-loss-sim: N images, M inconsistent (engine ...)`.
 //! `EMBER_POWER_LOSS_SEED` sets the first seed; failures name their seed.
@@ -604,8 +604,8 @@ fn run(c: Cfg) {
     assert_eq!(t.bad, 0, "{}: {:?}", c.name, t.first);
 }
 
-/// The runs that pass before the §1 fix: nothing fences on a writer's thread
-/// between its appends and its commit. Each session writes keys of its own,
+/// Runs in which nothing fences on a writer's thread between its appends and
+/// its commit (they passed before the §1 fix too). Each session writes keys of its own,
 /// all present and in the frontend before the sessions start (a write that
 /// misses the frontend reads the backend, where it may persist a link the
 /// gleaner left dirty: a fence), into logs larger than the run writes (no
@@ -652,7 +652,6 @@ fn double_crash_after_a_commit() {
 // thread) synced its pages before the commit wrote them.
 
 #[test]
-#[ignore = "fails until msync-commit merges"]
 fn cross_log_hot_keys() {
     run(Cfg {
         name: "full-logfree hot keys",
@@ -665,11 +664,9 @@ fn cross_log_hot_keys() {
 }
 
 #[test]
-#[ignore = "fails until msync-commit merges"]
 fn opt_own_keys() {
-    // Keys of their own, yet an acknowledged record goes missing on this
-    // branch in some runs (the fence on the writer's thread not pinned down;
-    // it passes with the §1 fix).
+    // Keys of their own: before the §1 fix an acknowledged record went
+    // missing in some runs all the same.
     run(Cfg {
         name: "opt-logfree own keys",
         variant: Variant::Opt,
@@ -680,7 +677,6 @@ fn opt_own_keys() {
 }
 
 #[test]
-#[ignore = "fails until msync-commit merges"]
 fn pipelined_detached_commits() {
     run(Cfg {
         name: "full-logfree detached commits",
@@ -691,7 +687,6 @@ fn pipelined_detached_commits() {
 }
 
 #[test]
-#[ignore = "fails until msync-commit merges"]
 fn log_handover_small_logs() {
     // 8 KiB logs: writers fill them, wait for space (syncing every log, their
     // own uncommitted records included) and move to other writers' logs.
@@ -713,7 +708,6 @@ fn log_handover_small_logs() {
 }
 
 #[test]
-#[ignore = "fails until msync-commit merges"]
 fn backend_reads_after_a_restart() {
     run(Cfg {
         name: "full-logfree backend reads",
@@ -726,7 +720,6 @@ fn backend_reads_after_a_restart() {
 }
 
 #[test]
-#[ignore = "fails until msync-commit merges"]
 fn ablation_variants() {
     for (name, variant) in [("st", Variant::St), ("lfr", Variant::Lfr)] {
         let backend = if variant == Variant::St {
@@ -751,7 +744,6 @@ fn ablation_variants() {
 // replayed after the next crash when a new record ends where it starts.
 
 #[test]
-#[ignore = "fails until msync-commit merges"]
 fn double_crash_any_image() {
     run(Cfg {
         name: "full-logfree double crash (any first image)",
