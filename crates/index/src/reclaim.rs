@@ -107,6 +107,22 @@ impl Participant {
         guard.flush();
     }
 
+    /// Hands the tickets retired so far to the epoch and helps it along until
+    /// they are redeemed, for at most [`THROTTLE_MAX_WAIT`]: for a writer that
+    /// found the heap full, whose removes' blocks would otherwise wait for a
+    /// batch of [`BATCH`] tickets. Call with nothing pinned.
+    pub fn release_now(&mut self) {
+        {
+            let g = self.local.pin();
+            self.defer_batch(&g);
+        }
+        let start = Instant::now();
+        while self.outstanding() > 0 && start.elapsed() < THROTTLE_MAX_WAIT {
+            self.local.pin().flush();
+            std::thread::yield_now();
+        }
+    }
+
     /// Hands the tickets retired so far to the epoch now (tests).
     #[cfg(test)]
     pub(crate) fn hand_over(&mut self) {
