@@ -1902,7 +1902,8 @@ impl Gleaner {
     /// Applies the batch's backend writes (see `writes`). A full heap does not
     /// fail the batch: its writes are then applied one at a time, removes
     /// first (they free space), and the keys whose write found no room are
-    /// returned with the error. Each write is failure-atomic and writing one
+    /// returned with the error (after the first put without room, the rest
+    /// are not tried). Each write is failure-atomic and writing one
     /// again is harmless (the same stamp and value), so after the batch's
     /// failure, which may have applied any subset, each is simply written.
     fn flush_writes(&mut self) -> Result<(Vec<Vec<u8>>, Option<Error>)> {
@@ -1932,9 +1933,15 @@ impl Gleaner {
             }
         }
         let mut failed = Vec::new();
-        let mut err = None;
+        let mut err: Option<Error> = None;
         let removes = items.iter().filter(|(_, v)| v.is_none());
         for &(k, v) in removes.chain(items.iter().filter(|(_, v)| v.is_some())) {
+            if err.is_some() && v.is_some() {
+                // One put found no room: the batch's other puts wait for the
+                // next batch rather than each paying for a failed growth.
+                failed.push(k.to_vec());
+                continue;
+            }
             if let Err(e) = self.h.apply_batch(&[(k, v)]) {
                 let e = Error::from(e);
                 if !heap_full(&e) {

@@ -1434,9 +1434,15 @@ impl HashHandle {
     /// blocks of values replaced and keys removed would otherwise wait for a
     /// batch of tickets to fill, and a writer retrying on a full heap would
     /// not find the room its own removes made.
-    fn reclaim_now(&mut self) {
+    /// False when it had nothing to free (a retry would fail the same way).
+    fn reclaim_now(&mut self) -> bool {
+        if self.h.pending.is_empty() && self.h.replaced.is_empty() && self.h.part.outstanding() == 0
+        {
+            return false;
+        }
         self.sync_inner();
         self.h.part.release_now();
+        true
     }
 
     fn settle_count(&mut self) {
@@ -1496,22 +1502,20 @@ impl Ops for HashHandle {
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<bool> {
         check_kv(key, Some(value))?;
         let r = self.run(|i, h, g| i.upsert(h, g, key, value, true));
-        if !heap_full(&r) {
+        if !heap_full(&r) || !self.reclaim_now() {
             return r;
         }
         // Once more after freeing what this handle unlinked (a put is
         // failure-atomic: the failed one changed nothing).
-        self.reclaim_now();
         self.run(|i, h, g| i.upsert(h, g, key, value, true))
     }
 
     fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<bool> {
         check_kv(key, Some(value))?;
         let r = self.run(|i, h, g| i.upsert(h, g, key, value, false));
-        if !heap_full(&r) {
+        if !heap_full(&r) || !self.reclaim_now() {
             return r;
         }
-        self.reclaim_now();
         self.run(|i, h, g| i.upsert(h, g, key, value, false))
     }
 
@@ -1527,12 +1531,11 @@ impl Ops for HashHandle {
 
     fn apply_batch(&mut self, items: &[(&[u8], Option<&[u8]>)]) -> Result<()> {
         let r = self.apply_batch_once(items);
-        if !heap_full(&r) {
+        if !heap_full(&r) || !self.reclaim_now() {
             return r;
         }
         // Once more after freeing what this handle unlinked: each write is
         // failure-atomic, and writing one again is the same write.
-        self.reclaim_now();
         self.apply_batch_once(items)
     }
 

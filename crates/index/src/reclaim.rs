@@ -86,7 +86,9 @@ impl Participant {
         self.batch.extend(tickets);
         self.outstanding
             .fetch_add(self.batch.len() - before, Ordering::Relaxed);
-        if self.batch.len() >= BATCH {
+        // Batched, unless the heap is short of space: then a writer waits
+        // for these blocks, and a batch might not fill for a long time.
+        if self.batch.len() >= BATCH || self.heap.short_of_space() {
             self.defer_batch(guard);
         }
     }
