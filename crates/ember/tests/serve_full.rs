@@ -69,8 +69,8 @@ fn fill(
     panic!("{max} SETs of {} bytes never filled the heap", val.len());
 }
 
-/// SET `k` until it succeeds (removes are applied in the background, and the
-/// room they free is found by the next write that needs it) within `secs`.
+/// SET `k` until it succeeds within `secs` (removes are applied in the
+/// background, and the room they free is found by the next write that needs it).
 fn set_eventually(con: &mut redis::Connection, k: &str, v: &[u8], secs: u64) {
     let t = Instant::now();
     loop {
@@ -84,36 +84,59 @@ fn set_eventually(con: &mut redis::Connection, k: &str, v: &[u8], secs: u64) {
     }
 }
 
-/// Removes enough keys of `model` whose name starts with `prefix` with
-/// `cmd` (DEL, UNLINK, or PEXPIREAT in the past) to make room for `extra`
-/// values past the writes waiting in Bullet's logs: the room removes free
-/// goes to those acknowledged writes first (INFO `heap_full_keys`, 0 for the
-/// direct engine). Returns how many it removed.
-fn make_room(
+/// Removes keys of `model` whose name starts with `prefix` with `cmd` (DEL,
+/// UNLINK, or PEXPIREAT in the past), oldest first, until a SET of `k` to `v`
+/// succeeds: each round removes the writes Bullet has waiting for room (INFO
+/// `heap_full_keys`, which get the room removes free first; 0 for the direct
+/// engine) and `step` more, then retries the SET for up to 2 s (removes are
+/// applied in the background). Panics when the keys run out first. Returns
+/// how many keys it removed.
+fn make_room_for(
     con: &mut redis::Connection,
     model: &mut BTreeMap<String, Vec<u8>>,
-    prefix: &str,
-    cmd: &str,
-    extra: usize,
+    (prefix, cmd, step): (&str, &str, usize),
+    k: &str,
+    v: &[u8],
 ) -> usize {
-    let waiting: usize = info_field(con, "ember", "heap_full_keys").parse().unwrap();
-    let keys: Vec<String> = model
-        .keys()
-        .filter(|k| k.starts_with(prefix))
-        .take(waiting + extra)
-        .cloned()
-        .collect();
-    for k in &keys {
-        let mut c = redis::cmd(cmd);
-        c.arg(k);
-        if cmd == "PEXPIREAT" {
-            c.arg(1);
+    let mut removed = 0;
+    loop {
+        let waiting: usize = info_field(con, "ember", "heap_full_keys").parse().unwrap();
+        let keys: Vec<String> = model
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .take(waiting + step)
+            .cloned()
+            .collect();
+        assert!(
+            !keys.is_empty(),
+            "{cmd} of every {prefix}* key made no room for {k}"
+        );
+        for key in &keys {
+            let mut c = redis::cmd(cmd);
+            c.arg(key);
+            if cmd == "PEXPIREAT" {
+                c.arg(1);
+            }
+            let n: u64 = c.query(con).unwrap();
+            assert_eq!(n, 1, "{cmd} {key}");
+            model.remove(key);
         }
-        let n: u64 = c.query(con).unwrap();
-        assert_eq!(n, 1, "{cmd} {k}");
-        model.remove(k);
+        removed += keys.len();
+        let t = Instant::now();
+        loop {
+            match set(con, k, v) {
+                Ok(()) => {
+                    model.insert(k.to_string(), v.to_vec());
+                    return removed;
+                }
+                Err(e) if is_oom(&e) && t.elapsed() < Duration::from_secs(2) => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) if is_oom(&e) => break,
+                Err(e) => panic!("SET {k} after removes: {e}"),
+            }
+        }
     }
-    keys.len()
 }
 
 /// The model's keys all read back with their values.
@@ -172,19 +195,31 @@ fn a_full_heap_answers_oom_and_deletes_make_room() {
         assert_ne!(info_field(&mut con, "ember", "heap_oom_errors"), "0");
         assert!(info_field(&mut con, "ember", "heap_full_reason").contains("heap is full"));
         // DEL frees room.
-        make_room(&mut con, &mut model, "key", "DEL", 3);
-        set_eventually(&mut con, "after-del", b"room again", 10);
-        model.insert("after-del".into(), b"room again".to_vec());
+        make_room_for(
+            &mut con,
+            &mut model,
+            ("key", "DEL", 2),
+            "after-del",
+            b"room",
+        );
         // UNLINK, EXPIRE (in the past: the key goes) and FLUSHDB too, each
         // after the heap is full again.
         fill(&mut con, &mut model, "a", &val, 200);
-        make_room(&mut con, &mut model, "a", "UNLINK", 3);
-        set_eventually(&mut con, "after-unlink", b"x", 10);
-        model.insert("after-unlink".into(), b"x".to_vec());
+        make_room_for(
+            &mut con,
+            &mut model,
+            ("a0", "UNLINK", 2),
+            "after-unlink",
+            b"x",
+        );
         fill(&mut con, &mut model, "b", &val, 200);
-        make_room(&mut con, &mut model, "", "PEXPIREAT", 3);
-        set_eventually(&mut con, "after-expire", b"y", 10);
-        model.insert("after-expire".into(), b"y".to_vec());
+        make_room_for(
+            &mut con,
+            &mut model,
+            ("b0", "PEXPIREAT", 2),
+            "after-expire",
+            b"y",
+        );
         check_model(&mut con, &model);
         // FLUSHDB on database 1, filled until the heap is full.
         let _: () = redis::cmd("SELECT").arg(1).query(&mut con).unwrap();
@@ -234,10 +269,21 @@ impl Drop for Mount {
     }
 }
 
+/// A server process started by hand: killed when dropped (a failed test
+/// leaves no server holding the test's file system).
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A server started by hand, for the file-system tests: `limit` sets
 /// RLIMIT_FSIZE (bytes) in the child (SIGXFSZ ignored, so that a write past
 /// it is the error EFBIG, as a full file system's ENOSPC is).
-fn spawn(heap: &Path, log: &Path, args: &[&str], limit: Option<u64>) -> (std::process::Child, u16) {
+fn spawn(heap: &Path, log: &Path, args: &[&str], limit: Option<u64>) -> (Child, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -272,14 +318,14 @@ fn spawn(heap: &Path, log: &Path, args: &[&str], limit: Option<u64>) -> (std::pr
             });
         }
     }
-    (cmd.spawn().unwrap(), port)
+    (Child(cmd.spawn().unwrap()), port)
 }
 
 /// Waits for PING to answer, or for the process to exit (its status).
-fn wait_ready(child: &mut std::process::Child, port: u16) -> Option<std::process::ExitStatus> {
+fn wait_ready(child: &mut Child, port: u16) -> Option<std::process::ExitStatus> {
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(60) {
-        if let Ok(Some(st)) = child.try_wait() {
+        if let Ok(Some(st)) = child.0.try_wait() {
             return Some(st);
         }
         if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
@@ -294,23 +340,23 @@ fn wait_ready(child: &mut std::process::Child, port: u16) -> Option<std::process
     panic!("server neither served nor exited");
 }
 
-fn wait_exit(child: &mut std::process::Child, secs: u64) -> std::process::ExitStatus {
+fn wait_exit(child: &mut Child, secs: u64) -> std::process::ExitStatus {
     let t = Instant::now();
     loop {
-        if let Ok(Some(st)) = child.try_wait() {
+        if let Ok(Some(st)) = child.0.try_wait() {
             return st;
         }
         if t.elapsed() > Duration::from_secs(secs) {
-            let _ = child.kill();
+            let _ = child.0.kill();
             panic!("the server did not exit within {secs} s");
         }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
-fn sigterm(child: &mut std::process::Child) -> std::process::ExitStatus {
+fn sigterm(child: &mut Child) -> std::process::ExitStatus {
     // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
     wait_exit(child, 60)
 }
 
@@ -374,9 +420,7 @@ fn a_full_disk_is_an_error_reply_and_a_clear_start_error() {
     assert!(info_field(&mut con, "ember", "heap_full_reason").contains("file system is full"));
     let got: Vec<u8> = redis::cmd("GET").arg("k000000").query(&mut con).unwrap();
     assert_eq!(got, val);
-    make_room(&mut con, &mut model, "k", "DEL", 2000);
-    set_eventually(&mut con, "after", &val, 10);
-    model.insert("after".into(), val.clone());
+    make_room_for(&mut con, &mut model, ("k0", "DEL", 500), "after", &val);
     drop(con);
     let st = sigterm(&mut child);
     assert!(

@@ -1131,6 +1131,12 @@ impl Inner {
         let r = self.r();
         let hash = self.hasher.hash(key);
         let so = so_regular(hash);
+        if self.slot(self.bucket_of(hash)) == 0 && self.walk_ro(key, hash).1 == 0 {
+            // Absent, and its bucket not made yet: nothing to allocate for
+            // (a remove must succeed on a full heap, where making the bucket
+            // could not).
+            return Ok(false);
+        }
         let start = self.bucket(&mut h.st, &mut h.th, self.bucket_of(hash))?;
         loop {
             let (prev, curr, found) = self.find(&mut h.st, start, so, key);
