@@ -297,8 +297,52 @@ struct Shared {
     advance_lock: Mutex<Option<PendingAdvance>>,
     /// Tombstones whose removal waits for a later epoch.
     deferred: Mutex<Vec<(u64, Vec<u8>)>>,
+    /// Keys whose records the backend had no room for (a full heap).
+    stuck: Mutex<Stuck>,
+    /// `stuck` holds a key: puts are refused with the heap-full error.
+    full: AtomicBool,
     c: Counters,
 }
+
+/// Keys whose chains a gleaner could not apply because the backend could not
+/// allocate (a full heap), and the last such error. Their records stay in the
+/// logs, unflagged (acknowledged writes are never dropped), and every batch
+/// that meets them tries again; a key leaves the set when a batch applies its
+/// chain (space freed by removes, or a remove of the key itself collapsed into
+/// it). While the set is not empty, puts and increments are refused at once
+/// (Redis's maxmemory `-OOM`): the logs then keep their room for removes, whose
+/// application frees backend space.
+#[derive(Default)]
+struct Stuck {
+    keys: std::collections::HashSet<Vec<u8>>,
+    /// The last lack-of-room error a backend write met.
+    last: Option<pmem::Error>,
+}
+
+/// Whether `e` says the heap could not allocate: at its limit, or no room on
+/// its file system (`pmem::Error::is_full`; it may have room later).
+fn heap_full(e: &Error) -> bool {
+    match e {
+        Error::Heap(h) | Error::Index(index::Error::Heap(h)) => h.is_full(),
+        _ => false,
+    }
+}
+
+fn clone_full(e: &Error) -> Option<pmem::Error> {
+    match e {
+        Error::Heap(h) | Error::Index(index::Error::Heap(h)) => h.clone_full(),
+        _ => None,
+    }
+}
+
+/// The share of each log that puts leave free (1/16): removes may use it, so
+/// that when the backend is full and puts wait in the logs, removes, whose
+/// application frees backend space, still find room.
+const REMOVE_RESERVE: u64 = 16;
+
+/// How long a remove waits for log space while the backend is full and
+/// nothing moves before it gets the heap-full error.
+const REMOVE_PATIENCE: Duration = Duration::from_millis(500);
 
 /// Owns the background threads; stops and joins them when the last store handle
 /// goes.
@@ -621,6 +665,8 @@ impl BulletStore {
             stop: AtomicBool::new(false),
             advance_lock: Mutex::new(None),
             deferred: Mutex::new(Vec::new()),
+            stuck: Mutex::new(Stuck::default()),
+            full: AtomicBool::new(false),
             c: Counters::default(),
         });
         let life = Arc::new(Life {
@@ -691,11 +737,18 @@ impl BulletStore {
     /// (§5) and gleaners apply them later. A clean shutdown uses this so that
     /// its time stays bounded whatever the backlog (with the msync strategy a
     /// backend update costs msyncs, and a full pool takes minutes to apply).
+    ///
+    /// Records the backend has no room for (a full heap) end a drain with a
+    /// budget early (false: they stay in the logs); one without a budget
+    /// returns the heap-full error.
     pub fn drain_for(&self, budget: Option<Duration>) -> Result<bool> {
         let mut g = Gleaner::new(&self.sh)?;
         let r = self.drain_loop(&mut g, budget.map(|b| std::time::Instant::now() + b));
         g.retire(&self.sh);
-        r
+        match r {
+            Err(e) if budget.is_some() && heap_full(&e) => Ok(false),
+            r => r,
+        }
     }
 
     fn drain_loop(&self, g: &mut Gleaner, deadline: Option<std::time::Instant>) -> Result<bool> {
@@ -1291,6 +1344,52 @@ impl Shared {
         true
     }
 
+    /// The heap-full error writes get while the backend has no room for a
+    /// chain (`Stuck`); None otherwise.
+    fn full_error(&self) -> Option<Error> {
+        if !self.full.load(Ordering::Acquire) {
+            return None;
+        }
+        let s = self.stuck.lock().unwrap_or_else(|e| e.into_inner());
+        if s.keys.is_empty() {
+            return None;
+        }
+        Some(Error::Heap(
+            s.last
+                .as_ref()
+                .and_then(|e| e.clone_full())
+                .unwrap_or(pmem::Error::HeapFull {
+                    requested: 0,
+                    heap_size: self.heap.region().size(),
+                    max_size: self.heap.region().reserved(),
+                }),
+        ))
+    }
+
+    /// Records a batch's outcome for `stuck`: the keys it applied leave the
+    /// set, the keys it could not apply for lack of heap join it.
+    fn note_applied<'a>(
+        &self,
+        applied: impl Iterator<Item = &'a [u8]>,
+        failed: &[Vec<u8>],
+        err: Option<&Error>,
+    ) {
+        if failed.is_empty() && !self.full.load(Ordering::Acquire) {
+            return;
+        }
+        let mut s = self.stuck.lock().unwrap_or_else(|e| e.into_inner());
+        for k in applied {
+            s.keys.remove(k);
+        }
+        for k in failed {
+            s.keys.insert(k.clone());
+        }
+        if let Some(l) = err.and_then(clone_full) {
+            s.last = Some(l);
+        }
+        self.full.store(!s.keys.is_empty(), Ordering::Release);
+    }
+
     /// Raises the version tick above a stamp read from the backend, so that after
     /// a restart with empty logs the tick is not behind the keys' versions (eviction
     /// and tombstone reaping compare versions with the tick).
@@ -1320,9 +1419,12 @@ struct Gleaner {
     /// Gleaner locks held until the batch ends (and which, as a bitmap).
     held: Vec<usize>,
     held_bits: Vec<u64>,
-    /// Chains applied in this batch: key hash, key, newest record, whether the key
-    /// is now removed. Their `lentry` is released at the end of the batch.
-    releases: Vec<(u64, Vec<u8>, u64, bool)>,
+    /// Chains applied in this batch. Their `lentry` is released at the end of
+    /// the batch.
+    releases: Vec<Release>,
+    /// The batch's backend writes found no room for some keys (a full heap)
+    /// and it applied no other chain: `glean_batch` returns this error.
+    full: Option<Error>,
     /// The batch's backend writes (key → stamp and value, `None` = remove), applied
     /// together at the end of the batch ([`index::Ops::apply_batch`]: two fences
     /// for the batch instead of one or more per write) and read back by the
@@ -1334,6 +1436,16 @@ struct Gleaner {
     inline: bool,
     /// When a batch ends before its size: see [`Cut`].
     cut: Cut,
+}
+
+/// A chain applied in a batch: key hash, key, newest record, whether the key
+/// is now removed, and where its records are in the batch's `pending`.
+struct Release {
+    hash: u64,
+    key: Vec<u8>,
+    newest: u64,
+    removed: bool,
+    pending: std::ops::Range<usize>,
 }
 
 /// When a gleaner's batch ends early (checked before each group of chains; the
@@ -1449,6 +1561,7 @@ impl Gleaner {
             held: Vec::new(),
             held_bits: vec![0; GLOCKS / 64],
             releases: Vec::new(),
+            full: None,
             writes: Default::default(),
             inline: true,
             cut: Cut::Never,
@@ -1475,6 +1588,13 @@ impl Gleaner {
         if let Err(e) = self.end_batch(sh) {
             r = Err(e);
         }
+        if let Some(e) = self.full.take() {
+            // Nothing but chains the heap has no room for: the caller backs
+            // off (a writer waiting for log space gets the error).
+            if r.is_ok() {
+                r = Err(e);
+            }
+        }
         if r.is_err() || self.inline {
             // A session gleans between requests; it must not keep a log from the
             // other gleaners (and from `drain`) while it serves or idles.
@@ -1493,8 +1613,22 @@ impl Gleaner {
     fn end_batch(&mut self, sh: &Shared) -> Result<()> {
         let mut r = Ok(());
         if !self.pending.is_empty() {
-            match self.flush_writes().and_then(|()| self.h.sync()) {
-                Ok(()) => {
+            let flushed = self
+                .flush_writes()
+                .and_then(|f| self.h.sync().map(|()| f).map_err(Error::from));
+            match flushed {
+                Ok((failed, err)) => {
+                    if !failed.is_empty() {
+                        self.drop_failed(sh, &failed);
+                    }
+                    sh.note_applied(
+                        self.releases.iter().map(|r| r.key.as_slice()),
+                        &failed,
+                        err.as_ref(),
+                    );
+                    if !failed.is_empty() && self.releases.is_empty() {
+                        self.full = err;
+                    }
                     // The flags are set and fenced inside the epoch. A head
                     // advance that sees some of them set moves past those
                     // records, but frees their space, and makes the new head
@@ -1505,12 +1639,23 @@ impl Gleaner {
                     // find that record unflagged, with the backend already past
                     // it and no chain that reaches it: never applied, never
                     // flagged, it would hold its log's head for good.
-                    sh.enter(self.slot);
-                    sh.pool.mark_applied_all(&self.pending);
-                    self.pending.clear();
-                    sh.pool.fence();
-                    sh.exit(self.slot);
-                    for (hash, key, newest, removed) in self.releases.drain(..) {
+                    if !self.pending.is_empty() {
+                        sh.c.applied
+                            .fetch_add(self.pending.len() as u64, Ordering::Relaxed);
+                        sh.enter(self.slot);
+                        sh.pool.mark_applied_all(&self.pending);
+                        self.pending.clear();
+                        sh.pool.fence();
+                        sh.exit(self.slot);
+                    }
+                    for Release {
+                        hash,
+                        key,
+                        newest,
+                        removed,
+                        ..
+                    } in self.releases.drain(..)
+                    {
                         // Under the bucket lock: the node found is the current one
                         // even while the table doubles (a swap on a copy the
                         // doubling left behind would be lost).
@@ -1530,7 +1675,7 @@ impl Gleaner {
                         }
                     }
                 }
-                Err(e) => r = Err(e.into()),
+                Err(e) => r = Err(e),
             }
         }
         // Nothing is flagged on an error: the records are applied again later (the
@@ -1728,14 +1873,19 @@ impl Gleaner {
                 removed = self.apply_one(sh, k, key)?;
             }
         }
+        let from = self.pending.len();
         for (r, _) in &self.chain {
             self.pending.push(*r);
             self.pending_set.insert(r.0);
         }
-        sh.c.applied
-            .fetch_add(self.chain.len() as u64, Ordering::Relaxed);
         let mut in_chain = self.chain.iter().any(|(r, _)| *r == p);
-        self.releases.push((hash, key.to_vec(), newest.0, removed));
+        self.releases.push(Release {
+            hash,
+            key: key.to_vec(),
+            newest: newest.0,
+            removed,
+            pending: from..self.pending.len(),
+        });
         if !in_chain {
             in_chain = self.pending_set.contains(&p.0) || sh.pool.header(p)?.applied;
         }
@@ -1752,10 +1902,16 @@ impl Gleaner {
         sh.pool.payload(r, &h, &mut self.cpay);
     }
 
-    /// Applies the batch's backend writes (see `writes`).
-    fn flush_writes(&mut self) -> index::Result<()> {
+    /// Applies the batch's backend writes (see `writes`). A full heap does not
+    /// fail the batch: its writes are then applied one at a time, removes
+    /// first (they free space), and the keys whose write found no room are
+    /// returned with the error (after the first put without room, the rest
+    /// are not tried). Each write is failure-atomic and writing one
+    /// again is harmless (the same stamp and value), so after the batch's
+    /// failure, which may have applied any subset, each is simply written.
+    fn flush_writes(&mut self) -> Result<(Vec<Vec<u8>>, Option<Error>)> {
         if self.writes.is_empty() {
-            return Ok(());
+            return Ok((Vec::new(), None));
         }
         let mut enc: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(self.writes.len());
         for (k, (stamp, v)) in self.writes.drain() {
@@ -1770,7 +1926,65 @@ impl Gleaner {
             .iter()
             .map(|(k, v)| (k.as_slice(), v.as_deref()))
             .collect();
-        self.h.apply_batch(&items)
+        match self.h.apply_batch(&items) {
+            Ok(()) => return Ok((Vec::new(), None)),
+            Err(e) => {
+                let e = Error::from(e);
+                if !heap_full(&e) {
+                    return Err(e);
+                }
+            }
+        }
+        let mut failed = Vec::new();
+        let mut err: Option<Error> = None;
+        let removes = items.iter().filter(|(_, v)| v.is_none());
+        for &(k, v) in removes.chain(items.iter().filter(|(_, v)| v.is_some())) {
+            if err.is_some() && v.is_some() {
+                // One put found no room: the batch's other puts wait for the
+                // next batch rather than each paying for a failed growth.
+                failed.push(k.to_vec());
+                continue;
+            }
+            if let Err(e) = self.h.apply_batch(&[(k, v)]) {
+                let e = Error::from(e);
+                if !heap_full(&e) {
+                    return Err(e);
+                }
+                failed.push(k.to_vec());
+                err.get_or_insert(e);
+            }
+        }
+        Ok((failed, err))
+    }
+
+    /// Takes the chains of `failed` keys (their backend write found no room)
+    /// out of the batch: their records stay unflagged and their `lentry`
+    /// unreleased, so the chains are applied by a later batch; each log's
+    /// scan cursor goes back to the earliest such record (the cursor had
+    /// passed them as applied).
+    fn drop_failed(&mut self, sh: &Shared, failed: &[Vec<u8>]) {
+        let failed: std::collections::HashSet<&[u8]> =
+            failed.iter().map(|k| k.as_slice()).collect();
+        let mut keep = vec![true; self.pending.len()];
+        self.releases.retain(|r| {
+            if failed.contains(r.key.as_slice()) {
+                keep[r.pending.clone()].fill(false);
+                false
+            } else {
+                true
+            }
+        });
+        let mut i = 0;
+        self.pending.retain(|p| {
+            let k = keep[i];
+            i += 1;
+            if !k {
+                sh.pool.logs[p.log()]
+                    .scan
+                    .fetch_min(p.pos(), Ordering::AcqRel);
+            }
+            k
+        });
     }
 
     /// The backend's value of `key` and its stamp, as this batch left it.
@@ -2278,6 +2492,13 @@ impl Store for BulletStore {
             log_full_waits: c.waits.load(Ordering::Relaxed),
             epochs: c.epochs.load(Ordering::Relaxed),
             gleaner_roles_lowered: c.lowered.load(Ordering::Relaxed),
+            heap_full_keys: self
+                .sh
+                .stuck
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .keys
+                .len() as u64,
         }
     }
 
@@ -2295,15 +2516,26 @@ impl BulletSession {
     /// A log with room for `len` bytes, held by this session (§4.3.1: a writer
     /// keeps its log until it fills, then takes the next free one). When every log
     /// is full, the writer gleans itself and advances the heads until one has room.
-    fn ensure_space(&mut self, len: u64) -> Result<usize> {
+    /// A record other than a remove leaves `REMOVE_RESERVE` of the log free.
+    /// When the backend has no room for records already in the logs (a full
+    /// heap) and nothing moves, the writer gets the heap-full error instead of
+    /// waiting for space that only removes can free: a put at once, a remove
+    /// after `REMOVE_PATIENCE`.
+    fn ensure_space(&mut self, len: u64, remove: bool) -> Result<usize> {
         let pool = &self.sh.pool;
-        if len > pool.size {
-            return Err(Error::RecordTooLarge(len, pool.size));
+        let keep = if remove {
+            0
+        } else {
+            pool.size / REMOVE_RESERVE
+        };
+        if len + keep > pool.size {
+            return Err(Error::RecordTooLarge(len, pool.size - keep));
         }
         let mut waited = false;
+        let mut stalled: Option<Instant> = None;
         loop {
             if let Some(i) = self.wlog {
-                if pool.fits(i, len) {
+                if pool.fits_keeping(i, len, keep) {
                     return Ok(i);
                 }
                 pool.logs[i].writer.store(false, Ordering::Release);
@@ -2313,14 +2545,14 @@ impl BulletSession {
             for k in 0..n {
                 let j = (self.g.slot + k) % n;
                 let l = &pool.logs[j];
-                if l.writer.load(Ordering::Relaxed) || !pool.fits(j, len) {
+                if l.writer.load(Ordering::Relaxed) || !pool.fits_keeping(j, len, keep) {
                     continue;
                 }
                 if l.writer
                     .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
-                    if pool.fits(j, len) {
+                    if pool.fits_keeping(j, len, keep) {
                         if pool.group_commit.load(Ordering::Relaxed) {
                             // The log's earlier records (a previous writer's batch
                             // may not have committed yet) are durable before this
@@ -2353,9 +2585,21 @@ impl BulletSession {
                 // the logs may be uncommitted (this session's among them).
                 pool.make_all_durable()?;
             }
-            let did = self.g.glean_batch(&self.sh)?;
+            let did = match self.g.glean_batch(&self.sh) {
+                Ok(did) => did,
+                Err(e) if heap_full(&e) => false,
+                Err(e) => return Err(e),
+            };
             let moved = self.sh.advance()?;
-            if !did && !moved {
+            if did || moved {
+                stalled = None;
+            } else {
+                if let Some(e) = self.sh.full_error() {
+                    let since = *stalled.get_or_insert_with(Instant::now);
+                    if !remove || since.elapsed() >= REMOVE_PATIENCE {
+                        return Err(e);
+                    }
+                }
                 std::thread::sleep(Duration::from_micros(50));
             }
         }
@@ -2553,7 +2797,15 @@ impl Session for BulletSession {
             Op::Incr(_) => 8,
             Op::Remove => 0,
         };
-        let log = self.ensure_space(crl::record_len(key.len(), plen))?;
+        let remove = matches!(op, Op::Remove);
+        if !remove {
+            // The backend has no room for records already logged: a put or
+            // an increment would only fill the logs that removes need.
+            if let Some(e) = self.sh.full_error() {
+                return Err(e);
+            }
+        }
+        let log = self.ensure_space(crl::record_len(key.len(), plen), remove)?;
         let hash = self.sh.hasher.hash(key);
         let sh = &*self.sh;
         let mut l = sh.table.lock(hash);
@@ -2755,8 +3007,19 @@ impl Session for BulletSession {
             self.gleaning = true;
         }
         let sh = self.sh.clone();
-        if !self.g.glean_batch(&sh)? {
-            std::thread::sleep(Duration::from_micros(50));
+        match self.g.glean_batch(&sh) {
+            Ok(true) => {}
+            Ok(false) => std::thread::sleep(Duration::from_micros(50)),
+            Err(e) if heap_full(&e) => {
+                // Only chains the heap has no room for: the role goes back
+                // (the advancer asks again next epoch) rather than this
+                // worker retrying them between its requests.
+                self.gleaning = false;
+                sh.gleaners.fetch_sub(1, Ordering::AcqRel);
+                self.g.release(&sh);
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
         }
         Ok(true)
     }

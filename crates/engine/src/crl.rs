@@ -1343,6 +1343,12 @@ impl Pool {
     /// record a wrap would need). Also asked of a log another writer may hold
     /// (a hint then): `free_to` is read first, as in `occupancy`.
     pub fn fits(&self, i: usize, len: u64) -> bool {
+        self.fits_keeping(i, len, 0)
+    }
+
+    /// Whether log `i` has room for a record of `len` bytes and `keep` bytes
+    /// more after it (puts keep a share of each log for removes).
+    pub fn fits_keeping(&self, i: usize, len: u64, keep: u64) -> bool {
         let l = &self.logs[i];
         let free_to = l.free_to.load(Ordering::Acquire);
         let tail = l.tail.load(Ordering::Acquire);
@@ -1352,7 +1358,7 @@ impl Pool {
         } else {
             0
         };
-        tail + pad + len - free_to <= self.size
+        tail + pad + len + keep - free_to <= self.size
     }
 
     pub fn fence(&self) {

@@ -122,6 +122,9 @@ pub struct StoreStats {
     /// Background gleaners whose priority was lowered mid-batch because the
     /// role was no longer wanted (Bullet with role threads only).
     pub gleaner_roles_lowered: u64,
+    /// Keys whose logged writes the backend has no room for (Bullet: a full
+    /// heap); while there are any, puts are refused with the heap-full error.
+    pub heap_full_keys: u64,
 }
 
 /// A store: shared by every thread (`Clone` is a cheap handle).

@@ -1131,6 +1131,12 @@ impl Inner {
         let r = self.r();
         let hash = self.hasher.hash(key);
         let so = so_regular(hash);
+        if self.slot(self.bucket_of(hash)) == 0 && self.walk_ro(key, hash).1 == 0 {
+            // Absent, and its bucket not made yet: nothing to allocate for
+            // (a remove must succeed on a full heap, where making the bucket
+            // could not).
+            return Ok(false);
+        }
         let start = self.bucket(&mut h.st, &mut h.th, self.bucket_of(hash))?;
         loop {
             let (prev, curr, found) = self.find(&mut h.st, start, so, key);
@@ -1429,6 +1435,22 @@ impl HashHandle {
         res
     }
 
+    /// Frees the blocks this handle unlinked as soon as the epoch allows
+    /// (`Participant::release_now`), after a write found the heap full: the
+    /// blocks of values replaced and keys removed would otherwise wait for a
+    /// batch of tickets to fill, and a writer retrying on a full heap would
+    /// not find the room its own removes made.
+    /// False when it had nothing to free (a retry would fail the same way).
+    fn reclaim_now(&mut self) -> bool {
+        if self.h.pending.is_empty() && self.h.replaced.is_empty() && self.h.part.outstanding() == 0
+        {
+            return false;
+        }
+        self.sync_inner();
+        self.h.part.release_now();
+        true
+    }
+
     fn settle_count(&mut self) {
         self.t.inner.add_count(std::mem::take(&mut self.h.count));
         self.h.unsynced = 0;
@@ -1485,11 +1507,21 @@ impl Ops for HashHandle {
 
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<bool> {
         check_kv(key, Some(value))?;
+        let r = self.run(|i, h, g| i.upsert(h, g, key, value, true));
+        if !heap_full(&r) || !self.reclaim_now() {
+            return r;
+        }
+        // Once more after freeing what this handle unlinked (a put is
+        // failure-atomic: the failed one changed nothing).
         self.run(|i, h, g| i.upsert(h, g, key, value, true))
     }
 
     fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<bool> {
         check_kv(key, Some(value))?;
+        let r = self.run(|i, h, g| i.upsert(h, g, key, value, false));
+        if !heap_full(&r) || !self.reclaim_now() {
+            return r;
+        }
         self.run(|i, h, g| i.upsert(h, g, key, value, false))
     }
 
@@ -1504,6 +1536,29 @@ impl Ops for HashHandle {
     }
 
     fn apply_batch(&mut self, items: &[(&[u8], Option<&[u8]>)]) -> Result<()> {
+        let r = self.apply_batch_once(items);
+        if !heap_full(&r) || !self.reclaim_now() {
+            return r;
+        }
+        // Once more after freeing what this handle unlinked: each write is
+        // failure-atomic, and writing one again is the same write.
+        self.apply_batch_once(items)
+    }
+
+    fn scan(&mut self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64> {
+        let inner = &*self.t.inner;
+        let _g = self.h.part.pin();
+        Ok(inner.scan_keys(cursor, count, out))
+    }
+}
+
+/// Whether `r` failed for lack of room in the heap.
+fn heap_full<T>(r: &Result<T>) -> bool {
+    matches!(r, Err(Error::Heap(e)) if e.is_full())
+}
+
+impl HashHandle {
+    fn apply_batch_once(&mut self, items: &[(&[u8], Option<&[u8]>)]) -> Result<()> {
         for (k, v) in items {
             check_kv(k, *v)?;
         }
@@ -1546,12 +1601,6 @@ impl Ops for HashHandle {
             self.t.inner.add_count(d);
         }
         Ok(())
-    }
-
-    fn scan(&mut self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64> {
-        let inner = &*self.t.inner;
-        let _g = self.h.part.pin();
-        Ok(inner.scan_keys(cursor, count, out))
     }
 }
 

@@ -86,7 +86,9 @@ impl Participant {
         self.batch.extend(tickets);
         self.outstanding
             .fetch_add(self.batch.len() - before, Ordering::Relaxed);
-        if self.batch.len() >= BATCH {
+        // Batched, unless the heap is short of space: then a writer waits
+        // for these blocks, and a batch might not fill for a long time.
+        if self.batch.len() >= BATCH || self.heap.short_of_space() {
             self.defer_batch(guard);
         }
     }
@@ -105,6 +107,22 @@ impl Participant {
             outstanding.fetch_sub(n, Ordering::Relaxed);
         });
         guard.flush();
+    }
+
+    /// Hands the tickets retired so far to the epoch and helps it along until
+    /// they are redeemed, for at most [`THROTTLE_MAX_WAIT`]: for a writer that
+    /// found the heap full, whose removes' blocks would otherwise wait for a
+    /// batch of [`BATCH`] tickets. Call with nothing pinned.
+    pub fn release_now(&mut self) {
+        {
+            let g = self.local.pin();
+            self.defer_batch(&g);
+        }
+        let start = Instant::now();
+        while self.outstanding() > 0 && start.elapsed() < THROTTLE_MAX_WAIT {
+            self.local.pin().flush();
+            std::thread::yield_now();
+        }
     }
 
     /// Hands the tickets retired so far to the epoch now (tests).

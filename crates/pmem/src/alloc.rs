@@ -1186,9 +1186,18 @@ impl Allocator {
             });
         }
         // Double, within the limit.
-        let add = nch.max(min_chunks).min(room);
-        let new_size = self.geo.size_for_chunks(nch + add);
-        region.extend_mapping(new_size)?;
+        let mut add = nch.max(min_chunks).min(room);
+        let mut new_size = self.geo.size_for_chunks(nch + add);
+        if let Err(e) = region.extend_mapping(new_size) {
+            // The file system has no room for the doubling: the least growth
+            // that serves this allocation may still fit.
+            if !matches!(e, Error::NoSpace { .. }) || add == min_chunks {
+                return Err(e);
+            }
+            add = min_chunks;
+            new_size = self.geo.size_for_chunks(nch + add);
+            region.extend_mapping(new_size)?;
+        }
         for c in nch..nch + add {
             let off = self.coff(c);
             region.write(off, &chunk_word(CHUNK_NORMAL, 0));

@@ -42,6 +42,18 @@ pub enum Error {
         heap_size: u64,
         max_size: u64,
     },
+    /// The heap's file system has no room for the heap's blocks (`fallocate`
+    /// failed): at creation, at a start that reserves an old sparse heap's
+    /// blocks, or when the heap grows.
+    #[error("{path}: the file system holding the heap ({dir}) has no room for it: reserving {requested} bytes failed ({source}; {available} bytes available there)")]
+    NoSpace {
+        path: PathBuf,
+        dir: PathBuf,
+        requested: u64,
+        available: u64,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("allocation of {0} bytes is larger than the heap can ever hold")]
     TooLarge(u64),
     #[error("invalid persistent pointer {0:#x}: {1}")]
@@ -69,6 +81,50 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// Whether this is a lack of room (the heap at its limit, an allocation
+    /// larger than the heap, or no space on the file system): an error a
+    /// writer may meet and that freeing space can cure.
+    pub fn is_full(&self) -> bool {
+        matches!(
+            self,
+            Error::HeapFull { .. } | Error::TooLarge(_) | Error::NoSpace { .. }
+        )
+    }
+
+    /// A copy of a lack-of-room error (`is_full`), for reporting it again later;
+    /// None for other errors.
+    pub fn clone_full(&self) -> Option<Error> {
+        Some(match self {
+            Error::HeapFull {
+                requested,
+                heap_size,
+                max_size,
+            } => Error::HeapFull {
+                requested: *requested,
+                heap_size: *heap_size,
+                max_size: *max_size,
+            },
+            Error::TooLarge(n) => Error::TooLarge(*n),
+            Error::NoSpace {
+                path,
+                dir,
+                requested,
+                available,
+                source,
+            } => Error::NoSpace {
+                path: path.clone(),
+                dir: dir.clone(),
+                requested: *requested,
+                available: *available,
+                source: match source.raw_os_error() {
+                    Some(n) => std::io::Error::from_raw_os_error(n),
+                    None => std::io::Error::new(source.kind(), source.to_string()),
+                },
+            },
+            _ => return None,
+        })
+    }
+
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
         Error::Io {
             path: path.to_path_buf(),

@@ -94,6 +94,21 @@ pub(crate) struct HeapInner {
     recovering: std::sync::atomic::AtomicBool,
     /// Per live thread handle: blocks claimed from its slabs and not yet handed out.
     caches: Mutex<Vec<Arc<AtomicU64>>>,
+    /// Until when (ms on `short_clock`) the heap counts as short of space: an
+    /// allocation failed for lack of room less than `SHORT_FOR` ago.
+    short_until: AtomicU64,
+}
+
+/// How long after a failed allocation the heap counts as short of space.
+const SHORT_FOR: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Milliseconds since the first call (a monotonic clock for `short_until`).
+fn short_clock() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
 }
 
 impl HeapInner {
@@ -486,8 +501,17 @@ impl Heap {
                 slots: Mutex::new(vec![false; nslots]),
                 recovering: std::sync::atomic::AtomicBool::new(recovering),
                 caches: Mutex::new(Vec::new()),
+                short_until: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// Whether an allocation failed for lack of room (`Error::is_full`) in the
+    /// last two seconds. Structures that free blocks after a grace period free
+    /// them without delay then (the index's retired blocks: `index::reclaim`),
+    /// so that a writer retrying finds the room removes made.
+    pub fn short_of_space(&self) -> bool {
+        short_clock() < self.inner.short_until.load(Ordering::Relaxed)
     }
 
     /// The mapped region (all raw reads, writes, flushes and fences).
@@ -1305,6 +1329,20 @@ impl ThreadHeap {
     /// caller initialises the block and makes it durable (flush + fence) before
     /// linking it anywhere, and ends the operation (`end_op`) once it is linked.
     pub fn alloc(&mut self, size: u64) -> Result<PPtr<u8>> {
+        let r = self.alloc_inner(size);
+        if let Err(e) = &r {
+            if e.is_full() {
+                let until = short_clock() + SHORT_FOR.as_millis() as u64;
+                self.heap
+                    .inner
+                    .short_until
+                    .fetch_max(until, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+
+    fn alloc_inner(&mut self, size: u64) -> Result<PPtr<u8>> {
         let inner = &*self.heap.inner;
         let region = &inner.region;
         if let Some(class) = class_of(size) {

@@ -31,6 +31,7 @@ pub mod lock;
 pub mod persist;
 pub mod pptr;
 pub mod region;
+pub mod sigbus;
 pub mod sim;
 #[doc(hidden)]
 pub mod slab_state;
@@ -44,5 +45,6 @@ pub use layout::{Geometry, APT_BLOCK_FLAG};
 pub use persist::{cpu_features, PersistStats, Strategy};
 pub use pptr::PPtr;
 pub use region::{prefetch_line, Access, DetachedFence, Region};
+pub use sigbus::SIGBUS_EXIT_CODE;
 pub use sim::{CrashImage, CrashSim};
 pub use tx::{Tx, TxOutcome};

@@ -45,6 +45,8 @@ pub struct Region {
     geo: Geometry,
     generation: u64,
     opened_clean: bool,
+    /// The reservation's entry in the `SIGBUS` handler's registry.
+    _sigbus: crate::sigbus::Registration,
 }
 
 // SAFETY: the region owns its mapping; all access to the mapped bytes goes through
@@ -106,6 +108,82 @@ fn map_file(base: *mut u8, off: usize, len: usize, fd: i32, access: Access) -> s
     Ok(())
 }
 
+/// Reserves the file's blocks for `[off, off + len)` (`fallocate`, mode 0:
+/// the file grows to cover the range), so that no store into the mapping can
+/// later find a page the file system cannot back (a `SIGBUS`). True when
+/// reserved; false when the file system cannot reserve (`EOPNOTSUPP`: said
+/// once per process on stderr). No room is [`Error::NoSpace`].
+fn reserve_blocks(file: &File, path: &Path, off: u64, len: u64) -> Result<bool> {
+    if len == 0 {
+        return Ok(true);
+    }
+    loop {
+        // SAFETY: fallocate on our own open descriptor; no memory is passed.
+        let rc =
+            unsafe { libc::fallocate(file.as_raw_fd(), 0, off as libc::off_t, len as libc::off_t) };
+        if rc == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EOPNOTSUPP) => {
+                static SAID: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                if !SAID.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "ember: warning: {}: the file system cannot reserve the heap's blocks (fallocate: {e}); if it fills up, a store into the heap ends the process (SIGBUS) instead of failing the write",
+                        path.display()
+                    );
+                }
+                return Ok(false);
+            }
+            _ if is_no_space(&e) => return Err(no_space(path, len, e)),
+            _ => return Err(Error::io(path, e)),
+        }
+    }
+}
+
+/// Whether a failed file operation found no room (full, over quota, over
+/// the file-size limit).
+fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)
+    )
+}
+
+/// The error for a reservation of `len` bytes that found no room, naming the
+/// file system by the heap's directory and what it has left.
+fn no_space(path: &Path, len: u64, source: std::io::Error) -> Error {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let available = fs_available(&dir).unwrap_or(0);
+    Error::NoSpace {
+        path: path.to_path_buf(),
+        dir,
+        requested: len,
+        available,
+        source,
+    }
+}
+
+/// Bytes available to this user on the file system holding `dir`.
+fn fs_available(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a zeroed statvfs is a valid out-parameter; `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
 /// Parameters for creating a heap file.
 #[derive(Clone, Debug)]
 pub struct CreateParams {
@@ -114,7 +192,9 @@ pub struct CreateParams {
 }
 
 impl Region {
-    /// Creates a new heap file (sparse) of at least `size` bytes and maps it.
+    /// Creates a new heap file of at least `size` bytes, its blocks reserved
+    /// (`reserve_blocks`), and maps it. A file system without room for it is
+    /// [`Error::NoSpace`], and the file is removed again.
     pub(crate) fn create(
         path: &Path,
         params: &CreateParams,
@@ -138,7 +218,15 @@ impl Region {
                 }
             })?;
         lock_file(&file, path, Access::ReadWrite)?;
-        file.set_len(size).map_err(|e| Error::io(path, e))?;
+        let sized = file
+            .set_len(size)
+            .map_err(|e| Error::io(path, e))
+            .and_then(|()| reserve_blocks(&file, path, 0, size));
+        if let Err(e) = sized {
+            drop(file);
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
         let sb = Superblock {
             version: FORMAT_VERSION,
             uuid: *uuid::Uuid::new_v4().as_bytes(),
@@ -200,6 +288,15 @@ impl Region {
                 actual: flen,
             });
         }
+        if access == Access::ReadWrite {
+            // A heap written before its blocks were reserved (or copied
+            // sparse) has holes: reserve them now, so that a full file system
+            // is this error at the start rather than a SIGBUS later.
+            use std::os::unix::fs::MetadataExt;
+            if meta.blocks().saturating_mul(512) < sb.size {
+                reserve_blocks(&file, path, 0, sb.size)?;
+            }
+        }
         let mut region = Self::map(file, path, sb, reserve_len, access, persister)?;
         if access == Access::ReadWrite {
             let mut nsb = sb;
@@ -233,6 +330,7 @@ impl Region {
             base: base as usize,
             ..persister
         });
+        let sigbus = crate::sigbus::register(base as usize, reserved, path);
         let region = Region {
             base,
             reserved,
@@ -246,6 +344,7 @@ impl Region {
             geo: sb.geometry,
             generation: sb.generation,
             opened_clean: sb.clean,
+            _sigbus: sigbus,
         };
         map_file(base, 0, sb.size as usize, region.file.as_raw_fd(), access)
             .map_err(|e| Error::io(path, e))?;
@@ -698,10 +797,38 @@ impl Region {
                 .metadata()
                 .map_err(|e| Error::io(&self.path, e))?
                 .len();
-            if flen < new_size {
-                self.injected()
-                    .and_then(|()| self.file.set_len(new_size))
-                    .map_err(|e| self.io_failed(e))?;
+            // The new part's blocks are reserved before any store can reach
+            // them; without room the growth fails here, as a full heap does,
+            // and whatever the failed call allocated is given back. Finding
+            // no room loses nothing written before (the heap stays healthy,
+            // and a later growth may succeed once room is freed); any other
+            // failure to extend the file is recorded as a failed persist
+            // (`health`).
+            let reserved = match self.injected() {
+                Err(e) if is_no_space(&e) => Err(no_space(&self.path, new_size - old, e)),
+                Err(e) => Err(self.io_failed(e)),
+                Ok(()) => reserve_blocks(&self.file, &self.path, old, new_size - old),
+            };
+            match reserved {
+                Ok(true) => {}
+                Ok(false) => {
+                    if flen < new_size {
+                        self.file.set_len(new_size).map_err(|e| {
+                            if is_no_space(&e) {
+                                no_space(&self.path, new_size - old, e)
+                            } else {
+                                self.io_failed(e)
+                            }
+                        })?;
+                    }
+                }
+                Err(e) => {
+                    if !matches!(e, Error::NoSpace { .. }) {
+                        self.persister.record_failure(libc::EIO);
+                    }
+                    let _ = self.file.set_len(flen);
+                    return Err(e);
+                }
             }
         }
         map_file(

@@ -75,9 +75,25 @@ fn a_file_extension_failure_is_recorded() {
     let d = dir();
     let path = d.path().join("h");
     let (heap, _) = heap_with_block(&path, None);
-    heap.region().fail_next_file_op(libc::ENOSPC);
+    heap.region().fail_next_file_op(libc::EIO);
     assert!(heap.grow(6 << 20).is_err());
     assert!(heap.region().health().is_err());
+}
+
+/// A file system with no room for the growth fails the growth (the write
+/// that needed it gets an error) but loses nothing written before: the heap
+/// stays healthy, and grows once room is found.
+#[test]
+fn no_room_to_extend_is_not_a_failed_persist() {
+    let d = dir();
+    let path = d.path().join("h");
+    let (heap, _) = heap_with_block(&path, None);
+    heap.region().fail_next_file_op(libc::ENOSPC);
+    let e = heap.grow(6 << 20).unwrap_err();
+    assert!(matches!(e, pmem::Error::NoSpace { .. }), "{e}");
+    heap.region().health().unwrap();
+    heap.grow(6 << 20).unwrap();
+    heap.region().health().unwrap();
 }
 
 /// Runs `f` on a new thread, one step per message, in lockstep with the caller.

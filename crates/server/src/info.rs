@@ -214,11 +214,14 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
             let used = heap_used(h);
             let _ = write!(
                 o,
-                "fence_ns_emulated:{}\r\nheap_path:{}\r\nheap_size:{}\r\nheap_used:{used}\r\nheap_max_size:{}\r\nflushes:{}\r\nfences:{}\r\nmsyncs:{}\r\nwrites_through:{}\r\n",
+                "fence_ns_emulated:{}\r\nheap_path:{}\r\nheap_size:{}\r\nheap_used:{used}\r\nheap_max_size:{}\r\nheap_full_keys:{}\r\nheap_oom_errors:{}\r\nheap_full_reason:{}\r\nflushes:{}\r\nfences:{}\r\nmsyncs:{}\r\nwrites_through:{}\r\n",
                 h.region().fence_ns(),
                 cfg.heap.display(),
                 h.region().size(),
                 cfg.heap_max_size,
+                st.heap_full_keys,
+                crate::keyspace::OOM_ERRORS.load(std::sync::atomic::Ordering::Relaxed),
+                oom_reason(),
                 ps.flushes,
                 ps.fences,
                 ps.msyncs,
@@ -260,6 +263,15 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
         o.truncate(o.len() - 2);
     }
     Ok(o)
+}
+
+/// The last write refusal's reason for lack of room, on one line ("" when
+/// none yet).
+fn oom_reason() -> String {
+    crate::keyspace::OOM_REASON
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .replace(['\r', '\n'], " ")
 }
 
 /// Bytes of heap pages in use (slab pages and runs; a slab page with one live

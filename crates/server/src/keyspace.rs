@@ -119,15 +119,25 @@ impl KsError {
     }
 }
 
+/// Writes refused for lack of room (a full heap or a full file system), and
+/// the last refusal's reason (INFO's `heap_oom_errors`, `heap_full_reason`).
+pub static OOM_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub static OOM_REASON: Mutex<String> = Mutex::new(String::new());
+
 /// Maps a store error to Redis's wording where Redis has one.
 pub fn store_error_text(e: &engine::Error) -> String {
     use engine::Error as E;
-    fn heap_full(e: &pmem::Error) -> bool {
-        matches!(e, pmem::Error::HeapFull { .. } | pmem::Error::TooLarge(_))
-    }
     match e {
-        E::Heap(h) | E::Index(index::Error::Heap(h)) if heap_full(h) => {
-            format!("OOM command not allowed when the heap is full ({h})")
+        E::Heap(h) | E::Index(index::Error::Heap(h)) if h.is_full() => {
+            let why = match h {
+                pmem::Error::NoSpace { .. } => "the heap's file system is full",
+                _ => "the heap is full",
+            };
+            OOM_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let reason = format!("{why} ({h})");
+            let text = format!("OOM command not allowed when {reason}");
+            *OOM_REASON.lock().unwrap_or_else(|e| e.into_inner()) = reason;
+            text
         }
         E::KeyTooLarge(n) | E::Index(index::Error::KeyTooLarge(n)) => format!(
             "ERR key of {n} bytes is too large (Ember's limit is {} bytes)",
