@@ -2836,6 +2836,22 @@ impl Session for BulletSession {
             }
             Op::Remove => {
                 if !live {
+                    // Nothing to write, but the acknowledgement says the key
+                    // is gone: under group commit the tombstone read here may
+                    // be another writer's record not committed yet, lost on a
+                    // crash with the older value back. Made durable as a
+                    // put's `prev` is below (the same rule: a record in this
+                    // session's own log is its own, committed with this batch,
+                    // or was made durable when it took the log).
+                    let prev = node
+                        .map(|n| lentry::prev_for_append(&n.meta().lentry))
+                        .unwrap_or(0);
+                    if sh.pool.group_commit.load(Ordering::Relaxed)
+                        && prev != 0
+                        && RecPtr(prev).log() != log
+                    {
+                        sh.pool.make_durable(RecPtr(prev))?;
+                    }
                     return Ok(Outcome::Removed(false));
                 }
                 (Outcome::Removed(true), Blob::tomb())

@@ -36,7 +36,10 @@
 //! fix): §1, an acknowledged record unsynced when a fence ran between its
 //! append and the commit (hot keys, detached commits, small logs, backend
 //! reads, opt, st / lfr); §2, a record from before a crash replayed after the
-//! next one (`double_crash_any_image`).
+//! next one (`double_crash_any_image`). The hot keys also caught a remove that
+//! found a key already removed by another session's uncommitted tombstone:
+//! acknowledged with the tombstone unsynced (some runs; the deterministic case
+//! is `a_remove_that_finds_an_uncommitted_tombstone_makes_it_durable`).
 //!
 //! Each test prints `power-loss-sim: N images, M inconsistent (engine ...)`.
 //! `EMBER_POWER_LOSS_SEED` sets the first seed; failures name their seed.
@@ -760,4 +763,55 @@ fn double_crash_any_image() {
         images: 600,
         ..BASE
     });
+}
+
+/// A remove of a key whose frontend entry is a tombstone written by another
+/// session and not yet committed writes no record (`Outcome::Removed(false)`),
+/// yet its acknowledgement says the key is gone: the tombstone it read must be
+/// durable when the remover's commit returns, as an older record in another
+/// writer's log is before a put's record (`make_durable`). The image holds
+/// only what was synced (every page written since its sync is old).
+#[test]
+fn a_remove_that_finds_an_uncommitted_tombstone_makes_it_durable() {
+    let c = Cfg {
+        name: "remove of an uncommitted tombstone",
+        ..BASE
+    };
+    let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+    let path = dir.path().join("heap");
+    let img_path = dir.path().join("image");
+    create(&c, &path);
+    let sim = Arc::new(CrashSim::power_loss(1, 0));
+    sim.set_tear(0.0, 0.0);
+    let rec = Heap::open_sim(&path, &heap_o(), sim.clone()).unwrap();
+    let (store, _) = BulletStore::open(rec, &store_o(&c)).unwrap();
+    let (mut a, mut b) = (store.session().unwrap(), store.session().unwrap());
+    let v = value(0, 1);
+    a.apply(b"hot", Op::Put(&v)).unwrap();
+    a.commit().unwrap();
+    // b writes a key of its own first: it holds a log other than a's.
+    b.apply(b"own", Op::Put(&value(1, 1))).unwrap();
+    b.commit().unwrap();
+    // a's tombstone stays uncommitted; b's remove finds the key gone.
+    a.apply(b"hot", Op::Remove).unwrap();
+    b.apply(b"hot", Op::Remove).unwrap();
+    b.commit().unwrap();
+    // Power lost now: b's remove was acknowledged, a's commit never ran.
+    let img = sim.capture_now(store.heap().region());
+    drop((a, b));
+    store.close().unwrap();
+    drop(store);
+    pmem::sim::write_image(&img_path, &img.bytes).unwrap();
+    let rec = Heap::open(&img_path, &check_o()).unwrap();
+    let (store, _) = BulletStore::open(rec, &store_o(&c)).unwrap();
+    let mut s = store.session().unwrap();
+    let mut out = Vec::new();
+    assert!(s.get(b"own", &mut out).unwrap(), "b's committed put lost");
+    assert!(
+        !s.get(b"hot", &mut out).unwrap(),
+        "an acknowledged remove lost: reads {:?}",
+        String::from_utf8_lossy(&out[..16])
+    );
+    drop(s);
+    store.close().unwrap();
 }
