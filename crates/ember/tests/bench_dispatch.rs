@@ -19,8 +19,32 @@ fn lone_ember(dir: &Path) -> PathBuf {
     exe
 }
 
+/// Spawns `cmd`, retrying while the kernel says the executable is busy: a
+/// file this test just wrote can still be open for writing in a child that
+/// another test thread forked meanwhile (its descriptors live until its
+/// `exec`), and exec of a file open for writing fails with ETXTBSY.
+fn spawn(cmd: &mut Command) -> std::process::Child {
+    let mut tries = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r.expect("run ember"),
+        }
+    }
+}
+
 fn run(exe: &Path, args: &[&str]) -> Output {
-    Command::new(exe).args(args).output().expect("run ember")
+    spawn(
+        Command::new(exe)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait_with_output()
+    .unwrap()
 }
 
 #[test]
@@ -65,13 +89,13 @@ fn bench_execs_the_harness_with_its_arguments() {
         "--",
         "",
     ];
-    let child = Command::new(&exe)
-        .arg("bench")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run ember");
+    let child = spawn(
+        Command::new(&exe)
+            .arg("bench")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
     let pid = child.id();
     let out = child.wait_with_output().unwrap();
     let stdout = text(&out.stdout);
