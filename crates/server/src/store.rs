@@ -112,19 +112,39 @@ pub fn open(cfg: &Config) -> Result<(AnyStore, Startup), String> {
         st.open_ms = t0.elapsed().as_secs_f64() * 1e3;
         return Ok((AnyStore::Volatile(VolatileStore::new(1 << 16)), st));
     }
+    let hopts = heap_options(cfg);
+    st.existed = cfg.heap.exists();
+    let rec = Heap::open_or_create(&cfg.heap, &hopts).map_err(|e| e.to_string())?;
+    open_recovered(cfg, rec, st, t0)
+}
+
+/// The configured heap options (`--heap-size`, `--durability`...).
+pub fn heap_options(cfg: &Config) -> HeapOptions {
     let strategy = match cfg.durability {
         DurabilityMode::Pmem => Strategy::detect(),
         DurabilityMode::Msync => Strategy::Msync,
     };
-    let hopts = HeapOptions {
+    HeapOptions {
         size: cfg.heap_size,
         max_size: cfg.heap_max_size,
         strategy,
         fence_ns: cfg.fence_ns,
         ..Default::default()
-    };
-    st.existed = cfg.heap.exists();
-    let rec = Heap::open_or_create(&cfg.heap, &hopts).map_err(|e| e.to_string())?;
+    }
+}
+
+/// [`open`] from a heap already opened (its recovery not yet finished): makes
+/// or recovers the configured store on it. `st.existed` says whether the heap
+/// existed before; `t0` is when opening began. Public for tests that open the
+/// heap under a crash simulator (`Heap::open_sim`) and then start the store
+/// exactly as the server does.
+#[doc(hidden)]
+pub fn open_recovered(
+    cfg: &Config,
+    rec: pmem::Recovery,
+    mut st: Startup,
+    t0: Instant,
+) -> Result<(AnyStore, Startup), String> {
     st.was_clean = rec.report().was_clean;
     st.txs_replayed = rec.report().txs_replayed;
     let root = rec.heap().root();
