@@ -2605,6 +2605,26 @@ impl BulletSession {
         }
     }
 
+    /// Group commit: a read answered from the record `seen` (a frontend
+    /// entry's `lentry`; 0 for none) makes it durable first when it is in
+    /// another writer's log and not yet committed. The answer may be the
+    /// only acknowledgement a client gets of that state (a DEL that finds the
+    /// key gone replies 0 and writes nothing), so it must not be undone by a
+    /// crash before that writer commits. A record in this session's own log
+    /// is its own, committed with this batch (whose replies wait for the
+    /// commit), or was made durable when it took the log; a record already
+    /// below its log's watermark costs one load.
+    fn settle_read(&self, seen: u64) -> Result<()> {
+        if seen == 0 || !self.sh.pool.group_commit.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let p = RecPtr(seen);
+        if self.wlog == Some(p.log()) {
+            return Ok(());
+        }
+        self.sh.pool.make_durable(p)
+    }
+
     fn fold_counters(&mut self) {
         self.sh.c.ops.fetch_add(self.ops, Ordering::Relaxed);
         self.sh
@@ -2686,21 +2706,24 @@ impl Session for BulletSession {
         out.clear();
         self.tick();
         let hash = self.sh.hasher.hash(key);
+        // The entry's newest record, which the answer reflects (0: none).
+        let mut seen = 0u64;
         let found = if self.sh.opts.variant.lockfree_gets() {
             let g = crossbeam_epoch::pin();
-            self.sh
-                .table
-                .get(hash, key, &g)
-                .map(|n| match n.value(&g).get() {
+            self.sh.table.get(hash, key, &g).map(|n| {
+                seen = n.meta().lentry.load(Ordering::Acquire);
+                match n.value(&g).get() {
                     Some(v) => {
                         out.extend_from_slice(v);
                         true
                     }
                     None => false,
-                })
+                }
+            })
         } else {
             self.sh.table.get_shared(hash, key, |n| {
                 n.map(|n| {
+                    seen = n.meta().lentry.load(Ordering::Acquire);
                     let g = crossbeam_epoch::pin();
                     match n.value(&g).get() {
                         Some(v) => {
@@ -2713,6 +2736,7 @@ impl Session for BulletSession {
             })
         };
         if let Some(f) = found {
+            self.settle_read(seen)?;
             return Ok(f);
         }
         if self.sh.complete.load(Ordering::Acquire) {
@@ -2724,13 +2748,16 @@ impl Session for BulletSession {
         let sh = &*self.sh;
         let mut l = sh.table.lock(hash);
         let found = match l.find(key) {
-            Some(n) => match n.value(l.guard()).get() {
-                Some(v) => {
-                    out.extend_from_slice(v);
-                    true
+            Some(n) => {
+                seen = n.meta().lentry.load(Ordering::Acquire);
+                match n.value(l.guard()).get() {
+                    Some(v) => {
+                        out.extend_from_slice(v);
+                        true
+                    }
+                    None => false,
                 }
-                None => false,
-            },
+            }
             None => match load_backend(sh, &mut self.g, key)? {
                 Some((stamp, v)) => {
                     out.extend_from_slice(&v);
@@ -2741,6 +2768,7 @@ impl Session for BulletSession {
             },
         };
         drop(l);
+        self.settle_read(seen)?;
         self.evict();
         Ok(found)
     }

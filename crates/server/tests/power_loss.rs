@@ -11,13 +11,13 @@
 //!
 //! Each worker has keys of its own, on which every command runs and whose
 //! replies are checked against a model; and all workers write a few hot keys
-//! with SET only (blind writes, whose result does not depend on the order of
-//! the workers), so that a batch's record can have its previous version in
-//! another worker's uncommitted log. No command that reads a hot key runs
-//! here: one that finds another worker's uncommitted write acts on it and is
-//! acknowledged at its own commit, which does not cover that write; a power
-//! loss then contradicts its reply (`del_after_another_workers_uncommitted_del`,
-//! ignored because it fails today; `HOT_DELS` turns such DELs on here).
+//! with SET and DEL, so that a batch's record can have its previous version
+//! in another worker's uncommitted log, and a DEL can find the key already
+//! gone by another worker's uncommitted tombstone: its reply (0) depends on
+//! that tombstone, so the store makes a record it answers from durable before
+//! the reply (`BulletSession::settle_read`; a power loss before the other
+//! worker's commit would otherwise bring the key back,
+//! `del_after_another_workers_uncommitted_del`).
 //! Every write is stamped on the simulator's clock: `start` before `exec`,
 //! `end` after it, `ack` after the commit covering it returned (only then
 //! would a worker send the reply).
@@ -61,11 +61,10 @@ const OWN_KEYS: usize = 6;
 const HOT_KEYS: usize = 3;
 const BATCHES: usize = 40;
 const MAX_BATCH: usize = 6;
-/// Whether workers also DEL hot keys. Off: a DEL that finds another
-/// worker's uncommitted tombstone replies 0 without writing anything and is
-/// acknowledged at its own commit, which does not cover that tombstone (see
+/// Whether workers also DEL hot keys (a DEL that finds another worker's
+/// uncommitted tombstone replies 0 without writing anything: see
 /// `del_after_another_workers_uncommitted_del`).
-const HOT_DELS: bool = false;
+const HOT_DELS: bool = true;
 /// Threads checking images.
 const CHECKERS: usize = 2;
 const CAPTURE_PPM: u64 = 150_000;
@@ -597,11 +596,9 @@ fn shm_dir() -> std::path::PathBuf {
 /// DEL then finds it absent (the uncommitted tombstone), replies 0 without
 /// writing, and commits: a worker would now send that reply. A power loss
 /// before worker 1's commit loses the tombstone, and the key is back with the
-/// value worker 0's client was told is gone. Fails today (the reply of a
-/// command that read another worker's uncommitted write is acknowledged by a
-/// commit that does not cover that write).
+/// value worker 0's client was told is gone. It failed so until reads made
+/// the record they answer from durable (`BulletSession::settle_read`).
 #[test]
-#[ignore = "fails: a DEL acknowledged on another worker's uncommitted tombstone"]
 fn del_after_another_workers_uncommitted_del() {
     use std::sync::mpsc::channel;
     let dir = tempfile::tempdir_in(shm_dir()).unwrap();
