@@ -149,13 +149,19 @@ fn a_full_heap_is_an_error_not_a_loss() {
                 AnyStore::Bullet(b) => b.stats().heap_full_keys,
                 _ => 0,
             };
-            let gone: Vec<u64> = model.keys().take(waiting as usize + 50).copied().collect();
-            for k in gone {
-                s.apply(&key(k), Op::Remove).unwrap();
-                model.remove(&k);
-            }
+            // Remove keys until a put fits again: what the removes free is
+            // small blocks, and a put may need a larger one (a log buffer not
+            // allocated yet is a 64 KiB block), so how many removes that takes
+            // depends on where the freed blocks lie.
+            let mut batch = waiting as usize + 50;
             let t = Instant::now();
             loop {
+                let gone: Vec<u64> = model.keys().take(batch).copied().collect();
+                for k in gone {
+                    s.apply(&key(k), Op::Remove).unwrap();
+                    model.remove(&k);
+                }
+                batch = 50;
                 match s.apply(b"after", Op::Put(b"room again")) {
                     Ok(_) => break,
                     Err(e) if is_full(&e) && t.elapsed() < Duration::from_secs(10) => {

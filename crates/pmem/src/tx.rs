@@ -16,7 +16,9 @@
 //!    `free` was called, so a crash here leaves them to the leak sweep); **fence**.
 //!
 //! Recovery replays a log whose header is COMMITTED and whose checksum matches, then
-//! clears it; a torn or uncommitted log fails the checksum and is ignored.
+//! clears it; a COMMITTED header that fails the checksum is torn (the crash came
+//! before step 2's fence) and is cleared, persisted; an uncommitted one is
+//! skipped.
 //!
 //! Recovery does not find the log's end by reading records while they check
 //! (as the engine's record logs do, which is why their records carry the
@@ -366,7 +368,8 @@ fn clear_header(region: &crate::region::Region, log_off: u64) {
     region.flush(log_off, 24);
 }
 
-/// Replays every committed log (recovery step 1). Returns how many were replayed.
+/// Replays every committed log (step 3 of the heap's recovery path in
+/// ARCHITECTURE.md). Returns how many were replayed.
 pub(crate) fn recover_all(heap: &Heap) -> Result<u64> {
     let region = heap.inner.region_ref();
     let geo = region.geometry();
