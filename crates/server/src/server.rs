@@ -134,6 +134,26 @@ pub struct ClientMeta {
 }
 
 impl ClientMeta {
+    /// A new connection's metadata, stamped now.
+    fn new(id: u64, addr: String, laddr: String, fd: i32) -> ClientMeta {
+        ClientMeta {
+            id,
+            addr,
+            laddr,
+            fd,
+            created: Stamp::now(),
+            name: Mutex::new(String::new()),
+            lib_name: Mutex::new(String::new()),
+            lib_ver: Mutex::new(String::new()),
+            db: AtomicU8::new(0),
+            resp: AtomicU8::new(2),
+            last_ms: AtomicU64::new(0),
+            last_cmd: AtomicU64::new(0),
+        }
+    }
+}
+
+impl ClientMeta {
     /// The client connected from a loopback address (Redis's `connIsLocal`).
     pub fn is_local(&self) -> bool {
         self.addr
@@ -204,6 +224,34 @@ pub struct Client {
     pub meta: Arc<ClientMeta>,
     last_active: Instant,
     want_write: bool,
+}
+
+impl Client {
+    /// A new connection: nothing read or queued yet, RESP2, database 0.
+    fn new(id: u64, sock: TcpStream, meta: Arc<ClientMeta>, authed: bool) -> Client {
+        Client {
+            id,
+            sock,
+            inbuf: Vec::new(),
+            inpos: 0,
+            out: Vec::new(),
+            outpos: 0,
+            out_base: 0,
+            ready_to: 0,
+            db: 0,
+            resp: Version::Resp2,
+            authed,
+            close_after: false,
+            kill: false,
+            eof: false,
+            peer_closing: false,
+            stalled: false,
+            resume: Resume::default(),
+            meta,
+            last_active: Instant::now(),
+            want_write: false,
+        }
+    }
 }
 
 impl Client {
@@ -603,51 +651,15 @@ impl Worker {
                 continue;
             }
             let id = self.sh.next_client_id.fetch_add(1, Ordering::Relaxed);
-            let meta = Arc::new(ClientMeta {
-                id,
-                addr: peer.to_string(),
-                laddr,
-                fd,
-                created: Stamp::now(),
-                name: Mutex::new(String::new()),
-                lib_name: Mutex::new(String::new()),
-                lib_ver: Mutex::new(String::new()),
-                db: AtomicU8::new(0),
-                resp: AtomicU8::new(2),
-                last_ms: AtomicU64::new(0),
-                last_cmd: AtomicU64::new(0),
-            });
+            let meta = Arc::new(ClientMeta::new(id, peer.to_string(), laddr, fd));
             self.sh
                 .clients
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, meta.clone());
             let authed = self.settings.requirepass.is_none();
-            self.clients.insert(
-                token,
-                Client {
-                    id,
-                    sock,
-                    inbuf: Vec::new(),
-                    inpos: 0,
-                    out: Vec::new(),
-                    outpos: 0,
-                    out_base: 0,
-                    ready_to: 0,
-                    db: 0,
-                    resp: Version::Resp2,
-                    authed,
-                    close_after: false,
-                    kill: false,
-                    eof: false,
-                    peer_closing: false,
-                    stalled: false,
-                    resume: Resume::default(),
-                    meta,
-                    last_active: Instant::now(),
-                    want_write: false,
-                },
-            );
+            self.clients
+                .insert(token, Client::new(id, sock, meta, authed));
             // Data may have arrived before registration: look once.
             self.pending.push(token);
         }
@@ -1716,42 +1728,8 @@ impl Embedded {
         let (peer, _) = l.accept().map_err(|e| e.to_string())?;
         sock.set_nonblocking(true).map_err(|e| e.to_string())?;
         let cid = sh.next_client_id.fetch_add(1, Ordering::Relaxed);
-        let meta = Arc::new(ClientMeta {
-            id: cid,
-            addr: addr.to_string(),
-            laddr: addr.to_string(),
-            fd: -1,
-            created: Stamp::now(),
-            name: Mutex::new(String::new()),
-            lib_name: Mutex::new(String::new()),
-            lib_ver: Mutex::new(String::new()),
-            db: AtomicU8::new(0),
-            resp: AtomicU8::new(2),
-            last_ms: AtomicU64::new(0),
-            last_cmd: AtomicU64::new(0),
-        });
-        let client = Client {
-            id: cid,
-            sock: TcpStream::from_std(sock),
-            inbuf: Vec::new(),
-            inpos: 0,
-            out: Vec::new(),
-            outpos: 0,
-            out_base: 0,
-            ready_to: 0,
-            db: 0,
-            resp: Version::Resp2,
-            authed,
-            close_after: false,
-            kill: false,
-            eof: false,
-            peer_closing: false,
-            stalled: false,
-            resume: Resume::default(),
-            meta,
-            last_active: Instant::now(),
-            want_write: false,
-        };
+        let meta = Arc::new(ClientMeta::new(cid, addr.to_string(), addr.to_string(), -1));
+        let client = Client::new(cid, TcpStream::from_std(sock), meta, authed);
         Ok(Embedded {
             ks,
             client,
