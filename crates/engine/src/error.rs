@@ -29,3 +29,75 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a client must be told about a failed operation: the store's errors
+/// (its own, its index's, its heap's) sorted into the cases a server answers
+/// differently, so that a caller needs no knowledge of the layers below.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// No room for the write: the heap is full (`disk: false`) or the file
+    /// system under it is (`disk: true`). Freeing space cures it.
+    NoRoom { disk: bool },
+    /// A key longer than `max` bytes.
+    KeyTooLarge { len: usize, max: usize },
+    /// A value beyond the store's limit.
+    ValueTooLarge,
+    /// One operation larger than a whole persistent log.
+    RecordTooLarge { len: u64, log: u64 },
+    /// An increment on a value that is not a decimal 64-bit integer.
+    NotInteger,
+    /// An increment that would overflow.
+    Overflow,
+    /// Anything else: corruption, a failed device, a closed store. Its text is
+    /// the error's display.
+    Internal,
+}
+
+impl Error {
+    /// The case of this error a client is told about.
+    pub fn kind(&self) -> ErrorKind {
+        use index::Error as I;
+        match self {
+            Error::Heap(h) | Error::Index(I::Heap(h)) if h.is_full() => ErrorKind::NoRoom {
+                disk: matches!(h, pmem::Error::NoSpace { .. }),
+            },
+            Error::KeyTooLarge(n) | Error::Index(I::KeyTooLarge(n)) => ErrorKind::KeyTooLarge {
+                len: *n,
+                max: index::MAX_KEY,
+            },
+            Error::ValueTooLarge(_) | Error::Index(I::ValueTooLarge(_)) => ErrorKind::ValueTooLarge,
+            Error::RecordTooLarge(len, log) => ErrorKind::RecordTooLarge {
+                len: *len,
+                log: *log,
+            },
+            Error::NotInteger => ErrorKind::NotInteger,
+            Error::Overflow => ErrorKind::Overflow,
+            _ => ErrorKind::Internal,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_see_through_the_layers() {
+        let full = pmem::Error::NoSpace {
+            path: "heap".into(),
+            dir: ".".into(),
+            requested: 1,
+            available: 0,
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        assert_eq!(Error::Heap(full).kind(), ErrorKind::NoRoom { disk: true });
+        assert_eq!(
+            Error::Index(index::Error::KeyTooLarge(9)).kind(),
+            ErrorKind::KeyTooLarge {
+                len: 9,
+                max: index::MAX_KEY
+            }
+        );
+        assert_eq!(Error::Closed.kind(), ErrorKind::Internal);
+    }
+}

@@ -31,8 +31,10 @@ pub mod table;
 pub mod value;
 pub mod volatile;
 
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use index::KeyHasher;
+/// Integers in values are read as Redis reads them (`string2ll`).
+pub use proto::int::parse_i64;
 
 /// An update, as an opcode with its payload. The key travels beside it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,34 +232,6 @@ pub fn incr_value(old: Option<&[u8]>, delta: i64) -> Result<i64> {
     base.checked_add(delta).ok_or(Error::Overflow)
 }
 
-/// Parses a decimal i64 the way Redis's `string2ll` does.
-pub fn parse_i64(v: &[u8]) -> Option<i64> {
-    if v.is_empty() || v.len() > 20 {
-        return None;
-    }
-    let (neg, digits) = match v[0] {
-        b'-' => (true, &v[1..]),
-        _ => (false, v),
-    };
-    if digits.is_empty() || (digits[0] == b'0' && (digits.len() > 1 || neg)) {
-        return None;
-    }
-    let mut acc: i64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        let x = (d - b'0') as i64;
-        acc = acc.checked_mul(10)?;
-        acc = if neg {
-            acc.checked_sub(x)?
-        } else {
-            acc.checked_add(x)?
-        };
-    }
-    Some(acc)
-}
-
 /// The smaller of two scan cursors, where 0 (scan complete) counts as the end of
 /// the position space: the cursor of the union of two steps taken from one cursor.
 #[inline]
@@ -303,24 +277,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_like_redis() {
-        assert_eq!(parse_i64(b"0"), Some(0));
-        assert_eq!(parse_i64(b"-12"), Some(-12));
-        assert_eq!(parse_i64(b"9223372036854775807"), Some(i64::MAX));
-        assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
-        for bad in [
-            &b""[..],
-            b"-",
-            b"01",
-            b"-0",
-            b"+1",
-            b" 1",
-            b"1 ",
-            b"1a",
-            b"9223372036854775808",
-        ] {
-            assert_eq!(parse_i64(bad), None, "{bad:?}");
-        }
+    fn incr_follows_redis() {
         assert_eq!(incr_value(None, 5).unwrap(), 5);
         assert!(matches!(
             incr_value(Some(b"9223372036854775807"), 1),

@@ -56,10 +56,13 @@
 //! assert_eq!(out, b",1.5\r\n");
 //! ```
 
+pub mod codec;
 pub mod error;
+pub mod int;
 pub mod parse;
 pub mod reply;
 
+pub use codec::{Codec, RespCodec};
 pub use error::ProtoError;
 pub use parse::{
     encode_request, parse_request, parse_request_into, peek_requests, split_args, Args, Limits,

@@ -8,6 +8,7 @@
 //! client announcing a huge bulk and then sending nothing costs nothing.
 
 use crate::error::ProtoError;
+use crate::int::parse_i64;
 
 /// `PROTO_INLINE_MAX_SIZE` in Redis.
 pub const DEFAULT_MAX_INLINE_LEN: usize = 64 * 1024;
@@ -170,7 +171,7 @@ pub fn peek_requests(buf: &[u8], max: usize, mut f: impl FnMut(&[u8], Option<&[u
         if cr + 2 > rest.len() {
             return None;
         }
-        Some((string2ll(&rest[1..cr])?, cr + 2))
+        Some((parse_i64(&rest[1..cr])?, cr + 2))
     }
     let mut pos = 0;
     let mut seen = 0;
@@ -225,37 +226,6 @@ fn find(byte: u8, buf: &[u8]) -> Option<usize> {
     buf.iter().position(|&b| b == byte)
 }
 
-/// Redis's `string2ll`: optional `-`, no `+`, no leading zeros, no spaces,
-/// no overflow.
-pub(crate) fn string2ll(s: &[u8]) -> Option<i64> {
-    if s.is_empty() || s.len() > 20 {
-        return None;
-    }
-    if s == b"0" {
-        return Some(0);
-    }
-    let (neg, digits) = match s.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, s),
-    };
-    match digits.first() {
-        Some(b'1'..=b'9') => {}
-        _ => return None,
-    }
-    let mut v: u64 = 0;
-    for &c in digits {
-        if !c.is_ascii_digit() {
-            return None;
-        }
-        v = v.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
-    }
-    if neg {
-        i64::try_from(-i128::from(v)).ok()
-    } else {
-        i64::try_from(v).ok()
-    }
-}
-
 fn parse_multibulk(
     buf: &[u8],
     limits: &Limits,
@@ -272,7 +242,7 @@ fn parse_multibulk(
     if cr + 2 > buf.len() {
         return Ok(None);
     }
-    let count = match string2ll(&buf[1..cr]) {
+    let count = match parse_i64(&buf[1..cr]) {
         Some(n) if n <= 0 => return Ok(Some(cr + 2)),
         Some(n) if (n as u64) <= limits.max_multibulk_len as u64 => n as usize,
         _ => return Err(ProtoError::InvalidMultibulkLength),
@@ -296,7 +266,7 @@ fn parse_multibulk(
         if rest[0] != b'$' {
             return Err(ProtoError::ExpectedDollar(rest[0]));
         }
-        let len = match string2ll(&rest[1..cr]) {
+        let len = match parse_i64(&rest[1..cr]) {
             Some(n) if n >= 0 && (n as u64) <= limits.max_bulk_len as u64 => n as usize,
             _ => return Err(ProtoError::InvalidBulkLength),
         };
@@ -311,7 +281,7 @@ fn parse_multibulk(
     let mut p = first;
     for _ in 0..count {
         let cr = find(b'\r', &buf[p..]).expect("validated above");
-        let len = string2ll(&buf[p + 1..p + cr]).expect("validated above") as usize;
+        let len = parse_i64(&buf[p + 1..p + cr]).expect("validated above") as usize;
         p += cr + 2;
         args.push(&buf[p..p + len]);
         p += len + 2;

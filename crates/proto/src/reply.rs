@@ -1,7 +1,7 @@
 //! Reply values, their RESP2/RESP3 encoding, and a reply parser.
 
 use crate::error::ProtoError;
-use crate::parse::string2ll;
+use crate::int::parse_i64;
 
 /// Protocol version negotiated with `HELLO`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -53,13 +53,45 @@ fn put_line(out: &mut Vec<u8>, tag: u8, text: &[u8]) {
 }
 
 fn put_header(out: &mut Vec<u8>, tag: u8, n: usize) {
-    put_line(out, tag, n.to_string().as_bytes());
+    put_line(out, tag, itoa::Buffer::new().format(n).as_bytes());
 }
 
-fn put_bulk(out: &mut Vec<u8>, data: &[u8]) {
-    put_header(out, b'$', data.len());
-    out.extend_from_slice(data);
-    out.extend_from_slice(b"\r\n");
+/// The encoder's pieces that a server's hot path writes directly, without
+/// building a [`Reply`]: the same bytes [`Reply::encode`] writes for the
+/// corresponding values (it is built from them).
+pub mod put {
+    use super::{put_header, put_line, Version};
+
+    /// `+OK`.
+    pub fn ok(out: &mut Vec<u8>) {
+        out.extend_from_slice(b"+OK\r\n");
+    }
+
+    /// An integer reply.
+    pub fn int(out: &mut Vec<u8>, n: i64) {
+        put_line(out, b':', itoa::Buffer::new().format(n).as_bytes());
+    }
+
+    /// A bulk string.
+    pub fn bulk(out: &mut Vec<u8>, data: &[u8]) {
+        put_header(out, b'$', data.len());
+        out.extend_from_slice(data);
+        out.extend_from_slice(b"\r\n");
+    }
+
+    /// The header of an array of `n` elements (the elements follow).
+    pub fn array_header(out: &mut Vec<u8>, n: usize) {
+        put_header(out, b'*', n);
+    }
+
+    /// The null bulk string (RESP2 `$-1`, RESP3 `_`).
+    pub fn null(out: &mut Vec<u8>, proto: Version) {
+        out.extend_from_slice(if proto == Version::Resp3 {
+            b"_\r\n"
+        } else {
+            b"$-1\r\n"
+        });
+    }
 }
 
 fn put_sanitized(out: &mut Vec<u8>, tag: u8, text: &str) {
@@ -117,10 +149,9 @@ impl Reply {
         match self {
             Reply::Simple(s) => put_sanitized(out, b'+', s),
             Reply::Error(s) => put_sanitized(out, b'-', s),
-            Reply::Integer(n) => put_line(out, b':', n.to_string().as_bytes()),
-            Reply::Bulk(b) => put_bulk(out, b),
-            Reply::Null if v3 => out.extend_from_slice(b"_\r\n"),
-            Reply::Null => out.extend_from_slice(b"$-1\r\n"),
+            Reply::Integer(n) => put::int(out, *n),
+            Reply::Bulk(b) => put::bulk(out, b),
+            Reply::Null => put::null(out, proto),
             Reply::NullArray if v3 => out.extend_from_slice(b"_\r\n"),
             Reply::NullArray => out.extend_from_slice(b"*-1\r\n"),
             Reply::Array(items) => Self::encode_seq(b'*', items, proto, out),
@@ -142,7 +173,7 @@ impl Reply {
                 if v3 {
                     put_line(out, b',', s.as_bytes());
                 } else {
-                    put_bulk(out, s.as_bytes());
+                    put::bulk(out, s.as_bytes());
                 }
             }
             Reply::Boolean(b) if v3 => {
@@ -156,9 +187,9 @@ impl Reply {
                 out.extend_from_slice(text);
                 out.extend_from_slice(b"\r\n");
             }
-            Reply::Verbatim { text, .. } => put_bulk(out, text),
+            Reply::Verbatim { text, .. } => put::bulk(out, text),
             Reply::BigNumber(s) if v3 => put_sanitized(out, b'(', s),
-            Reply::BigNumber(s) => put_bulk(out, s.as_bytes()),
+            Reply::BigNumber(s) => put::bulk(out, s.as_bytes()),
         }
     }
 
@@ -210,7 +241,7 @@ fn line(buf: &[u8], pos: usize) -> Result<Option<(&[u8], usize)>, ProtoError> {
 }
 
 fn int(text: &[u8]) -> Result<i64, ProtoError> {
-    string2ll(text).ok_or(ProtoError::BadReply("invalid integer"))
+    parse_i64(text).ok_or(ProtoError::BadReply("invalid integer"))
 }
 
 fn length(text: &[u8]) -> Result<Option<usize>, ProtoError> {
