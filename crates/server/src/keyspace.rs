@@ -126,32 +126,32 @@ pub static OOM_REASON: Mutex<String> = Mutex::new(String::new());
 
 /// Maps a store error to Redis's wording where Redis has one.
 pub fn store_error_text(e: &engine::Error) -> String {
-    use engine::Error as E;
-    match e {
-        E::Heap(h) | E::Index(index::Error::Heap(h)) if h.is_full() => {
-            let why = match h {
-                pmem::Error::NoSpace { .. } => "the heap's file system is full",
-                _ => "the heap is full",
+    use engine::ErrorKind as K;
+    match e.kind() {
+        K::NoRoom { disk } => {
+            let why = if disk {
+                "the heap's file system is full"
+            } else {
+                "the heap is full"
             };
             OOM_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let reason = format!("{why} ({h})");
+            let reason = format!("{why} ({e})");
             let text = format!("OOM command not allowed when {reason}");
             *OOM_REASON.lock().unwrap_or_else(|e| e.into_inner()) = reason;
             text
         }
-        E::KeyTooLarge(n) | E::Index(index::Error::KeyTooLarge(n)) => format!(
-            "ERR key of {n} bytes is too large (Ember's limit is {} bytes)",
-            index::MAX_KEY - 1
+        // The store key carries the database byte in front of the client's.
+        K::KeyTooLarge { len, max } => format!(
+            "ERR key of {len} bytes is too large (Ember's limit is {} bytes)",
+            max - 1
         ),
-        E::ValueTooLarge(_) | E::Index(index::Error::ValueTooLarge(_)) => {
-            "ERR string exceeds maximum allowed size (proto-max-bulk-len)".into()
-        }
-        E::RecordTooLarge(n, l) => format!(
-            "ERR write of {n} bytes does not fit in a persistent log of {l} bytes (raise --log-size)"
+        K::ValueTooLarge => "ERR string exceeds maximum allowed size (proto-max-bulk-len)".into(),
+        K::RecordTooLarge { len, log } => format!(
+            "ERR write of {len} bytes does not fit in a persistent log of {log} bytes (raise --log-size)"
         ),
-        E::NotInteger => "ERR value is not an integer or out of range".into(),
-        E::Overflow => "ERR increment or decrement would overflow".into(),
-        e => format!("ERR internal error: {e}"),
+        K::NotInteger => "ERR value is not an integer or out of range".into(),
+        K::Overflow => "ERR increment or decrement would overflow".into(),
+        K::Internal => format!("ERR internal error: {e}"),
     }
 }
 
