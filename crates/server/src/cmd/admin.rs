@@ -1,6 +1,6 @@
 //! Server commands: INFO, CONFIG, COMMAND, TIME, persistence, SHUTDOWN.
 
-use super::{eq, Ctx, Spec, R, TABLE};
+use super::{eq, Cats, Ctx, Spec, R, TABLE};
 use crate::config::{HONOURED, NO_EFFECT};
 use crate::glob::Glob;
 use crate::server::Client;
@@ -121,32 +121,9 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     Ok(())
 }
 
-/// A command's ACL categories (COMMAND INFO, COMMAND LIST FILTERBY ACLCAT).
-fn categories(s: &Spec) -> Vec<&'static str> {
-    let acl = match s.group {
-        "string" => vec!["@string"],
-        "generic" => vec!["@keyspace"],
-        "connection" => vec!["@connection"],
-        _ => vec!["@admin"],
-    };
-    let mut cats: Vec<&'static str> = acl;
-    if s.flags.contains(&"write") {
-        cats.push("@write");
-    }
-    if s.flags.contains(&"readonly") {
-        cats.push("@read");
-    }
-    if s.flags.contains(&"fast") {
-        cats.push("@fast");
-    } else {
-        cats.push("@slow");
-    }
-    cats
-}
-
 fn command_info(s: &Spec) -> Reply {
-    let cats = categories(s);
-    let key_specs = if s.first > 0 {
+    let k = s.keys;
+    let key_specs = if k.first > 0 {
         vec![Reply::Map(vec![
             (
                 bulk("begin_search"),
@@ -154,7 +131,7 @@ fn command_info(s: &Spec) -> Reply {
                     (bulk("type"), bulk("index")),
                     (
                         bulk("spec"),
-                        Reply::Map(vec![(bulk("index"), Reply::Integer(s.first as i64))]),
+                        Reply::Map(vec![(bulk("index"), Reply::Integer(k.first as i64))]),
                     ),
                 ]),
             ),
@@ -167,13 +144,13 @@ fn command_info(s: &Spec) -> Reply {
                         Reply::Map(vec![
                             (
                                 bulk("lastkey"),
-                                Reply::Integer(if s.last < 0 {
-                                    s.last as i64
+                                Reply::Integer(if k.last < 0 {
+                                    k.last as i64
                                 } else {
-                                    (s.last - s.first) as i64
+                                    (k.last - k.first) as i64
                                 }),
                             ),
-                            (bulk("keystep"), Reply::Integer(s.step as i64)),
+                            (bulk("keystep"), Reply::Integer(k.step as i64)),
                             (bulk("limit"), Reply::Integer(0)),
                         ]),
                     ),
@@ -186,16 +163,16 @@ fn command_info(s: &Spec) -> Reply {
     Reply::Array(vec![
         bulk(s.name),
         Reply::Integer(s.arity as i64),
+        Reply::Set(s.flags.names().map(|f| Reply::Simple(f.into())).collect()),
+        Reply::Integer(k.first as i64),
+        Reply::Integer(k.last as i64),
+        Reply::Integer(k.step as i64),
         Reply::Set(
-            s.flags
-                .iter()
-                .map(|f| Reply::Simple(f.to_string()))
+            s.categories()
+                .names()
+                .map(|c| Reply::Simple(format!("@{c}")))
                 .collect(),
         ),
-        Reply::Integer(s.first as i64),
-        Reply::Integer(s.last as i64),
-        Reply::Integer(s.step as i64),
-        Reply::Set(cats.iter().map(|f| Reply::Simple(f.to_string())).collect()),
         Reply::Set(vec![]),
         Reply::Array(key_specs),
         Reply::Array(vec![]),
@@ -237,8 +214,10 @@ pub fn command(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 // Ember has no modules.
                 Some((k, _)) if k == "module" => Box::new(|_| false),
                 Some((k, cat)) if k == "aclcat" => {
-                    let cat = format!("@{}", String::from_utf8_lossy(cat).to_ascii_lowercase());
-                    Box::new(move |s| categories(s).contains(&cat.as_str()))
+                    match Cats::by_name(&String::from_utf8_lossy(cat)) {
+                        Some(cat) => Box::new(move |s| s.categories().contains(cat)),
+                        None => Box::new(|_| false),
+                    }
                 }
                 Some((_, pat)) => {
                     let g = Glob::new(pat, true);
@@ -289,21 +268,16 @@ pub fn command(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             };
             let s = &TABLE[i];
             let args = &a[2..];
-            let n = args.len() as i32;
-            if (s.arity > 0 && n != s.arity) || (s.arity < 0 && n < -s.arity) {
+            if !s.arity_ok(args.len()) {
                 return Err("ERR Invalid number of arguments specified for command".into());
             }
-            if s.first == 0 {
+            if s.keys.first == 0 {
                 return Err("ERR The command has no key arguments".into());
             }
-            let last = if s.last < 0 { n + s.last } else { s.last };
-            let mut keys = Vec::new();
-            let mut k = s.first;
-            while k <= last && k < n {
-                keys.push(Reply::Bulk(args[k as usize].clone()));
-                k += s.step.max(1);
-            }
-            c.reply(&Reply::Array(keys));
+            let keys = s.keys.indexes(args.len());
+            c.reply(&Reply::Array(
+                keys.map(|k| Reply::Bulk(args[k].clone())).collect(),
+            ));
         }
         "help" => {
             let lines = [

@@ -1,0 +1,398 @@
+//! The command table: every command Ember serves, with the metadata Redis
+//! keeps for it (arity, flags, ACL categories, key positions, docs) and its
+//! handler. `COMMAND`, dispatch, the statistics and (later) ACL, MULTI and
+//! replication all read it; a new command is a handler and one row here.
+
+use super::{admin, conn, keys, strings, Handler};
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+/// A set of bits named by a table of names (flags and ACL categories).
+macro_rules! bitset {
+    ($(#[$m:meta])* $ty:ident { $($(#[$fm:meta])* $name:ident = $bit:literal, $text:literal;)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+        pub struct $ty(u32);
+
+        impl $ty {
+            $($(#[$fm])* pub const $name: $ty = $ty(1 << $bit);)*
+            /// Every member and its name, in Redis's order.
+            pub const ALL: &'static [($ty, &'static str)] = &[$(($ty::$name, $text)),*];
+
+            pub const fn empty() -> $ty {
+                $ty(0)
+            }
+            pub const fn with(self, other: $ty) -> $ty {
+                $ty(self.0 | other.0)
+            }
+            pub const fn contains(self, other: $ty) -> bool {
+                self.0 & other.0 == other.0
+            }
+            /// The names of the members, in Redis's order.
+            pub fn names(self) -> impl Iterator<Item = &'static str> {
+                Self::ALL
+                    .iter()
+                    .filter(move |(m, _)| self.contains(*m))
+                    .map(|(_, n)| *n)
+            }
+            /// The member named `name` (any case).
+            pub fn by_name(name: &str) -> Option<$ty> {
+                Self::ALL
+                    .iter()
+                    .find(|(_, n)| n.eq_ignore_ascii_case(name))
+                    .map(|(m, _)| *m)
+            }
+        }
+    };
+}
+
+bitset! {
+    /// Command flags, as `COMMAND INFO` names them (Redis 7.0's set and order).
+    Flags {
+        /// May modify the keyspace.
+        WRITE = 0, "write";
+        /// Only reads the keyspace.
+        READONLY = 1, "readonly";
+        /// May grow memory use: refused when the heap is full.
+        DENYOOM = 2, "denyoom";
+        /// An administrative command (also `@admin` and `@dangerous`).
+        ADMIN = 3, "admin";
+        PUBSUB = 4, "pubsub";
+        /// Not allowed inside a script.
+        NOSCRIPT = 5, "noscript";
+        /// May block the client.
+        BLOCKING = 6, "blocking";
+        /// Allowed while the server loads its data.
+        LOADING = 7, "loading";
+        /// Allowed on a replica with stale data.
+        STALE = 8, "stale";
+        SKIP_MONITOR = 9, "skip_monitor";
+        SKIP_SLOWLOG = 10, "skip_slowlog";
+        /// Constant or logarithmic time (else `@slow`).
+        FAST = 11, "fast";
+        /// Allowed before authentication.
+        NO_AUTH = 12, "no_auth";
+        /// May replicate although it is not a write (PUBLISH, EVAL...).
+        MAY_REPLICATE = 13, "may_replicate";
+        /// Refused unless `enable-*-command` allows it (DEBUG).
+        PROTECTED = 14, "protected";
+        /// Not allowed inside MULTI.
+        NO_MULTI = 15, "no_multi";
+        /// Key positions depend on the arguments (beyond first/last/step).
+        MOVABLEKEYS = 16, "movablekeys";
+        /// Allowed while a script or function runs too long.
+        ALLOW_BUSY = 17, "allow_busy";
+    }
+}
+
+bitset! {
+    /// ACL categories (`ACL CAT`), in Redis's order.
+    Cats {
+        KEYSPACE = 0, "keyspace";
+        READ = 1, "read";
+        WRITE = 2, "write";
+        SET = 3, "set";
+        SORTEDSET = 4, "sortedset";
+        LIST = 5, "list";
+        HASH = 6, "hash";
+        STRING = 7, "string";
+        BITMAP = 8, "bitmap";
+        HYPERLOGLOG = 9, "hyperloglog";
+        GEO = 10, "geo";
+        STREAM = 11, "stream";
+        PUBSUB = 12, "pubsub";
+        ADMIN = 13, "admin";
+        FAST = 14, "fast";
+        SLOW = 15, "slow";
+        BLOCKING = 16, "blocking";
+        DANGEROUS = 17, "dangerous";
+        CONNECTION = 18, "connection";
+        TRANSACTION = 19, "transaction";
+        SCRIPTING = 20, "scripting";
+    }
+}
+
+/// Where a command's keys are among its arguments (the name is argument 0),
+/// as `COMMAND INFO` reports them: from `first` to `last` (negative: counted
+/// from the end, -1 the last argument) every `step`; `first == 0` means no
+/// keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyPos {
+    pub first: i32,
+    pub last: i32,
+    pub step: i32,
+}
+
+impl KeyPos {
+    /// The indexes of the keys in a request of `n` arguments (arity already
+    /// checked).
+    pub fn indexes(&self, n: usize) -> impl Iterator<Item = usize> {
+        let n = n as i32;
+        let last = if self.last < 0 {
+            n + self.last
+        } else {
+            self.last
+        };
+        let (first, step) = (self.first, self.step.max(1));
+        (0..)
+            .map(move |i| first + i * step)
+            .take_while(move |&k| first > 0 && k <= last && k < n)
+            .map(|k| k as usize)
+    }
+}
+
+/// One command: Redis's metadata (COMMAND INFO / DOCS) and its handler.
+pub struct Spec {
+    pub name: &'static str,
+    /// Redis arity: N = exactly N arguments with the name, -N = at least N.
+    pub arity: i32,
+    pub flags: Flags,
+    /// The categories Redis lists for the command beyond those its flags
+    /// imply (see [`Spec::categories`]).
+    pub acl: Cats,
+    pub keys: KeyPos,
+    pub group: &'static str,
+    pub since: &'static str,
+    pub summary: &'static str,
+    pub run: Handler,
+}
+
+impl Spec {
+    /// Whether `n` arguments (the name included) satisfy the arity.
+    pub fn arity_ok(&self, n: usize) -> bool {
+        let n = n as i32;
+        if self.arity > 0 {
+            n == self.arity
+        } else {
+            n >= -self.arity
+        }
+    }
+
+    /// The command's ACL categories: its own plus those Redis derives from
+    /// its flags (`write` is `@write`, `readonly` `@read`, `admin` `@admin`
+    /// and `@dangerous`, `pubsub` `@pubsub`, `blocking` `@blocking`, `fast`
+    /// `@fast` and every other command `@slow`).
+    pub fn categories(&self) -> Cats {
+        let f = self.flags;
+        let mut c = self.acl;
+        for (flag, cats) in [
+            (Flags::WRITE, Cats::WRITE),
+            (Flags::READONLY, Cats::READ),
+            (Flags::ADMIN, Cats::ADMIN.with(Cats::DANGEROUS)),
+            (Flags::PUBSUB, Cats::PUBSUB),
+            (Flags::BLOCKING, Cats::BLOCKING),
+        ] {
+            if f.contains(flag) {
+                c = c.with(cats);
+            }
+        }
+        c.with(if f.contains(Flags::FAST) {
+            Cats::FAST
+        } else {
+            Cats::SLOW
+        })
+    }
+}
+
+macro_rules! spec {
+    ($name:literal, $arity:expr, [$($f:ident),*], [$($c:ident),*], ($first:expr, $last:expr, $step:expr), $group:literal, $since:literal, $summary:literal, $run:path) => {
+        Spec {
+            name: $name,
+            arity: $arity,
+            flags: Flags::empty()$(.with(Flags::$f))*,
+            acl: Cats::empty()$(.with(Cats::$c))*,
+            keys: KeyPos { first: $first, last: $last, step: $step },
+            group: $group,
+            since: $since,
+            summary: $summary,
+            run: $run,
+        }
+    };
+}
+
+/// Every command Ember serves.
+#[rustfmt::skip]
+pub static TABLE: &[Spec] = &[
+    // connection
+    spec!("ping", -1, [FAST, STALE], [CONNECTION], (0, 0, 0), "connection", "1.0.0", "Returns the server's liveliness response.", conn::ping),
+    spec!("echo", 2, [FAST, STALE], [CONNECTION], (0, 0, 0), "connection", "1.0.0", "Returns the given string.", conn::echo),
+    spec!("quit", -1, [FAST, STALE, NO_AUTH], [CONNECTION], (0, 0, 0), "connection", "1.0.0", "Closes the connection.", conn::quit),
+    spec!("select", 2, [FAST, STALE, LOADING], [CONNECTION], (0, 0, 0), "connection", "1.0.0", "Changes the selected database.", conn::select),
+    spec!("hello", -1, [FAST, STALE, NO_AUTH, NOSCRIPT, LOADING], [CONNECTION], (0, 0, 0), "connection", "6.0.0", "Handshakes with the Redis server.", conn::hello),
+    spec!("auth", -2, [FAST, STALE, NO_AUTH, NOSCRIPT, LOADING], [CONNECTION], (0, 0, 0), "connection", "1.0.0", "Authenticates the connection.", conn::auth),
+    spec!("client", -2, [STALE, NOSCRIPT, LOADING], [], (0, 0, 0), "connection", "2.4.0", "A container for client connection commands.", conn::client),
+    spec!("reset", 1, [FAST, STALE, NO_AUTH, NOSCRIPT, LOADING], [CONNECTION], (0, 0, 0), "connection", "6.2.0", "Resets the connection.", conn::reset),
+    // strings
+    spec!("get", 2, [READONLY, FAST], [STRING], (1, 1, 1), "string", "1.0.0", "Returns the string value of a key.", strings::get),
+    spec!("set", -3, [WRITE, DENYOOM], [STRING], (1, 1, 1), "string", "1.0.0", "Sets the string value of a key, ignoring its type. The key is created if it doesn't exist.", strings::set),
+    spec!("setnx", 3, [WRITE, DENYOOM, FAST], [STRING], (1, 1, 1), "string", "1.0.0", "Set the string value of a key only when the key doesn't exist.", strings::setnx),
+    spec!("setex", 4, [WRITE, DENYOOM], [STRING], (1, 1, 1), "string", "2.0.0", "Sets the string value and expiration time of a key. Creates the key if it doesn't exist.", strings::setex),
+    spec!("psetex", 4, [WRITE, DENYOOM], [STRING], (1, 1, 1), "string", "2.6.0", "Sets both string value and expiration time in milliseconds of a key. The key is created if it doesn't exist.", strings::psetex),
+    spec!("getset", 3, [WRITE, DENYOOM, FAST], [STRING], (1, 1, 1), "string", "1.0.0", "Returns the previous string value of a key after setting it to a new value.", strings::getset),
+    spec!("getdel", 2, [WRITE, FAST], [STRING], (1, 1, 1), "string", "6.2.0", "Returns the string value of a key after deleting the key.", strings::getdel),
+    spec!("getex", -2, [WRITE, FAST], [STRING], (1, 1, 1), "string", "6.2.0", "Returns the string value of a key after setting its expiration time.", strings::getex),
+    spec!("mget", -2, [READONLY, FAST], [STRING], (1, -1, 1), "string", "1.0.0", "Atomically returns the string values of one or more keys.", strings::mget),
+    spec!("mset", -3, [WRITE, DENYOOM], [STRING], (1, -1, 2), "string", "1.0.1", "Atomically creates or modifies the string values of one or more keys.", strings::mset),
+    spec!("msetnx", -3, [WRITE, DENYOOM], [STRING], (1, -1, 2), "string", "1.0.1", "Atomically modifies the string values of one or more keys only when all keys don't exist.", strings::msetnx),
+    spec!("append", 3, [WRITE, DENYOOM, FAST], [STRING], (1, 1, 1), "string", "2.0.0", "Appends a string to the value of a key. Creates the key if it doesn't exist.", strings::append),
+    spec!("strlen", 2, [READONLY, FAST], [STRING], (1, 1, 1), "string", "2.2.0", "Returns the length of a string value.", strings::strlen),
+    spec!("getrange", 4, [READONLY], [STRING], (1, 1, 1), "string", "2.4.0", "Returns a substring of the string stored at a key.", strings::getrange),
+    spec!("substr", 4, [READONLY], [STRING], (1, 1, 1), "string", "1.0.0", "Returns a substring from a string value.", strings::getrange),
+    spec!("setrange", 4, [WRITE, DENYOOM], [STRING], (1, 1, 1), "string", "2.2.0", "Overwrites a part of a string value with another by an offset. Creates the key if it doesn't exist.", strings::setrange),
+    spec!("incr", 2, [WRITE, DENYOOM, FAST], [STRING], (1, 1, 1), "string", "1.0.0", "Increments the integer value of a key by one. Uses 0 as initial value if the key doesn't exist.", strings::incr),
+    spec!("decr", 2, [WRITE, DENYOOM, FAST], [STRING], (1, 1, 1), "string", "1.0.0", "Decrements the integer value of a key by one. Uses 0 as initial value if the key doesn't exist.", strings::decr),
+    spec!("incrby", 3, [WRITE, DENYOOM, FAST], [STRING], (1, 1, 1), "string", "1.0.0", "Increments the integer value of a key by a number. Uses 0 as initial value if the key doesn't exist.", strings::incrby),
+    spec!("decrby", 3, [WRITE, DENYOOM, FAST], [STRING], (1, 1, 1), "string", "1.0.0", "Decrements a number from the integer value of a key. Uses 0 as initial value if the key doesn't exist.", strings::decrby),
+    spec!("incrbyfloat", 3, [WRITE, DENYOOM, FAST], [STRING], (1, 1, 1), "string", "2.6.0", "Increment the floating point value of a key by a number. Uses 0 as initial value if the key doesn't exist.", strings::incrbyfloat),
+    // keyspace
+    spec!("del", -2, [WRITE], [KEYSPACE], (1, -1, 1), "generic", "1.0.0", "Deletes one or more keys.", keys::del),
+    spec!("unlink", -2, [WRITE, FAST], [KEYSPACE], (1, -1, 1), "generic", "4.0.0", "Asynchronously deletes one or more keys.", keys::del),
+    spec!("exists", -2, [READONLY, FAST], [KEYSPACE], (1, -1, 1), "generic", "1.0.0", "Determines whether one or more keys exist.", keys::exists),
+    spec!("type", 2, [READONLY, FAST], [KEYSPACE], (1, 1, 1), "generic", "1.0.0", "Determines the type of value stored at a key.", keys::type_),
+    spec!("keys", 2, [READONLY], [KEYSPACE, DANGEROUS], (0, 0, 0), "generic", "1.0.0", "Returns all key names that match a pattern.", keys::keys),
+    spec!("scan", -2, [READONLY], [KEYSPACE], (0, 0, 0), "generic", "2.8.0", "Iterates over the key names in the database.", keys::scan),
+    spec!("rename", 3, [WRITE], [KEYSPACE], (1, 2, 1), "generic", "1.0.0", "Renames a key and overwrites the destination.", keys::rename),
+    spec!("renamenx", 3, [WRITE, FAST], [KEYSPACE], (1, 2, 1), "generic", "1.0.0", "Renames a key only when the target key name doesn't exist.", keys::renamenx),
+    spec!("dbsize", 1, [READONLY, FAST], [KEYSPACE], (0, 0, 0), "server", "1.0.0", "Returns the number of keys in the database.", keys::dbsize),
+    spec!("flushdb", -1, [WRITE], [KEYSPACE, DANGEROUS], (0, 0, 0), "server", "1.0.0", "Remove all keys from the current database.", keys::flushdb),
+    spec!("flushall", -1, [WRITE], [KEYSPACE, DANGEROUS], (0, 0, 0), "server", "1.0.0", "Removes all keys from all databases.", keys::flushall),
+    spec!("randomkey", 1, [READONLY], [KEYSPACE], (0, 0, 0), "generic", "1.0.0", "Returns a random key name from the database.", keys::randomkey),
+    spec!("expire", -3, [WRITE, FAST], [KEYSPACE], (1, 1, 1), "generic", "1.0.0", "Sets the expiration time of a key in seconds.", keys::expire),
+    spec!("pexpire", -3, [WRITE, FAST], [KEYSPACE], (1, 1, 1), "generic", "2.6.0", "Sets the expiration time of a key in milliseconds.", keys::pexpire),
+    spec!("expireat", -3, [WRITE, FAST], [KEYSPACE], (1, 1, 1), "generic", "1.2.0", "Sets the expiration time of a key to a Unix timestamp.", keys::expireat),
+    spec!("pexpireat", -3, [WRITE, FAST], [KEYSPACE], (1, 1, 1), "generic", "2.6.0", "Sets the expiration time of a key to a Unix milliseconds timestamp.", keys::pexpireat),
+    spec!("ttl", 2, [READONLY, FAST], [KEYSPACE], (1, 1, 1), "generic", "1.0.0", "Returns the expiration time in seconds of a key.", keys::ttl),
+    spec!("pttl", 2, [READONLY, FAST], [KEYSPACE], (1, 1, 1), "generic", "2.6.0", "Returns the expiration time in milliseconds of a key.", keys::pttl),
+    spec!("expiretime", 2, [READONLY, FAST], [KEYSPACE], (1, 1, 1), "generic", "7.0.0", "Returns the expiration time of a key as a Unix timestamp.", keys::expiretime),
+    spec!("pexpiretime", 2, [READONLY, FAST], [KEYSPACE], (1, 1, 1), "generic", "7.0.0", "Returns the expiration time of a key as a Unix milliseconds timestamp.", keys::pexpiretime),
+    spec!("persist", 2, [WRITE, FAST], [KEYSPACE], (1, 1, 1), "generic", "2.2.0", "Removes the expiration time of a key.", keys::persist),
+    spec!("touch", -2, [READONLY, FAST], [KEYSPACE], (1, -1, 1), "generic", "3.2.1", "Returns the number of existing keys out of those specified after updating the time they were last accessed.", keys::touch),
+    spec!("object", -2, [], [], (0, 0, 0), "generic", "2.2.3", "A container for object introspection commands.", keys::object),
+    // server
+    spec!("info", -1, [LOADING, STALE], [DANGEROUS], (0, 0, 0), "server", "1.0.0", "Returns information and statistics about the server.", admin::info),
+    spec!("config", -2, [], [], (0, 0, 0), "server", "2.0.0", "A container for server configuration commands.", admin::config),
+    spec!("command", -1, [LOADING, STALE], [CONNECTION], (0, 0, 0), "server", "2.8.13", "Returns detailed information about all commands.", admin::command),
+    spec!("time", 1, [LOADING, STALE, FAST], [], (0, 0, 0), "server", "2.6.0", "Returns the server time.", admin::time),
+    spec!("lastsave", 1, [LOADING, STALE, FAST], [ADMIN, DANGEROUS], (0, 0, 0), "server", "1.0.0", "Returns the Unix timestamp of the last successful save to disk.", admin::lastsave),
+    spec!("save", 1, [ADMIN, NOSCRIPT], [], (0, 0, 0), "server", "1.0.0", "Synchronously saves the database(s) to disk.", admin::save),
+    spec!("bgsave", -1, [ADMIN, NOSCRIPT], [], (0, 0, 0), "server", "1.0.0", "Asynchronously saves the database(s) to disk.", admin::bgsave),
+    spec!("debug", -2, [ADMIN, NOSCRIPT, LOADING, STALE, PROTECTED], [], (0, 0, 0), "server", "1.0.0", "A container for debugging commands.", admin::debug),
+    spec!("shutdown", -1, [ADMIN, NOSCRIPT, LOADING, STALE], [], (0, 0, 0), "server", "1.0.0", "Synchronously saves the database(s) to disk and shuts down the Redis server.", admin::shutdown),
+];
+
+/// FNV-1a: command names are short and not attacker-chosen keys of a growing
+/// map (the table is fixed), so a keyed SipHash buys nothing here.
+#[derive(Default)]
+struct Fnv(u64);
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+type NameMap = HashMap<&'static str, usize, std::hash::BuildHasherDefault<Fnv>>;
+
+fn lookup_map() -> &'static NameMap {
+    static MAP: OnceLock<NameMap> = OnceLock::new();
+    MAP.get_or_init(|| TABLE.iter().enumerate().map(|(i, s)| (s.name, i)).collect())
+}
+
+/// The table index of a command name (any case).
+pub fn lookup(name: &[u8]) -> Option<usize> {
+    if name.len() > 16 {
+        return None;
+    }
+    let mut low = [0u8; 16];
+    let low = &mut low[..name.len()];
+    low.copy_from_slice(name);
+    low.make_ascii_lowercase();
+    let s = std::str::from_utf8(low).ok()?;
+    lookup_map().get(s).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_consistent() {
+        let mut seen = std::collections::HashSet::new();
+        for s in TABLE {
+            assert!(seen.insert(s.name), "duplicate {}", s.name);
+            assert_eq!(s.name, s.name.to_ascii_lowercase());
+            assert!(s.arity != 0);
+            assert_eq!(
+                lookup(s.name.to_uppercase().as_bytes()),
+                Some(lookup(s.name.as_bytes()).unwrap())
+            );
+            let f = s.flags;
+            assert!(
+                !(f.contains(Flags::WRITE) && f.contains(Flags::READONLY)),
+                "{}",
+                s.name
+            );
+            // A command with keys names them within its arity.
+            let k = s.keys;
+            if k.first > 0 {
+                assert!(
+                    k.step > 0 && (k.last < 0 || k.last >= k.first),
+                    "{}",
+                    s.name
+                );
+                assert!(k.first < s.arity.abs(), "{}", s.name);
+                assert!(s.categories().contains(Cats::KEYSPACE) || s.group != "generic");
+            } else {
+                assert_eq!((k.last, k.step), (0, 0), "{}", s.name);
+            }
+            let c = s.categories();
+            assert!(
+                c.contains(Cats::FAST) != c.contains(Cats::SLOW),
+                "{}",
+                s.name
+            );
+        }
+        assert_eq!(lookup(b"nosuchcommand"), None);
+        assert_eq!(lookup(&[0xff; 4]), None);
+    }
+
+    #[test]
+    fn categories_and_keys_as_redis_reports_them() {
+        let get = &TABLE[lookup(b"get").unwrap()];
+        assert_eq!(
+            get.categories().names().collect::<Vec<_>>(),
+            ["read", "string", "fast"]
+        );
+        let flushdb = &TABLE[lookup(b"flushdb").unwrap()];
+        assert_eq!(
+            flushdb.categories().names().collect::<Vec<_>>(),
+            ["keyspace", "write", "slow", "dangerous"]
+        );
+        let save = &TABLE[lookup(b"save").unwrap()];
+        assert_eq!(
+            save.categories().names().collect::<Vec<_>>(),
+            ["admin", "slow", "dangerous"]
+        );
+        let mset = &TABLE[lookup(b"mset").unwrap()];
+        assert_eq!(mset.keys.indexes(7).collect::<Vec<_>>(), [1, 3, 5]);
+        let del = &TABLE[lookup(b"del").unwrap()];
+        assert_eq!(del.keys.indexes(4).collect::<Vec<_>>(), [1, 2, 3]);
+        let rename = &TABLE[lookup(b"rename").unwrap()];
+        assert_eq!(rename.keys.indexes(3).collect::<Vec<_>>(), [1, 2]);
+        let ping = &TABLE[lookup(b"ping").unwrap()];
+        assert_eq!(ping.keys.indexes(2).count(), 0);
+        assert_eq!(Cats::by_name("String"), Some(Cats::STRING));
+        assert_eq!(Flags::by_name("nosuch"), None);
+    }
+}
