@@ -364,12 +364,13 @@ pub fn recount_thread(sh: std::sync::Arc<crate::server::Shared>) {
 
 /// Keys and keys with a TTL of `db` (DBSIZE, INFO keyspace): from the counts,
 /// after finishing a recount in progress on this worker.
-pub fn db_counts(ctx: &mut crate::cmd::Ctx, db: u8) -> Result<(u64, u64), String> {
+pub fn db_counts(
+    ctx: &mut crate::cmd::Ctx,
+    db: u8,
+) -> Result<(u64, u64), crate::keyspace::KsError> {
     let counts = &ctx.sh.counts;
     if !counts.ready() {
-        counts
-            .finish(&mut *ctx.ks.sess)
-            .map_err(|e| crate::keyspace::store_error_text(&e))?;
+        counts.finish(&mut *ctx.ks.sess)?;
     }
     Ok(counts.get(db).unwrap_or_default())
 }

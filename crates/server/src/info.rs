@@ -70,7 +70,7 @@ const DEFAULT: &[&str] = &[
 ];
 
 /// Renders the requested sections (none = Redis's default set plus `ember`).
-pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, String> {
+pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, crate::keyspace::KsError> {
     let all = want.iter().any(|s| s == "all" || s == "everything");
     let default = want.is_empty() || want.iter().any(|s| s == "default");
     let on =

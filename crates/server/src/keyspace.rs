@@ -109,51 +109,11 @@ impl From<engine::Error> for KsError {
     }
 }
 
-impl KsError {
-    /// The error reply (without the leading `-`).
-    pub fn reply_text(&self) -> String {
-        match self {
-            KsError::Corrupt => "ERR corrupt value in the heap (run `ember check`)".into(),
-            KsError::Store(e) => store_error_text(e),
-        }
-    }
-}
-
 /// Writes refused for lack of room (a full heap or a full file system), and
-/// the last refusal's reason (INFO's `heap_oom_errors`, `heap_full_reason`).
+/// the last refusal's reason (INFO's `heap_oom_errors`, `heap_full_reason`);
+/// counted when the refusal is replied ([`crate::cmd::CmdError::text`]).
 pub static OOM_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 pub static OOM_REASON: Mutex<String> = Mutex::new(String::new());
-
-/// Maps a store error to Redis's wording where Redis has one.
-pub fn store_error_text(e: &engine::Error) -> String {
-    use engine::ErrorKind as K;
-    match e.kind() {
-        K::NoRoom { disk } => {
-            let why = if disk {
-                "the heap's file system is full"
-            } else {
-                "the heap is full"
-            };
-            OOM_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let reason = format!("{why} ({e})");
-            let text = format!("OOM command not allowed when {reason}");
-            *OOM_REASON.lock().unwrap_or_else(|e| e.into_inner()) = reason;
-            text
-        }
-        // The store key carries the database byte in front of the client's.
-        K::KeyTooLarge { len, max } => format!(
-            "ERR key of {len} bytes is too large (Ember's limit is {} bytes)",
-            max - 1
-        ),
-        K::ValueTooLarge => "ERR string exceeds maximum allowed size (proto-max-bulk-len)".into(),
-        K::RecordTooLarge { len, log } => format!(
-            "ERR write of {len} bytes does not fit in a persistent log of {log} bytes (raise --log-size)"
-        ),
-        K::NotInteger => "ERR value is not an integer or out of range".into(),
-        K::Overflow => "ERR increment or decrement would overflow".into(),
-        K::Internal => format!("ERR internal error: {e}"),
-    }
-}
 
 pub type KsResult<T> = Result<T, KsError>;
 

@@ -1,6 +1,6 @@
 //! Server commands: INFO, CONFIG, COMMAND, TIME, persistence, SHUTDOWN.
 
-use super::{eq, Cats, Ctx, Spec, R, TABLE};
+use super::{eq, Cats, CmdError, Ctx, Spec, R, TABLE};
 use crate::config::{HONOURED, NO_EFFECT};
 use crate::glob::Glob;
 use crate::server::Client;
@@ -58,29 +58,19 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 let name = String::from_utf8_lossy(&p[0]).to_ascii_lowercase();
                 let val = String::from_utf8_lossy(&p[1]).into_owned();
                 match HONOURED.iter().find(|(n, _)| *n == name) {
-                    Some((_, false)) => {
-                        return Err(format!(
-                            "ERR CONFIG SET failed (possibly related to argument '{name}') - can't set immutable config"
-                        ))
-                    }
+                    Some((_, false)) => return Err(CmdError::ConfigImmutable(name)),
                     Some((_, true)) => {}
                     None if NO_EFFECT.contains(&name.as_str()) => {}
-                    None => {
-                        return Err(format!(
-                            "ERR Unknown option or number of arguments for CONFIG SET - '{name}'"
-                        ))
-                    }
+                    None => return Err(CmdError::ConfigUnknown(name)),
                 }
-                next.apply(&name, &[val]).map_err(|e| {
-                    format!("ERR CONFIG SET failed (possibly related to argument '{name}') - {e}")
-                })?;
+                if let Err(why) = next.apply(&name, &[val]) {
+                    return Err(CmdError::ConfigInvalid { name, why });
+                }
                 if name == "maxclients" {
                     // As Redis: raise the open file limit, or refuse.
                     let room = crate::server::raise_nofile_limit(next.maxclients);
                     if room < next.maxclients {
-                        return Err(format!(
-                            "ERR CONFIG SET failed (possibly related to argument 'maxclients') - The operating system is not able to handle the specified number of clients, try with {room}"
-                        ));
+                        return Err(CmdError::ConfigMaxclients(room));
                     }
                 }
             }
@@ -98,9 +88,10 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             c.ok();
         }
         "rewrite" => {
-            return Err(
-                "ERR CONFIG REWRITE is not supported by Ember: edit the configuration file".into(),
-            )
+            return Err(CmdError::NotSupported {
+                what: "CONFIG REWRITE".into(),
+                why: ": edit the configuration file",
+            })
         }
         "help" => {
             let lines = [
@@ -203,11 +194,11 @@ pub fn command(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 5 if eq(&a[2], "filterby") => {
                     let kind = String::from_utf8_lossy(&a[3]).to_ascii_lowercase();
                     if !matches!(kind.as_str(), "module" | "aclcat" | "pattern") {
-                        return Err(super::syntax_error());
+                        return Err(CmdError::Syntax);
                     }
                     Some((kind, a[4].as_slice()))
                 }
-                _ => return Err(super::syntax_error()),
+                _ => return Err(CmdError::Syntax),
             };
             let keep: Box<dyn Fn(&Spec) -> bool> = match filter {
                 None => Box::new(|_| true),
@@ -264,15 +255,15 @@ pub fn command(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 return Err(super::arity_error("command|getkeys"));
             }
             let Some(i) = super::lookup(&a[2]) else {
-                return Err("ERR Invalid command specified".into());
+                return Err(CmdError::InvalidCommand);
             };
             let s = &TABLE[i];
             let args = &a[2..];
             if !s.arity_ok(args.len()) {
-                return Err("ERR Invalid number of arguments specified for command".into());
+                return Err(CmdError::InvalidCommandArity);
             }
             if s.keys.first == 0 {
-                return Err("ERR The command has no key arguments".into());
+                return Err(CmdError::NoKeyArguments);
             }
             let keys = s.keys.indexes(args.len());
             c.reply(&Reply::Array(
@@ -330,7 +321,7 @@ pub fn save(_ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
 
 pub fn bgsave(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     if a.len() > 2 || (a.len() == 2 && !eq(&a[1], "schedule")) {
-        return Err(super::syntax_error());
+        return Err(CmdError::Syntax);
     }
     // As SAVE: the heap is the image, there is no snapshot to take.
     c.ok();
@@ -361,11 +352,7 @@ pub fn debug(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         c.ok();
         return Ok(());
     }
-    let sub = a[1].split(|&b| b == 0).next().unwrap_or_default();
-    Err(format!(
-        "ERR unknown subcommand or wrong number of arguments for '{}'. Try DEBUG HELP.",
-        String::from_utf8_lossy(&sub[..sub.len().min(128)])
-    ))
+    Err(CmdError::DebugUnknown(a[1].clone()))
 }
 
 /// C's `strtod` on a C string: the longest prefix (after leading white
@@ -387,11 +374,11 @@ pub fn shutdown(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         if eq(o, "abort") {
             abort = true;
         } else if !(eq(o, "nosave") || eq(o, "save") || eq(o, "now") || eq(o, "force")) {
-            return Err(super::syntax_error());
+            return Err(CmdError::Syntax);
         }
     }
     if abort {
-        return Err("ERR No shutdown in progress.".into());
+        return Err(CmdError::NoShutdown);
     }
     eprintln!("ember: SHUTDOWN requested by client id={}", c.id);
     ctx.sh.begin_shutdown();

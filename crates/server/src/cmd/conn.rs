@@ -1,6 +1,6 @@
 //! Connection commands.
 
-use super::{eq, int_arg, Ctx, R};
+use super::{eq, int_arg, CmdError, Ctx, R};
 use crate::server::Client;
 use proto::{Reply, Version};
 use std::sync::atomic::Ordering;
@@ -32,14 +32,10 @@ pub fn select(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let n = int_arg(&a[1])?;
     // Redis reads the index as a C int first (getIntFromObjectOrReply).
     if n < i32::MIN as i64 || n > i32::MAX as i64 {
-        return Err(format!(
-            "ERR value is out of range, value must between {} and {}",
-            i32::MIN,
-            i32::MAX
-        ));
+        return Err(CmdError::IntRange);
     }
     if n < 0 || n >= ctx.sh.cfg().databases as i64 {
-        return Err("ERR DB index is out of range".into());
+        return Err(CmdError::DbIndexOutOfRange);
     }
     c.db = n as u8;
     c.meta.db.store(c.db, Ordering::Relaxed);
@@ -61,23 +57,21 @@ fn check_password(ctx: &Ctx, user: Option<&[u8]>, pass: &[u8]) -> bool {
     }
 }
 
-const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
-
 pub fn auth(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let (user, pass) = match a.len() {
         2 => (None, &a[1]),
         3 => (Some(a[1].as_slice()), &a[2]),
-        _ => return Err(super::syntax_error()),
+        _ => return Err(CmdError::Syntax),
     };
     if user.is_none() && ctx.requirepass.is_none() {
-        return Err("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?".into());
+        return Err(CmdError::AuthNotConfigured);
     }
     if check_password(ctx, user, pass) {
         c.authed = true;
         c.ok();
         Ok(())
     } else {
-        Err(WRONGPASS.into())
+        Err(CmdError::WrongPass)
     }
 }
 
@@ -89,10 +83,9 @@ pub fn hello(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let mut ver = None;
     let mut i = 1;
     if a.len() > 1 {
-        let v = engine::parse_i64(&a[1])
-            .ok_or_else(|| "ERR Protocol version is not an integer or out of range".to_string())?;
+        let v = proto::int::parse_i64(&a[1]).ok_or(CmdError::ProtoVersionNotInteger)?;
         if !(2..=3).contains(&v) {
-            return Err("NOPROTO unsupported protocol version".into());
+            return Err(CmdError::NoProto);
         }
         ver = Some(v);
         i = 2;
@@ -107,26 +100,21 @@ pub fn hello(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             name = Some(&a[i + 1]);
             i += 2;
         } else {
-            return Err(format!(
-                "ERR Syntax error in HELLO option '{}'",
-                String::from_utf8_lossy(&a[i])
-            ));
+            return Err(CmdError::HelloOption(a[i].clone()));
         }
     }
     if let Some((u, p)) = auth {
         if !check_password(ctx, Some(u), p) {
-            return Err(WRONGPASS.into());
+            return Err(CmdError::WrongPass);
         }
         c.authed = true;
     }
     if !c.authed {
-        return Err("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time".into());
+        return Err(CmdError::HelloNoAuth);
     }
     if let Some(n) = name {
         if !valid_name(n) {
-            return Err(
-                "ERR Client names cannot contain spaces, newlines or special characters.".into(),
-            );
+            return Err(CmdError::BadClientName);
         }
         *c.meta.name.lock().unwrap_or_else(|p| p.into_inner()) =
             String::from_utf8_lossy(n).into_owned();
@@ -172,7 +160,7 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sub = String::from_utf8_lossy(&a[1]).to_ascii_lowercase();
     let arity = |n: usize| -> R {
         if a.len() != n {
-            Err(super::arity_error(&format!("client|{sub}")))
+            Err(super::arity_error(format!("client|{sub}")))
         } else {
             Ok(())
         }
@@ -185,10 +173,7 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         "setname" => {
             arity(3)?;
             if !valid_name(&a[2]) {
-                return Err(
-                    "ERR Client names cannot contain spaces, newlines or special characters."
-                        .into(),
-                );
+                return Err(CmdError::BadClientName);
             }
             *c.meta.name.lock().unwrap_or_else(|p| p.into_inner()) =
                 String::from_utf8_lossy(&a[2]).into_owned();
@@ -211,10 +196,7 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         "setinfo" => {
             arity(4)?;
             if !valid_name(&a[3]) {
-                return Err(format!(
-                    "ERR {} cannot contain spaces, newlines or special characters.",
-                    String::from_utf8_lossy(&a[2]).to_ascii_lowercase()
-                ));
+                return Err(CmdError::BadClientField(a[2].clone()));
             }
             let v = String::from_utf8_lossy(&a[3]).into_owned();
             if eq(&a[2], "lib-name") {
@@ -222,10 +204,7 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             } else if eq(&a[2], "lib-ver") {
                 *c.meta.lib_ver.lock().unwrap_or_else(|p| p.into_inner()) = v;
             } else {
-                return Err(format!(
-                    "ERR Unrecognized option '{}'",
-                    String::from_utf8_lossy(&a[2])
-                ));
+                return Err(CmdError::UnrecognizedOption(a[2].clone()));
             }
             c.ok();
         }
@@ -245,7 +224,7 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 if eq(&a[i], "type") && i + 1 < a.len() {
                     let t = String::from_utf8_lossy(&a[i + 1]).to_ascii_lowercase();
                     if !matches!(t.as_str(), "normal" | "master" | "replica" | "pubsub") {
-                        return Err(format!("ERR Unknown client type '{t}'"));
+                        return Err(CmdError::UnknownClientType(t));
                     }
                     if t != "normal" {
                         ids = Some(vec![]);
@@ -254,15 +233,15 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 } else if eq(&a[i], "id") && i + 1 < a.len() {
                     let mut v = Vec::new();
                     for x in &a[i + 1..] {
-                        let n = engine::parse_i64(x)
+                        let n = proto::int::parse_i64(x)
                             .filter(|&n| n > 0)
-                            .ok_or_else(|| "ERR Invalid client ID".to_string())?;
+                            .ok_or(CmdError::InvalidClientId)?;
                         v.push(n as u64);
                     }
                     ids = Some(v);
                     i = a.len();
                 } else {
-                    return Err(super::syntax_error());
+                    return Err(CmdError::Syntax);
                 }
             }
             let all: Vec<_> = ctx
@@ -289,7 +268,7 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         "no-evict" | "no-touch" => {
             arity(3)?;
             if !(eq(&a[2], "on") || eq(&a[2], "off")) {
-                return Err(super::syntax_error());
+                return Err(CmdError::Syntax);
             }
             c.ok();
         }
@@ -325,10 +304,10 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         }
         "kill" | "pause" | "unpause" | "reply" | "tracking" | "trackinginfo" | "caching"
         | "getredir" | "unblock" => {
-            return Err(format!(
-                "ERR CLIENT {} is not supported by Ember",
-                sub.to_ascii_uppercase()
-            ))
+            return Err(CmdError::NotSupported {
+                what: format!("CLIENT {}", sub.to_ascii_uppercase()),
+                why: "",
+            })
         }
         _ => return Err(super::unknown_subcommand("CLIENT", &a[1])),
     }

@@ -1,6 +1,6 @@
 //! Keyspace commands: deletion, existence, iteration, renames, expiry.
 
-use super::{eq, int_arg, syntax_error, Ctx, R};
+use super::{eq, int_arg, CmdError, Ctx, R};
 use crate::glob::Glob;
 use crate::keyspace::{skey, type_name, KIND_STRING};
 use crate::server::Client;
@@ -50,7 +50,7 @@ fn all_keys(
     ctx: &mut Ctx,
     db: u8,
     mut keep: impl FnMut(&[u8]) -> bool,
-) -> Result<Vec<Vec<u8>>, String> {
+) -> Result<Vec<Vec<u8>>, CmdError> {
     let sh = ctx.sh;
     let mut out = Vec::new();
     ctx.ks.for_each_live(&sh.stripes, db, ctx.now, |sk, _| {
@@ -72,54 +72,28 @@ pub fn keys(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     Ok(())
 }
 
-/// Parses a SCAN cursor as Redis does (`strtoul` on a C string, leading
-/// space refused): an optional sign (a minus wraps around, as in C), decimal
-/// digits up to the first NUL, and the empty string reads as 0.
-fn parse_cursor(a: &[u8]) -> Option<u64> {
-    let a = a.split(|&b| b == 0).next().unwrap_or_default();
-    if a.is_empty() {
-        return Some(0);
-    }
-    if matches!(a[0], b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r') {
-        return None;
-    }
-    let (neg, digits) = match a[0] {
-        b'-' => (true, &a[1..]),
-        b'+' => (false, &a[1..]),
-        _ => (false, a),
-    };
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let mut n: u64 = 0;
-    for &d in digits {
-        n = n.checked_mul(10)?.checked_add((d - b'0') as u64)?;
-    }
-    Some(if neg { n.wrapping_neg() } else { n })
-}
-
 pub fn scan(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
-    let cursor = parse_cursor(&a[1]).ok_or_else(|| "ERR invalid cursor".to_string())?;
+    let cursor = proto::int::parse_cursor(&a[1]).ok_or(CmdError::InvalidCursor)?;
     let mut pat: Option<&[u8]> = None;
     let mut count = 10usize;
     let mut typ: Option<String> = None;
     let mut i = 2;
     while i < a.len() {
         let Some(v) = a.get(i + 1) else {
-            return Err(syntax_error());
+            return Err(CmdError::Syntax);
         };
         if eq(&a[i], "match") {
             pat = Some(v);
         } else if eq(&a[i], "count") {
             let n = int_arg(v)?;
             if n < 1 {
-                return Err(syntax_error());
+                return Err(CmdError::Syntax);
             }
             count = n.min(1 << 20) as usize;
         } else if eq(&a[i], "type") {
             typ = Some(String::from_utf8_lossy(v).to_ascii_lowercase());
         } else {
-            return Err(syntax_error());
+            return Err(CmdError::Syntax);
         }
         i += 2;
     }
@@ -157,7 +131,7 @@ fn rename_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], nx: bool) -> R {
     let sh = ctx.sh;
     let _g = sh.stripes.lock_many(&[&src, &dst]);
     let Some(h) = ctx.ks.lookup_locked(&src, ctx.now)? else {
-        return Err("ERR no such key".into());
+        return Err(CmdError::NoSuchKey);
     };
     let raw = ctx.ks.raw.clone();
     if src == dst {
@@ -214,7 +188,7 @@ fn flush_args(a: &[Vec<u8>]) -> R {
     match a.len() {
         1 => Ok(()),
         2 if eq(&a[1], "async") || eq(&a[1], "sync") => Ok(()),
-        _ => Err(syntax_error()),
+        _ => Err(CmdError::Syntax),
     }
 }
 
@@ -274,7 +248,7 @@ fn expire_generic(
     a: &[Vec<u8>],
     ms: bool,
     relative: bool,
-    cmd: &str,
+    cmd: &'static str,
 ) -> R {
     let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
     for o in &a[3..] {
@@ -287,20 +261,17 @@ fn expire_generic(
         } else if eq(o, "lt") {
             lt = true;
         } else {
-            return Err(format!(
-                "ERR Unsupported option {}",
-                String::from_utf8_lossy(o)
-            ));
+            return Err(CmdError::ExpireOption(o.to_vec()));
         }
     }
     if nx && (xx || gt || lt) {
-        return Err("ERR NX and XX, GT or LT options at the same time are not compatible".into());
+        return Err(CmdError::ExpireNxWithOthers);
     }
     if gt && lt {
-        return Err("ERR GT and LT options at the same time are not compatible".into());
+        return Err(CmdError::ExpireGtWithLt);
     }
     let n = int_arg(&a[2])?;
-    let invalid = || format!("ERR invalid expire time in '{cmd}' command");
+    let invalid = || CmdError::InvalidExpire(cmd);
     let mut when = if ms {
         n
     } else {
@@ -399,7 +370,7 @@ pub fn persist(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 
 /// Redis's encoding name for a string value.
 fn string_encoding(v: &[u8]) -> &'static str {
-    if v.len() <= 20 && engine::parse_i64(v).is_some() {
+    if v.len() <= 20 && proto::int::parse_i64(v).is_some() {
         "int"
     } else if v.len() <= 44 {
         "embstr"
@@ -429,7 +400,7 @@ pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         return Err(super::unknown_subcommand("OBJECT", &a[1]));
     }
     if a.len() != 3 {
-        return Err(super::arity_error(&format!("object|{sub}")));
+        return Err(super::arity_error(format!("object|{sub}")));
     }
     let Some(h) = ctx.ks.get(&ctx.sh.stripes, c.db, &a[2], ctx.now)? else {
         c.null();
@@ -447,14 +418,14 @@ pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         }
         "refcount" => {
             // Redis shares the integers 0..9999 (refcount INT_MAX).
-            let shared = engine::parse_i64(v).is_some_and(|n| (0..10_000).contains(&n));
+            let shared = proto::int::parse_i64(v).is_some_and(|n| (0..10_000).contains(&n));
             c.int(if shared { i32::MAX as i64 } else { 1 });
         }
         s => {
-            return Err(format!(
-                "ERR OBJECT {} is not supported by Ember (it keeps no access clock or counter)",
-                s.to_ascii_uppercase()
-            ))
+            return Err(CmdError::NotSupported {
+                what: format!("OBJECT {}", s.to_ascii_uppercase()),
+                why: " (it keeps no access clock or counter)",
+            })
         }
     }
     Ok(())

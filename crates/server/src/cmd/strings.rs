@@ -1,6 +1,6 @@
 //! String and counter commands.
 
-use super::{eq, int_arg, syntax_error, wrongtype, Ctx, R};
+use super::{eq, int_arg, CmdError, Ctx, R};
 use crate::keyspace::{skey, Header, KIND_STRING};
 use crate::server::Client;
 
@@ -8,10 +8,10 @@ use crate::server::Client;
 const MAX_STRING: i64 = 512 * 1024 * 1024;
 
 /// Reads a string for a reader (no lock); errors on another type.
-fn read_string(ctx: &mut Ctx, c: &Client, key: &[u8]) -> Result<Option<Header>, String> {
+fn read_string(ctx: &mut Ctx, c: &Client, key: &[u8]) -> Result<Option<Header>, CmdError> {
     let f = ctx.ks.get(&ctx.sh.stripes, c.db, key, ctx.now)?;
     match f {
-        Some(h) if h.kind != KIND_STRING => Err(wrongtype()),
+        Some(h) if h.kind != KIND_STRING => Err(CmdError::WrongType),
         f => Ok(f),
     }
 }
@@ -46,7 +46,7 @@ struct ExtArgs<'a> {
     expire: Option<(&'a [u8], bool, bool)>,
 }
 
-fn parse_ext(a: &[Vec<u8>], start: usize, set: bool) -> Result<ExtArgs<'_>, String> {
+fn parse_ext(a: &[Vec<u8>], start: usize, set: bool) -> Result<ExtArgs<'_>, CmdError> {
     let mut o = ExtArgs::default();
     let mut kind: Option<&'static str> = None;
     let mut j = start;
@@ -68,13 +68,13 @@ fn parse_ext(a: &[Vec<u8>], start: usize, set: bool) -> Result<ExtArgs<'_>, Stri
             o.persist = true;
         } else if let (Some(k), Some(v)) = (exp_kind, next) {
             if o.keepttl || o.persist || kind.is_some_and(|x| x != k) {
-                return Err(syntax_error());
+                return Err(CmdError::Syntax);
             }
             kind = Some(k);
             o.expire = Some((v, k.starts_with('p'), k.len() == 2));
             j += 1;
         } else {
-            return Err(syntax_error());
+            return Err(CmdError::Syntax);
         }
         j += 1;
     }
@@ -87,10 +87,10 @@ pub fn expire_at(
     v: &[u8],
     unit_ms: bool,
     relative: bool,
-    cmd: &str,
-) -> Result<i64, String> {
+    cmd: &'static str,
+) -> Result<i64, CmdError> {
     let n = int_arg(v)?;
-    let invalid = || format!("ERR invalid expire time in '{cmd}' command");
+    let invalid = || CmdError::InvalidExpire(cmd);
     if n <= 0 {
         return Err(invalid());
     }
@@ -109,7 +109,7 @@ pub fn expire_at(
 /// Writes a string under the caller's lock; a past expiry deletes the key.
 fn store(ctx: &mut Ctx, sk: &[u8], expire: Option<i64>, v: &[u8]) -> R {
     if v.len() as i64 > MAX_STRING {
-        return Err("ERR string exceeds maximum allowed size (proto-max-bulk-len)".into());
+        return Err(CmdError::StringTooLong);
     }
     if let Some(t) = expire {
         if t <= ctx.now {
@@ -138,7 +138,7 @@ pub fn set(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         None
     };
     let old_val = match (get, old) {
-        (true, Some(h)) if h.kind != KIND_STRING => return Err(wrongtype()),
+        (true, Some(h)) if h.kind != KIND_STRING => return Err(CmdError::WrongType),
         (true, Some(h)) => Some(ctx.ks.raw[h.off..].to_vec()),
         _ => None,
     };
@@ -177,7 +177,7 @@ pub fn setnx(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     Ok(())
 }
 
-fn setex_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], ms: bool, cmd: &str) -> R {
+fn setex_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], ms: bool, cmd: &'static str) -> R {
     let t = expire_at(ctx, &a[2], ms, true, cmd)?;
     let sk = skey(c.db, &a[1]);
     let sh = ctx.sh;
@@ -200,7 +200,7 @@ pub fn getset(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sh = ctx.sh;
     let _g = sh.stripes.lock(&sk);
     let old = match ctx.ks.lookup_locked(&sk, ctx.now)? {
-        Some(h) if h.kind != KIND_STRING => return Err(wrongtype()),
+        Some(h) if h.kind != KIND_STRING => return Err(CmdError::WrongType),
         Some(h) => Some(ctx.ks.raw[h.off..].to_vec()),
         None => None,
     };
@@ -217,7 +217,7 @@ pub fn getdel(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sh = ctx.sh;
     let _g = sh.stripes.lock(&sk);
     match ctx.ks.lookup_locked(&sk, ctx.now)? {
-        Some(h) if h.kind != KIND_STRING => return Err(wrongtype()),
+        Some(h) if h.kind != KIND_STRING => return Err(CmdError::WrongType),
         Some(h) => {
             let v = ctx.ks.raw[h.off..].to_vec();
             ctx.ks.delete(&sk, ctx.now)?;
@@ -240,7 +240,7 @@ pub fn getex(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         return Ok(());
     };
     if h.kind != KIND_STRING {
-        return Err(wrongtype());
+        return Err(CmdError::WrongType);
     }
     let at = match o.expire {
         Some((v, ms, rel)) => Some(expire_at(ctx, v, ms, rel, "getex")?),
@@ -308,15 +308,15 @@ fn modify(
     ctx: &mut Ctx,
     c: &Client,
     key: &[u8],
-    f: impl FnOnce(Option<&[u8]>) -> Result<Option<Vec<u8>>, String>,
-) -> Result<Option<usize>, String> {
+    f: impl FnOnce(Option<&[u8]>) -> Result<Option<Vec<u8>>, CmdError>,
+) -> Result<Option<usize>, CmdError> {
     let sk = skey(c.db, key);
     let sh = ctx.sh;
     let _g = sh.stripes.lock(&sk);
     let h = ctx.ks.lookup_locked(&sk, ctx.now)?;
     if let Some(h) = h {
         if h.kind != KIND_STRING {
-            return Err(wrongtype());
+            return Err(CmdError::WrongType);
         }
     }
     let cur = h.map(|h| &ctx.ks.raw[h.off..]);
@@ -333,7 +333,7 @@ pub fn append(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let n = modify(ctx, c, &a[1], |cur| {
         let cur = cur.unwrap_or_default();
         if (cur.len() + add.len()) as i64 > MAX_STRING {
-            return Err("ERR string exceeds maximum allowed size (proto-max-bulk-len)".into());
+            return Err(CmdError::StringTooLong);
         }
         let mut v = Vec::with_capacity(cur.len() + add.len());
         v.extend_from_slice(cur);
@@ -386,11 +386,11 @@ pub fn getrange(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 pub fn setrange(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let off = int_arg(&a[2])?;
     if off < 0 {
-        return Err("ERR offset is out of range".into());
+        return Err(CmdError::OffsetOutOfRange);
     }
     let val = &a[3];
     if !val.is_empty() && off.saturating_add(val.len() as i64) > MAX_STRING {
-        return Err("ERR string exceeds maximum allowed size (proto-max-bulk-len)".into());
+        return Err(CmdError::StringTooLong);
     }
     let n = modify(ctx, c, &a[1], |cur| {
         if val.is_empty() {
@@ -414,12 +414,9 @@ fn incr_generic(ctx: &mut Ctx, c: &mut Client, key: &[u8], by: i64) -> R {
     modify(ctx, c, key, |cur| {
         let base = match cur {
             None => 0,
-            Some(v) => engine::parse_i64(v)
-                .ok_or_else(|| "ERR value is not an integer or out of range".to_string())?,
+            Some(v) => proto::int::parse_i64(v).ok_or(CmdError::NotInteger)?,
         };
-        result = base
-            .checked_add(by)
-            .ok_or_else(|| "ERR increment or decrement would overflow".to_string())?;
+        result = base.checked_add(by).ok_or(CmdError::IncrOverflow)?;
         Ok(Some(result.to_string().into_bytes()))
     })?;
     c.int(result);
@@ -442,7 +439,7 @@ pub fn incrby(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 pub fn decrby(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let by = int_arg(&a[2])?;
     if by == i64::MIN {
-        return Err("ERR decrement would overflow".into());
+        return Err(CmdError::DecrOverflow);
     }
     incr_generic(ctx, c, &a[1], -by)
 }
@@ -582,16 +579,16 @@ fn format_incr_float(f: f64) -> String {
 }
 
 pub fn incrbyfloat(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
-    let by = float_arg(&a[2]).ok_or_else(|| "ERR value is not a valid float".to_string())?;
+    let by = float_arg(&a[2]).ok_or(CmdError::NotFloat)?;
     let mut out = String::new();
     modify(ctx, c, &a[1], |cur| {
         let base = match cur {
             None => 0.0,
-            Some(v) => float_arg(v).ok_or_else(|| "ERR value is not a valid float".to_string())?,
+            Some(v) => float_arg(v).ok_or(CmdError::NotFloat)?,
         };
         let r = base + by;
         if !r.is_finite() {
-            return Err("ERR increment would produce NaN or Infinity".into());
+            return Err(CmdError::NanOrInfinity);
         }
         out = format_incr_float(r);
         Ok(Some(out.clone().into_bytes()))

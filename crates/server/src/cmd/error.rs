@@ -1,0 +1,335 @@
+//! Every error a command replies with, and its text: the one place where
+//! Redis's wording lives (the Redis command reference, and Redis 7's source
+//! where the reference is silent). A handler returns a [`CmdError`]; dispatch
+//! writes its [`CmdError::text`] as the error reply.
+
+use crate::keyspace::{KsError, OOM_ERRORS, OOM_REASON};
+use std::borrow::Cow;
+use std::sync::atomic::Ordering;
+
+/// Why a command failed.
+#[derive(Debug)]
+pub enum CmdError {
+    /// `ERR syntax error`.
+    Syntax,
+    /// An argument or stored value that is not a 64-bit integer.
+    NotInteger,
+    /// An argument or stored value that is not a valid float.
+    NotFloat,
+    /// A key holding another type.
+    WrongType,
+    /// A request whose argument count the command refuses (`name` as Redis
+    /// prints it: `get`, `client|setname`).
+    Arity(Cow<'static, str>),
+    /// A command name not in the table (the whole request, for the text).
+    UnknownCommand(Vec<Vec<u8>>),
+    /// A container command's unknown subcommand (`cmd` in capitals).
+    UnknownSubcommand {
+        cmd: &'static str,
+        sub: Vec<u8>,
+    },
+    /// A command before authentication.
+    NoAuth,
+    /// HELLO without authentication and without AUTH.
+    HelloNoAuth,
+    /// A wrong password.
+    WrongPass,
+    /// AUTH with no password configured.
+    AuthNotConfigured,
+    /// HELLO's protocol version argument is not an integer.
+    ProtoVersionNotInteger,
+    /// HELLO with a version other than 2 or 3.
+    NoProto,
+    /// An unknown HELLO option.
+    HelloOption(Vec<u8>),
+    /// DEBUG refused by `enable-debug-command`.
+    DebugNotAllowed,
+    /// An unknown DEBUG subcommand, or a wrong argument count for one.
+    DebugUnknown(Vec<u8>),
+    /// A non-positive or overflowing expiry (`cmd` is the command name).
+    InvalidExpire(&'static str),
+    /// EXPIRE's option that Redis does not know.
+    ExpireOption(Vec<u8>),
+    /// EXPIRE NX with XX, GT or LT.
+    ExpireNxWithOthers,
+    /// EXPIRE GT with LT.
+    ExpireGtWithLt,
+    /// A string beyond `proto-max-bulk-len`.
+    StringTooLong,
+    /// SETRANGE's negative offset.
+    OffsetOutOfRange,
+    /// INCR/INCRBY past the 64-bit range.
+    IncrOverflow,
+    /// DECRBY of `i64::MIN`.
+    DecrOverflow,
+    /// INCRBYFLOAT to a NaN or infinity.
+    NanOrInfinity,
+    /// A SCAN cursor that is not a number.
+    InvalidCursor,
+    /// RENAME of an absent key.
+    NoSuchKey,
+    /// SELECT beyond a C int.
+    IntRange,
+    /// SELECT of a database that does not exist.
+    DbIndexOutOfRange,
+    /// A client name (or library field, `field` as given) with spaces or
+    /// special characters.
+    BadClientName,
+    BadClientField(Vec<u8>),
+    /// CLIENT SETINFO's unknown field.
+    UnrecognizedOption(Vec<u8>),
+    /// CLIENT LIST TYPE's unknown type.
+    UnknownClientType(String),
+    /// CLIENT LIST ID's argument.
+    InvalidClientId,
+    /// CONFIG SET of a parameter that cannot change at run time.
+    ConfigImmutable(String),
+    /// CONFIG SET of an unknown parameter.
+    ConfigUnknown(String),
+    /// CONFIG SET of a value the parameter refuses.
+    ConfigInvalid {
+        name: String,
+        why: String,
+    },
+    /// CONFIG SET maxclients beyond the open file limit.
+    ConfigMaxclients(u64),
+    /// COMMAND GETKEYS of an unknown command.
+    InvalidCommand,
+    /// COMMAND GETKEYS with the wrong argument count for the command.
+    InvalidCommandArity,
+    /// COMMAND GETKEYS of a command without keys.
+    NoKeyArguments,
+    /// SHUTDOWN ABORT with no shutdown in progress.
+    NoShutdown,
+    /// A command or option Redis has and Ember does not: `what` names it,
+    /// `why` (may be empty) says why.
+    NotSupported {
+        what: String,
+        why: &'static str,
+    },
+    /// The keyspace or the store refused (full heap, corrupt value...).
+    Store(KsError),
+}
+
+impl From<KsError> for CmdError {
+    fn from(e: KsError) -> Self {
+        CmdError::Store(e)
+    }
+}
+
+/// A client-given text as Redis's `%.128s` prints it: up to its first NUL
+/// byte, at most 128 bytes.
+fn c_str(a: &[u8]) -> Cow<'_, str> {
+    let a = a.split(|&b| b == 0).next().unwrap_or_default();
+    String::from_utf8_lossy(&a[..a.len().min(128)])
+}
+
+impl CmdError {
+    /// The error reply's text (without the leading `-`).
+    pub fn text(&self) -> Cow<'static, str> {
+        use CmdError as E;
+        let lossy = |a: &[u8]| String::from_utf8_lossy(a).into_owned();
+        Cow::Owned(match self {
+            E::Syntax => return "ERR syntax error".into(),
+            E::NotInteger => return "ERR value is not an integer or out of range".into(),
+            E::NotFloat => return "ERR value is not a valid float".into(),
+            E::WrongType => {
+                return "WRONGTYPE Operation against a key holding the wrong kind of value".into()
+            }
+            E::Arity(name) => format!("ERR wrong number of arguments for '{name}' command"),
+            E::UnknownCommand(args) => unknown_command(args),
+            E::UnknownSubcommand { cmd, sub } => {
+                format!("ERR unknown subcommand '{}'. Try {cmd} HELP.", c_str(sub))
+            }
+            E::NoAuth => return "NOAUTH Authentication required.".into(),
+            E::HelloNoAuth => return "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time".into(),
+            E::WrongPass => {
+                return "WRONGPASS invalid username-password pair or user is disabled.".into()
+            }
+            E::AuthNotConfigured => return "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?".into(),
+            E::ProtoVersionNotInteger => {
+                return "ERR Protocol version is not an integer or out of range".into()
+            }
+            E::NoProto => return "NOPROTO unsupported protocol version".into(),
+            E::HelloOption(o) => format!("ERR Syntax error in HELLO option '{}'", lossy(o)),
+            E::DebugNotAllowed => return "ERR DEBUG command not allowed. If the enable-debug-command option is set to \"local\", you can run it from a local connection, otherwise you need to set this option in the configuration file, and then restart the server.".into(),
+            E::DebugUnknown(sub) => format!(
+                "ERR unknown subcommand or wrong number of arguments for '{}'. Try DEBUG HELP.",
+                c_str(sub)
+            ),
+            E::InvalidExpire(cmd) => format!("ERR invalid expire time in '{cmd}' command"),
+            E::ExpireOption(o) => format!("ERR Unsupported option {}", lossy(o)),
+            E::ExpireNxWithOthers => {
+                return "ERR NX and XX, GT or LT options at the same time are not compatible"
+                    .into()
+            }
+            E::ExpireGtWithLt => {
+                return "ERR GT and LT options at the same time are not compatible".into()
+            }
+            E::StringTooLong => {
+                return "ERR string exceeds maximum allowed size (proto-max-bulk-len)".into()
+            }
+            E::OffsetOutOfRange => return "ERR offset is out of range".into(),
+            E::IncrOverflow => return "ERR increment or decrement would overflow".into(),
+            E::DecrOverflow => return "ERR decrement would overflow".into(),
+            E::NanOrInfinity => return "ERR increment would produce NaN or Infinity".into(),
+            E::InvalidCursor => return "ERR invalid cursor".into(),
+            E::NoSuchKey => return "ERR no such key".into(),
+            E::IntRange => format!(
+                "ERR value is out of range, value must between {} and {}",
+                i32::MIN,
+                i32::MAX
+            ),
+            E::DbIndexOutOfRange => return "ERR DB index is out of range".into(),
+            E::BadClientName => {
+                return "ERR Client names cannot contain spaces, newlines or special characters."
+                    .into()
+            }
+            E::BadClientField(f) => format!(
+                "ERR {} cannot contain spaces, newlines or special characters.",
+                lossy(f).to_ascii_lowercase()
+            ),
+            E::UnrecognizedOption(o) => format!("ERR Unrecognized option '{}'", lossy(o)),
+            E::UnknownClientType(t) => format!("ERR Unknown client type '{t}'"),
+            E::InvalidClientId => return "ERR Invalid client ID".into(),
+            E::ConfigImmutable(name) => format!(
+                "ERR CONFIG SET failed (possibly related to argument '{name}') - can't set immutable config"
+            ),
+            E::ConfigUnknown(name) => {
+                format!("ERR Unknown option or number of arguments for CONFIG SET - '{name}'")
+            }
+            E::ConfigInvalid { name, why } => {
+                format!("ERR CONFIG SET failed (possibly related to argument '{name}') - {why}")
+            }
+            E::ConfigMaxclients(room) => format!(
+                "ERR CONFIG SET failed (possibly related to argument 'maxclients') - The operating system is not able to handle the specified number of clients, try with {room}"
+            ),
+            E::InvalidCommand => return "ERR Invalid command specified".into(),
+            E::InvalidCommandArity => {
+                return "ERR Invalid number of arguments specified for command".into()
+            }
+            E::NoKeyArguments => return "ERR The command has no key arguments".into(),
+            E::NoShutdown => return "ERR No shutdown in progress.".into(),
+            E::NotSupported { what, why } => format!("ERR {what} is not supported by Ember{why}"),
+            E::Store(KsError::Corrupt) => {
+                return "ERR corrupt value in the heap (run `ember check`)".into()
+            }
+            E::Store(KsError::Store(e)) => return store_error_text(e),
+        })
+    }
+}
+
+/// A store error in Redis's wording where Redis has one.
+fn store_error_text(e: &engine::Error) -> Cow<'static, str> {
+    use engine::ErrorKind as K;
+    Cow::Owned(match e.kind() {
+        K::NoRoom { disk } => {
+            let why = if disk {
+                "the heap's file system is full"
+            } else {
+                "the heap is full"
+            };
+            OOM_ERRORS.fetch_add(1, Ordering::Relaxed);
+            let reason = format!("{why} ({e})");
+            let text = format!("OOM command not allowed when {reason}");
+            *OOM_REASON.lock().unwrap_or_else(|e| e.into_inner()) = reason;
+            text
+        }
+        // The store key carries the database byte in front of the client's.
+        K::KeyTooLarge { len, max } => format!(
+            "ERR key of {len} bytes is too large (Ember's limit is {} bytes)",
+            max - 1
+        ),
+        K::ValueTooLarge => return CmdError::StringTooLong.text(),
+        K::RecordTooLarge { len, log } => format!(
+            "ERR write of {len} bytes does not fit in a persistent log of {log} bytes (raise --log-size)"
+        ),
+        K::NotInteger => return CmdError::NotInteger.text(),
+        K::Overflow => return CmdError::IncrOverflow.text(),
+        K::Internal => format!("ERR internal error: {e}"),
+    })
+}
+
+/// Redis's "unknown command" error text. Redis formats it with `%.128s` and
+/// `'%.*s' `: byte counts, and each argument ends at its first NUL byte (C
+/// strings); the text is built from bytes the same way, then made UTF-8.
+fn unknown_command(args: &[Vec<u8>]) -> String {
+    fn c_str(a: &[u8]) -> &[u8] {
+        a.split(|&b| b == 0).next().unwrap_or_default()
+    }
+    let mut rest: Vec<u8> = Vec::new();
+    for a in &args[1..] {
+        if rest.len() >= 128 {
+            break;
+        }
+        let a = c_str(a);
+        let room = 128 - rest.len();
+        rest.push(b'\'');
+        rest.extend_from_slice(&a[..a.len().min(room)]);
+        rest.extend_from_slice(b"' ");
+    }
+    let name = c_str(&args[0]);
+    let mut msg = b"ERR unknown command '".to_vec();
+    msg.extend_from_slice(&name[..name.len().min(128)]);
+    msg.extend_from_slice(b"', with args beginning with: ");
+    msg.extend_from_slice(&rest);
+    String::from_utf8_lossy(&msg).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(e: CmdError) -> String {
+        e.text().into_owned()
+    }
+
+    #[test]
+    fn unknown_command_text_matches_redis() {
+        let a: Vec<Vec<u8>> = vec![b"foo".to_vec(), b"a".to_vec(), b"b c".to_vec()];
+        assert_eq!(
+            text(CmdError::UnknownCommand(a)),
+            "ERR unknown command 'foo', with args beginning with: 'a' 'b c' "
+        );
+        let a: Vec<Vec<u8>> = vec![b"foo".to_vec()];
+        assert_eq!(
+            text(CmdError::UnknownCommand(a)),
+            "ERR unknown command 'foo', with args beginning with: "
+        );
+        let a: Vec<Vec<u8>> = vec![
+            b"get\0x".to_vec(),
+            b"ab\0cd".to_vec(),
+            vec![b'a'; 200],
+            b"z".to_vec(),
+        ];
+        assert_eq!(
+            text(CmdError::UnknownCommand(a)),
+            format!(
+                "ERR unknown command 'get', with args beginning with: 'ab' '{}' ",
+                "a".repeat(123)
+            )
+        );
+    }
+
+    #[test]
+    fn texts_take_client_bytes_as_redis_prints_them() {
+        assert_eq!(
+            text(CmdError::UnknownSubcommand {
+                cmd: "CONFIG",
+                sub: b"x\0y".to_vec()
+            }),
+            "ERR unknown subcommand 'x'. Try CONFIG HELP."
+        );
+        assert_eq!(
+            text(CmdError::Arity("client|setname".into())),
+            "ERR wrong number of arguments for 'client|setname' command"
+        );
+        assert_eq!(
+            text(CmdError::DebugUnknown(vec![b'z'; 300])),
+            format!(
+                "ERR unknown subcommand or wrong number of arguments for '{}'. Try DEBUG HELP.",
+                "z".repeat(128)
+            )
+        );
+    }
+}
