@@ -10,7 +10,9 @@
 //!   (per-thread persistent logs whose records link to the key's previous record in
 //!   any log), gleaners, epochs, dynamic writer/gleaner roles, put collapsing.
 //!
-//! Every update is an [`Op`]: an opcode with a payload. Puts and removes are
+//! Every update is an [`Op`]: an opcode with a payload; a command's updates
+//! are a [`WriteBatch`] of them ([`batch`]), applied with
+//! [`Session::apply_batch`]. Puts and removes are
 //! idempotent (applying one twice is harmless, and only the newest of a chain
 //! matters); `Incr` is not, and the stores apply such operations exactly once and
 //! in the order they were acknowledged.
@@ -22,6 +24,7 @@
 //! (Redis's `SCAN`) that means the same in every store and tier: a split-order
 //! position ([`index::scan_pos`]).
 
+pub mod batch;
 pub mod bullet;
 pub mod crl;
 pub mod direct;
@@ -31,6 +34,7 @@ pub mod table;
 pub mod value;
 pub mod volatile;
 
+pub use batch::WriteBatch;
 pub use error::{Error, ErrorKind, Result};
 pub use index::KeyHasher;
 /// Integers in values are read as Redis reads them (`string2ll`).
@@ -152,6 +156,18 @@ pub trait Session {
     fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool>;
     /// Applies an update; durable (per [`Store::durability`]) when it returns.
     fn apply(&mut self, key: &[u8], op: Op<'_>) -> Result<Outcome>;
+    /// Applies a command's [`WriteBatch`] in order, pushing each operation's
+    /// outcome to `out`; on an error, `out` holds the outcomes of the
+    /// operations applied before it. Each operation is durable as
+    /// [`Session::apply`]'s is. The default applies them one by one, so a
+    /// crash in the middle leaves a prefix of the batch applied; a store
+    /// that logs the batch as one record makes it all-or-nothing.
+    fn apply_batch(&mut self, batch: &WriteBatch, out: &mut Vec<Outcome>) -> Result<()> {
+        for (key, op) in batch.iter() {
+            out.push(self.apply(key, op)?);
+        }
+        Ok(())
+    }
     /// One step of a cursor scan of the store's keys, Redis's `SCAN` (for `KEYS`,
     /// `SCAN`, `DBSIZE`, `FLUSHDB`, `RANDOMKEY`, active expiry): appends keys to
     /// `out` and returns the next cursor; cursor 0 starts a scan and a returned 0

@@ -511,10 +511,12 @@ mod tests {
                     crate::keyspace::skey(db, format!("k{}", rng.random_range(0..4000)).as_bytes());
                 if rng.random_range(0..3) == 0 {
                     let live = ks.delete(&k, 0).unwrap();
+                    ks.apply().unwrap();
                     assert_eq!(live, model.remove(&k).is_some());
                 } else {
                     let ttl = rng.random_bool(0.3).then_some(i64::MAX);
-                    ks.put(&k, KIND_STRING, ttl, b"v").unwrap();
+                    ks.put(&k, KIND_STRING, ttl, b"v");
+                    ks.apply().unwrap();
                     model.insert(k, ttl.is_some());
                 }
             };

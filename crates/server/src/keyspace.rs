@@ -11,16 +11,28 @@
 //! A TTL therefore lives in the same heap value as the data: it is written by
 //! the same durable operation and kept across restarts.
 //!
+//! # Writes are staged, then applied
+//! A command that writes does not change the store while it decides: its
+//! writes ([`Keyspace::put`], [`Keyspace::delete`], ...) are staged as
+//! [`engine::Op`]s in the command's [`engine::WriteBatch`], with every
+//! non-deterministic input already resolved (a relative TTL is stored as an
+//! absolute time, computed from the command's clock). Reads inside the
+//! command see its staged writes ([`Keyspace::lookup_raw`] looks in the batch
+//! first). [`Keyspace::apply`] then applies the batch with
+//! [`engine::Session::apply_batch`] and adds what it did to the key counts.
+//! The batch is the unit a log, a replica or a transaction takes.
+//!
 //! # Atomicity
 //! Gets take no lock. Every command that writes takes the stripe locks of its
 //! keys (sorted, so multi-key commands cannot deadlock) around its
-//! read-modify-write, so commands on one key are linearizable as in Redis.
-//! Each store operation is durable on its own; a multi-key command (MSET,
-//! RENAME, FLUSHDB) is atomic for clients of this server but not across a
-//! crash: a crash in the middle leaves a prefix of its keys written.
+//! read-modify-write and applies its batch before it releases them, so
+//! commands on one key are linearizable as in Redis. Each store operation is
+//! durable on its own; a multi-key command (MSET, RENAME, FLUSHDB) is atomic
+//! for clients of this server but not across a crash: a crash in the middle
+//! of its batch leaves a prefix of it applied.
 
 use crate::counts::{Delta, KeyCounts};
-use engine::{Op, Outcome, Session};
+use engine::{Op, Outcome, Session, WriteBatch};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -77,6 +89,11 @@ pub fn decode(raw: &[u8]) -> Option<Header> {
 pub fn encode(kind: u8, expire: Option<i64>, payload: &[u8], out: &mut Vec<u8>) {
     out.clear();
     out.reserve(payload.len() + VALUE_OVERHEAD);
+    encode_into(kind, expire, payload, out);
+}
+
+/// Appends a value's encoding to `out`.
+fn encode_into(kind: u8, expire: Option<i64>, payload: &[u8], out: &mut Vec<u8>) {
     match expire {
         Some(t) => {
             out.push(kind | EXPIRY_BIT);
@@ -147,11 +164,26 @@ impl Stripes {
             .collect()
     }
 
+    /// Locks the stripes of `skeys`: [`Self::lock`] for one key (no
+    /// allocation), [`Self::lock_many`] for more.
+    pub fn lock_set<'a>(&'a self, skeys: &[&[u8]]) -> StripeGuard<'a> {
+        match skeys {
+            [one] => StripeGuard::One(self.lock(one)),
+            many => StripeGuard::Many(self.lock_many(many)),
+        }
+    }
+
     pub fn lock(&self, skey: &[u8]) -> MutexGuard<'_, ()> {
         self.locks[self.index(skey)]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The stripe locks a command holds (released on drop).
+pub enum StripeGuard<'a> {
+    One(MutexGuard<'a, ()>),
+    Many(Vec<MutexGuard<'a, ()>>),
 }
 
 /// The store key of `key` in database `db`.
@@ -168,7 +200,12 @@ pub struct Keyspace {
     /// The raw value of the last lookup.
     pub raw: Vec<u8>,
     kbuf: Vec<u8>,
-    enc: Vec<u8>,
+    /// The running command's writes, not yet applied.
+    staged: WriteBatch,
+    /// For each staged remove, the key's state its caller found (Some(has a
+    /// TTL)); None for puts (a put learns what it replaced from its outcome).
+    before: Vec<Option<bool>>,
+    outcomes: Vec<Outcome>,
     /// Keys deleted because they had expired (INFO `expired_keys`).
     pub expired: u64,
     /// The per-database key counts every write here keeps (DBSIZE).
@@ -187,54 +224,82 @@ impl Keyspace {
             sess,
             raw: Vec::new(),
             kbuf: Vec::new(),
-            enc: Vec::new(),
+            staged: WriteBatch::new(),
+            before: Vec::new(),
+            outcomes: Vec::new(),
             expired: 0,
             counts,
             shard,
         }
     }
 
-    /// Every write to the store goes through here: applies `op` and adds what
-    /// it did to the key counts (see [`crate::counts`]). `before` is the key's
-    /// state the caller found (Some(has a TTL)) for a remove; a put learns what
-    /// it replaced from the store's outcome.
-    fn write(&mut self, skey: &[u8], op: Op<'_>, before: Option<bool>) -> KsResult<Outcome> {
-        let after = match op {
-            Op::Put(v) => Some(v.first().is_some_and(|t| t & EXPIRY_BIT != 0)),
-            _ => None,
-        };
+    /// Every write to the store goes through here: applies the staged batch
+    /// and adds what each operation did to the key counts (see
+    /// [`crate::counts`]). A write command calls it before it releases its
+    /// stripe locks; it does nothing when nothing is staged. On an error the
+    /// operations before the failing one stay applied (and counted) and the
+    /// rest are dropped.
+    pub fn apply(&mut self) -> KsResult<()> {
+        if self.staged.is_empty() {
+            return Ok(());
+        }
         let counts = &*self.counts;
-        // While a recount runs, the write and its count exclude a recount step.
+        // While a recount runs, the writes and their counts exclude a
+        // recount step.
         let guard = counts.write_guard();
-        let out = self.sess.apply(skey, op)?;
-        let before = match out {
-            Outcome::Put {
-                created: false,
-                old_first,
-            } => Some(old_first.is_some_and(|t| t & EXPIRY_BIT != 0)),
-            Outcome::Removed(true) => Some(before.unwrap_or(false)),
-            Outcome::Put { created: true, .. } | Outcome::Removed(false) | Outcome::Int(_) => None,
-        };
-        counts.add(
-            self.shard,
-            skey,
-            Delta::between(before, after),
-            guard.as_ref(),
-        );
-        Ok(out)
-    }
-
-    /// Writes a raw store value (RENAME's move; stripe lock held).
-    pub fn put_raw(&mut self, skey: &[u8], raw: &[u8]) -> KsResult<()> {
-        self.write(skey, Op::Put(raw), None)?;
+        self.outcomes.clear();
+        let r = self.sess.apply_batch(&self.staged, &mut self.outcomes);
+        for (((skey, op), out), before) in self.staged.iter().zip(&self.outcomes).zip(&self.before)
+        {
+            let after = match op {
+                Op::Put(v) => Some(v.first().is_some_and(|t| t & EXPIRY_BIT != 0)),
+                _ => None,
+            };
+            let before = match *out {
+                Outcome::Put {
+                    created: false,
+                    old_first,
+                } => Some(old_first.is_some_and(|t| t & EXPIRY_BIT != 0)),
+                Outcome::Removed(true) => Some(before.unwrap_or(false)),
+                Outcome::Put { created: true, .. } | Outcome::Removed(false) | Outcome::Int(_) => {
+                    None
+                }
+            };
+            counts.add(
+                self.shard,
+                skey,
+                Delta::between(before, after),
+                guard.as_ref(),
+            );
+        }
+        drop(guard);
+        self.staged.clear();
+        self.before.clear();
+        r?;
         Ok(())
     }
 
-    /// Removes a key whose state the caller has just read under its stripe lock
-    /// (`ttl`: it has one).
-    pub fn remove_known(&mut self, skey: &[u8], ttl: bool) -> KsResult<()> {
-        self.write(skey, Op::Remove, Some(ttl))?;
-        Ok(())
+    /// True when writes are staged and not applied (a command must not
+    /// return so).
+    pub fn has_staged(&self) -> bool {
+        !self.staged.is_empty()
+    }
+
+    fn stage_remove(&mut self, skey: &[u8], before: bool) {
+        self.staged.remove(skey);
+        self.before.push(Some(before));
+    }
+
+    /// Stages a raw store value (RENAME's move; stripe lock held).
+    pub fn put_raw(&mut self, skey: &[u8], raw: &[u8]) {
+        self.staged.put(skey, raw);
+        self.before.push(None);
+    }
+
+    /// Stages the removal of a key whose state the caller has just read under
+    /// its stripe lock (`ttl`: it has one).
+    pub fn remove_known(&mut self, skey: &[u8], ttl: bool) {
+        self.stage_remove(skey, ttl);
     }
 
     fn set_key(&mut self, db: u8, key: &[u8]) {
@@ -243,11 +308,21 @@ impl Keyspace {
         self.kbuf.extend_from_slice(key);
     }
 
-    /// Reads `key` into `self.raw`; an expired key is absent (and is deleted when
-    /// `delete_expired`: the caller must then hold the key's stripe lock).
+    /// Reads `key` into `self.raw`, as the running command's staged writes
+    /// left it; an expired key is absent, and `.1` says it was found expired
+    /// (the caller deletes it).
     pub fn lookup_raw(&mut self, skey: &[u8], now: i64) -> KsResult<(Found, bool)> {
-        if !self.sess.get(skey, &mut self.raw)? {
-            return Ok((None, false));
+        match self.staged.newest(skey) {
+            Some(Op::Put(v)) => {
+                self.raw.clear();
+                self.raw.extend_from_slice(v);
+            }
+            Some(_) => return Ok((None, false)),
+            None => {
+                if !self.sess.get(skey, &mut self.raw)? {
+                    return Ok((None, false));
+                }
+            }
         }
         let h = decode(&self.raw).ok_or(KsError::Corrupt)?;
         if let Some(t) = h.expire {
@@ -272,45 +347,49 @@ impl Keyspace {
         let (f, expired) = self.lookup_raw(sk, now)?;
         if expired {
             let _g = stripes.lock(sk);
-            return self.lookup_locked(sk, now);
+            return self.lookup_expiring(sk, now);
         }
         Ok(f)
     }
 
-    /// Looks up with the stripe lock held: an expired key is removed.
+    /// Looks up with the stripe lock held: the removal of an expired key is
+    /// staged (the caller applies it).
     pub fn lookup_locked(&mut self, skey: &[u8], now: i64) -> KsResult<Found> {
         let (f, expired) = self.lookup_raw(skey, now)?;
         if expired {
-            self.write(skey, Op::Remove, Some(true))?;
+            self.stage_remove(skey, true);
             self.expired += 1;
         }
         Ok(f)
     }
 
-    /// Writes a value (stripe lock held by the caller).
-    pub fn put(
-        &mut self,
-        skey: &[u8],
-        kind: u8,
-        expire: Option<i64>,
-        payload: &[u8],
-    ) -> KsResult<()> {
-        let mut enc = std::mem::take(&mut self.enc);
-        encode(kind, expire, payload, &mut enc);
-        let r = self.write(skey, Op::Put(&enc), None);
-        self.enc = enc;
-        r?;
-        Ok(())
+    /// [`Self::lookup_locked`] for a reader, outside any command's batch:
+    /// the removal of an expired key is applied at once (stripe lock held by
+    /// the caller).
+    pub fn lookup_expiring(&mut self, skey: &[u8], now: i64) -> KsResult<Found> {
+        let f = self.lookup_locked(skey, now)?;
+        self.apply()?;
+        Ok(f)
     }
 
-    /// Deletes (stripe lock held by the caller); true when it was live.
+    /// Stages a value (stripe lock held by the caller).
+    pub fn put(&mut self, skey: &[u8], kind: u8, expire: Option<i64>, payload: &[u8]) {
+        self.staged
+            .put_with(skey, payload.len() + VALUE_OVERHEAD, |out| {
+                encode_into(kind, expire, payload, out)
+            });
+        self.before.push(None);
+    }
+
+    /// Stages a deletion (stripe lock held by the caller); true when the key
+    /// was live.
     pub fn delete(&mut self, skey: &[u8], now: i64) -> KsResult<bool> {
         let (f, expired) = self.lookup_raw(skey, now)?;
         if f.is_none() && !expired {
             return Ok(false);
         }
         let ttl = expired || f.is_some_and(|h| h.expire.is_some());
-        self.write(skey, Op::Remove, Some(ttl))?;
+        self.stage_remove(skey, ttl);
         if expired {
             self.expired += 1;
         }

@@ -1079,7 +1079,7 @@ impl Worker {
                     Ok((None, true)) => {
                         let _g = self.sh.stripes.lock(k);
                         if let Ok((None, true)) = self.ks.lookup_raw(k, now) {
-                            if self.ks.lookup_locked(k, now).is_ok() {
+                            if self.ks.lookup_expiring(k, now).is_ok() {
                                 expired += 1;
                             }
                         }

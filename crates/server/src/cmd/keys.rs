@@ -1,6 +1,6 @@
 //! Keyspace commands: deletion, existence, iteration, renames, expiry.
 
-use super::{eq, int_arg, CmdError, Ctx, R};
+use super::{eq, int_arg, locked, CmdError, Ctx, R};
 use crate::glob::Glob;
 use crate::keyspace::{skey, type_name, KIND_STRING};
 use crate::server::Client;
@@ -9,16 +9,16 @@ use proto::Reply;
 pub fn del(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sks: Vec<Vec<u8>> = a[1..].iter().map(|k| skey(c.db, k)).collect();
     let refs: Vec<&[u8]> = sks.iter().map(|k| k.as_slice()).collect();
-    let sh = ctx.sh;
-    let _g = sh.stripes.lock_many(&refs);
-    let mut n = 0;
-    for sk in &sks {
-        if ctx.ks.delete(sk, ctx.now)? {
-            n += 1;
+    locked(ctx, &refs, |ctx| {
+        let mut n = 0;
+        for sk in &sks {
+            if ctx.ks.delete(sk, ctx.now)? {
+                n += 1;
+            }
         }
-    }
-    c.int(n);
-    Ok(())
+        c.int(n);
+        Ok(())
+    })
 }
 
 pub fn exists(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -128,34 +128,34 @@ pub fn scan(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 fn rename_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], nx: bool) -> R {
     let src = skey(c.db, &a[1]);
     let dst = skey(c.db, &a[2]);
-    let sh = ctx.sh;
-    let _g = sh.stripes.lock_many(&[&src, &dst]);
-    let Some(h) = ctx.ks.lookup_locked(&src, ctx.now)? else {
-        return Err(CmdError::NoSuchKey);
-    };
-    let raw = ctx.ks.raw.clone();
-    if src == dst {
-        if nx {
+    locked(ctx, &[&src, &dst], |ctx| {
+        let Some(h) = ctx.ks.lookup_locked(&src, ctx.now)? else {
+            return Err(CmdError::NoSuchKey);
+        };
+        let raw = ctx.ks.raw.clone();
+        if src == dst {
+            if nx {
+                c.int(0);
+            } else {
+                c.ok();
+            }
+            return Ok(());
+        }
+        if nx && ctx.ks.lookup_locked(&dst, ctx.now)?.is_some() {
             c.int(0);
+            return Ok(());
+        }
+        // The destination is written first: a crash in between leaves both keys,
+        // never neither.
+        ctx.ks.put_raw(&dst, &raw);
+        ctx.ks.remove_known(&src, h.expire.is_some());
+        if nx {
+            c.int(1);
         } else {
             c.ok();
         }
-        return Ok(());
-    }
-    if nx && ctx.ks.lookup_locked(&dst, ctx.now)?.is_some() {
-        c.int(0);
-        return Ok(());
-    }
-    // The destination is written first: a crash in between leaves both keys,
-    // never neither.
-    ctx.ks.put_raw(&dst, &raw)?;
-    ctx.ks.remove_known(&src, h.expire.is_some())?;
-    if nx {
-        c.int(1);
-    } else {
-        c.ok();
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 pub fn rename(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -176,9 +176,7 @@ fn flush_db(ctx: &mut Ctx, db: u8) -> R {
     let keys = all_keys(ctx, db, |_| true)?;
     for k in keys {
         let sk = skey(db, &k);
-        let sh = ctx.sh;
-        let _g = sh.stripes.lock(&sk);
-        ctx.ks.delete(&sk, ctx.now)?;
+        locked(ctx, &[&sk], |ctx| Ok(ctx.ks.delete(&sk, ctx.now)?))?;
     }
     ctx.sh.counts.reset_avg_ttl(db);
     Ok(())
@@ -281,29 +279,29 @@ fn expire_generic(
         when = when.checked_add(ctx.now).ok_or_else(invalid)?;
     }
     let sk = skey(c.db, &a[1]);
-    let sh = ctx.sh;
-    let _g = sh.stripes.lock(&sk);
-    let Some(h) = ctx.ks.lookup_locked(&sk, ctx.now)? else {
-        c.int(0);
-        return Ok(());
-    };
-    let cur = h.expire;
-    let refuse = (nx && cur.is_some())
-        || (xx && cur.is_none())
-        || (gt && cur.is_none_or(|t| when <= t))
-        || (lt && cur.is_some_and(|t| when >= t));
-    if refuse {
-        c.int(0);
-        return Ok(());
-    }
-    if when <= ctx.now {
-        ctx.ks.delete(&sk, ctx.now)?;
-    } else {
-        let v = ctx.ks.raw[h.off..].to_vec();
-        ctx.ks.put(&sk, h.kind, Some(when), &v)?;
-    }
-    c.int(1);
-    Ok(())
+    locked(ctx, &[&sk], |ctx| {
+        let Some(h) = ctx.ks.lookup_locked(&sk, ctx.now)? else {
+            c.int(0);
+            return Ok(());
+        };
+        let cur = h.expire;
+        let refuse = (nx && cur.is_some())
+            || (xx && cur.is_none())
+            || (gt && cur.is_none_or(|t| when <= t))
+            || (lt && cur.is_some_and(|t| when >= t));
+        if refuse {
+            c.int(0);
+            return Ok(());
+        }
+        if when <= ctx.now {
+            ctx.ks.delete(&sk, ctx.now)?;
+        } else {
+            let v = ctx.ks.raw[h.off..].to_vec();
+            ctx.ks.put(&sk, h.kind, Some(when), &v);
+        }
+        c.int(1);
+        Ok(())
+    })
 }
 
 pub fn expire(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -355,17 +353,17 @@ pub fn pexpiretime(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 
 pub fn persist(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sk = skey(c.db, &a[1]);
-    let sh = ctx.sh;
-    let _g = sh.stripes.lock(&sk);
-    match ctx.ks.lookup_locked(&sk, ctx.now)? {
-        Some(h) if h.expire.is_some() => {
-            let v = ctx.ks.raw[h.off..].to_vec();
-            ctx.ks.put(&sk, h.kind, None, &v)?;
-            c.int(1);
+    locked(ctx, &[&sk], |ctx| {
+        match ctx.ks.lookup_locked(&sk, ctx.now)? {
+            Some(h) if h.expire.is_some() => {
+                let v = ctx.ks.raw[h.off..].to_vec();
+                ctx.ks.put(&sk, h.kind, None, &v);
+                c.int(1);
+            }
+            _ => c.int(0),
         }
-        _ => c.int(0),
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Redis's encoding name for a string value.

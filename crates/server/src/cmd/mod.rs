@@ -45,6 +45,24 @@ pub fn help(c: &mut Client, lines: &[&str]) {
     ));
 }
 
+/// Runs `f`, the read-modify-write of a write command, with the stripe locks
+/// of `keys` (store keys) held; then applies the writes it staged (also when
+/// it failed: a read stages the removal of a key it found expired) and
+/// releases the locks. Applying before the locks go is what makes commands on
+/// one key linearizable; the staged batch is the command's operations (see
+/// [`crate::keyspace`]).
+pub fn locked<T>(
+    ctx: &mut Ctx,
+    keys: &[&[u8]],
+    f: impl FnOnce(&mut Ctx) -> Result<T, CmdError>,
+) -> Result<T, CmdError> {
+    let sh = ctx.sh;
+    let _g = sh.stripes.lock_set(keys);
+    let r = f(ctx);
+    ctx.ks.apply()?;
+    r
+}
+
 /// The arity error of a command or subcommand (`name` as Redis prints it).
 pub fn arity_error(name: impl Into<std::borrow::Cow<'static, str>>) -> CmdError {
     CmdError::Arity(name.into())
@@ -90,9 +108,14 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
     c.meta
         .last_ms
         .store(t0.millis_since(c.meta.created), Ordering::Relaxed);
+    let mark = c.out.len();
     let r = (spec.run)(ctx, c, args);
+    // Every write was applied under its command's locks (see `locked`).
+    debug_assert!(!ctx.ks.has_staged(), "{} left writes staged", spec.name);
     let failed = r.is_err();
     if let Err(e) = r {
+        // A failed command's reply is its error alone.
+        c.out.truncate(mark);
         c.err(&e.text());
     }
     let t1 = Stamp::now();

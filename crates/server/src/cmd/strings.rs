@@ -1,6 +1,6 @@
 //! String and counter commands.
 
-use super::{eq, int_arg, CmdError, Ctx, R};
+use super::{eq, int_arg, locked, CmdError, Ctx, R};
 use crate::keyspace::{skey, Header, KIND_STRING};
 use crate::server::Client;
 
@@ -117,7 +117,7 @@ fn store(ctx: &mut Ctx, sk: &[u8], expire: Option<i64>, v: &[u8]) -> R {
             return Ok(());
         }
     }
-    ctx.ks.put(sk, KIND_STRING, expire, v)?;
+    ctx.ks.put(sk, KIND_STRING, expire, v);
     Ok(())
 }
 
@@ -129,62 +129,62 @@ pub fn set(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     };
     let (nx, xx, get) = (o.nx, o.xx, o.get);
     let sk = skey(c.db, &a[1]);
-    let sh = ctx.sh;
-    let _g = sh.stripes.lock(&sk);
-    let need_old = nx || xx || get || o.keepttl;
-    let old = if need_old {
-        ctx.ks.lookup_locked(&sk, ctx.now)?
-    } else {
-        None
-    };
-    let old_val = match (get, old) {
-        (true, Some(h)) if h.kind != KIND_STRING => return Err(CmdError::WrongType),
-        (true, Some(h)) => Some(ctx.ks.raw[h.off..].to_vec()),
-        _ => None,
-    };
-    let skip = (nx && old.is_some()) || (xx && old.is_none());
-    if !skip {
-        let expire = match at {
-            Some(t) => Some(t),
-            None if o.keepttl => old.and_then(|h| h.expire),
-            None => None,
+    locked(ctx, &[&sk], |ctx| {
+        let need_old = nx || xx || get || o.keepttl;
+        let old = if need_old {
+            ctx.ks.lookup_locked(&sk, ctx.now)?
+        } else {
+            None
         };
-        store(ctx, &sk, expire, &a[2])?;
-    }
-    if get {
-        match old_val {
-            Some(v) => c.bulk(&v),
-            None => c.null(),
+        let old_val = match (get, old) {
+            (true, Some(h)) if h.kind != KIND_STRING => return Err(CmdError::WrongType),
+            (true, Some(h)) => Some(ctx.ks.raw[h.off..].to_vec()),
+            _ => None,
+        };
+        let skip = (nx && old.is_some()) || (xx && old.is_none());
+        if !skip {
+            let expire = match at {
+                Some(t) => Some(t),
+                None if o.keepttl => old.and_then(|h| h.expire),
+                None => None,
+            };
+            store(ctx, &sk, expire, &a[2])?;
         }
-    } else if skip {
-        c.null();
-    } else {
-        c.ok();
-    }
-    Ok(())
+        if get {
+            match old_val {
+                Some(v) => c.bulk(&v),
+                None => c.null(),
+            }
+        } else if skip {
+            c.null();
+        } else {
+            c.ok();
+        }
+        Ok(())
+    })
 }
 
 pub fn setnx(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sk = skey(c.db, &a[1]);
-    let sh = ctx.sh;
-    let _g = sh.stripes.lock(&sk);
-    if ctx.ks.lookup_locked(&sk, ctx.now)?.is_some() {
-        c.int(0);
-    } else {
-        store(ctx, &sk, None, &a[2])?;
-        c.int(1);
-    }
-    Ok(())
+    locked(ctx, &[&sk], |ctx| {
+        if ctx.ks.lookup_locked(&sk, ctx.now)?.is_some() {
+            c.int(0);
+        } else {
+            store(ctx, &sk, None, &a[2])?;
+            c.int(1);
+        }
+        Ok(())
+    })
 }
 
 fn setex_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], ms: bool, cmd: &'static str) -> R {
     let t = expire_at(ctx, &a[2], ms, true, cmd)?;
     let sk = skey(c.db, &a[1]);
-    let sh = ctx.sh;
-    let _g = sh.stripes.lock(&sk);
-    store(ctx, &sk, Some(t), &a[3])?;
-    c.ok();
-    Ok(())
+    locked(ctx, &[&sk], |ctx| {
+        store(ctx, &sk, Some(t), &a[3])?;
+        c.ok();
+        Ok(())
+    })
 }
 
 pub fn setex(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -197,35 +197,35 @@ pub fn psetex(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 
 pub fn getset(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sk = skey(c.db, &a[1]);
-    let sh = ctx.sh;
-    let _g = sh.stripes.lock(&sk);
-    let old = match ctx.ks.lookup_locked(&sk, ctx.now)? {
-        Some(h) if h.kind != KIND_STRING => return Err(CmdError::WrongType),
-        Some(h) => Some(ctx.ks.raw[h.off..].to_vec()),
-        None => None,
-    };
-    store(ctx, &sk, None, &a[2])?;
-    match old {
-        Some(v) => c.bulk(&v),
-        None => c.null(),
-    }
-    Ok(())
+    locked(ctx, &[&sk], |ctx| {
+        let old = match ctx.ks.lookup_locked(&sk, ctx.now)? {
+            Some(h) if h.kind != KIND_STRING => return Err(CmdError::WrongType),
+            Some(h) => Some(ctx.ks.raw[h.off..].to_vec()),
+            None => None,
+        };
+        store(ctx, &sk, None, &a[2])?;
+        match old {
+            Some(v) => c.bulk(&v),
+            None => c.null(),
+        }
+        Ok(())
+    })
 }
 
 pub fn getdel(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sk = skey(c.db, &a[1]);
-    let sh = ctx.sh;
-    let _g = sh.stripes.lock(&sk);
-    match ctx.ks.lookup_locked(&sk, ctx.now)? {
-        Some(h) if h.kind != KIND_STRING => return Err(CmdError::WrongType),
-        Some(h) => {
-            let v = ctx.ks.raw[h.off..].to_vec();
-            ctx.ks.delete(&sk, ctx.now)?;
-            c.bulk(&v);
+    locked(ctx, &[&sk], |ctx| {
+        match ctx.ks.lookup_locked(&sk, ctx.now)? {
+            Some(h) if h.kind != KIND_STRING => return Err(CmdError::WrongType),
+            Some(h) => {
+                let v = ctx.ks.raw[h.off..].to_vec();
+                ctx.ks.delete(&sk, ctx.now)?;
+                c.bulk(&v);
+            }
+            None => c.null(),
         }
-        None => c.null(),
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 pub fn getex(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -233,27 +233,27 @@ pub fn getex(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     // last (GETEX on a missing key answers nil even with a bad time).
     let o = parse_ext(a, 2, false)?;
     let sk = skey(c.db, &a[1]);
-    let sh = ctx.sh;
-    let _g = sh.stripes.lock(&sk);
-    let Some(h) = ctx.ks.lookup_locked(&sk, ctx.now)? else {
-        c.null();
-        return Ok(());
-    };
-    if h.kind != KIND_STRING {
-        return Err(CmdError::WrongType);
-    }
-    let at = match o.expire {
-        Some((v, ms, rel)) => Some(expire_at(ctx, v, ms, rel, "getex")?),
-        None => None,
-    };
-    let v = ctx.ks.raw[h.off..].to_vec();
-    match at {
-        Some(t) => store(ctx, &sk, Some(t), &v)?,
-        None if o.persist && h.expire.is_some() => store(ctx, &sk, None, &v)?,
-        None => {}
-    }
-    c.bulk(&v);
-    Ok(())
+    locked(ctx, &[&sk], |ctx| {
+        let Some(h) = ctx.ks.lookup_locked(&sk, ctx.now)? else {
+            c.null();
+            return Ok(());
+        };
+        if h.kind != KIND_STRING {
+            return Err(CmdError::WrongType);
+        }
+        let at = match o.expire {
+            Some((v, ms, rel)) => Some(expire_at(ctx, v, ms, rel, "getex")?),
+            None => None,
+        };
+        let v = ctx.ks.raw[h.off..].to_vec();
+        match at {
+            Some(t) => store(ctx, &sk, Some(t), &v)?,
+            None if o.persist && h.expire.is_some() => store(ctx, &sk, None, &v)?,
+            None => {}
+        }
+        c.bulk(&v);
+        Ok(())
+    })
 }
 
 pub fn mget(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -273,25 +273,25 @@ fn mset_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], nx: bool) -> R {
     }
     let sks: Vec<Vec<u8>> = a[1..].chunks(2).map(|p| skey(c.db, &p[0])).collect();
     let refs: Vec<&[u8]> = sks.iter().map(|k| k.as_slice()).collect();
-    let sh = ctx.sh;
-    let _g = sh.stripes.lock_many(&refs);
-    if nx {
-        for sk in &sks {
-            if ctx.ks.lookup_locked(sk, ctx.now)?.is_some() {
-                c.int(0);
-                return Ok(());
+    locked(ctx, &refs, |ctx| {
+        if nx {
+            for sk in &sks {
+                if ctx.ks.lookup_locked(sk, ctx.now)?.is_some() {
+                    c.int(0);
+                    return Ok(());
+                }
             }
         }
-    }
-    for (sk, p) in sks.iter().zip(a[1..].chunks(2)) {
-        store(ctx, sk, None, &p[1])?;
-    }
-    if nx {
-        c.int(1);
-    } else {
-        c.ok();
-    }
-    Ok(())
+        for (sk, p) in sks.iter().zip(a[1..].chunks(2)) {
+            store(ctx, sk, None, &p[1])?;
+        }
+        if nx {
+            c.int(1);
+        } else {
+            c.ok();
+        }
+        Ok(())
+    })
 }
 
 pub fn mset(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -311,21 +311,21 @@ fn modify(
     f: impl FnOnce(Option<&[u8]>) -> Result<Option<Vec<u8>>, CmdError>,
 ) -> Result<Option<usize>, CmdError> {
     let sk = skey(c.db, key);
-    let sh = ctx.sh;
-    let _g = sh.stripes.lock(&sk);
-    let h = ctx.ks.lookup_locked(&sk, ctx.now)?;
-    if let Some(h) = h {
-        if h.kind != KIND_STRING {
-            return Err(CmdError::WrongType);
+    locked(ctx, &[&sk], |ctx| {
+        let h = ctx.ks.lookup_locked(&sk, ctx.now)?;
+        if let Some(h) = h {
+            if h.kind != KIND_STRING {
+                return Err(CmdError::WrongType);
+            }
         }
-    }
-    let cur = h.map(|h| &ctx.ks.raw[h.off..]);
-    let Some(new) = f(cur)? else {
-        return Ok(cur.map(|v| v.len()));
-    };
-    let len = new.len();
-    store(ctx, &sk, h.and_then(|h| h.expire), &new)?;
-    Ok(Some(len))
+        let cur = h.map(|h| &ctx.ks.raw[h.off..]);
+        let Some(new) = f(cur)? else {
+            return Ok(cur.map(|v| v.len()));
+        };
+        let len = new.len();
+        store(ctx, &sk, h.and_then(|h| h.expire), &new)?;
+        Ok(Some(len))
+    })
 }
 
 pub fn append(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
