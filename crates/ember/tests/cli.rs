@@ -637,7 +637,7 @@ fn check_notes_a_root_that_is_no_index() {
     assert!(text(&out.stderr).contains("not a known index structure"));
 }
 
-/// A Bullet store (issue 4) with records still in its logs: `check` recognises the
+/// A Bullet store with records still in its logs: `check` recognises the
 /// root, reads the logs and counts the pool's blocks as the store's.
 #[test]
 fn check_verifies_a_bullet_store_with_records_in_its_logs() {

@@ -149,7 +149,7 @@ fn check_model(con: &mut redis::Connection, model: &BTreeMap<String, Vec<u8>>) {
     }
 }
 
-/// The sequence, with smaller numbers: a heap of 32 MiB growing to
+/// A heap that fills up, with small numbers: a heap of 32 MiB growing to
 /// 64 MiB, 1 MiB values. SETs until `-OOM`; further SETs get `-OOM` promptly;
 /// GET and PING work; DEL, UNLINK, EXPIRE and FLUSHDB each free room for
 /// later SETs; SIGTERM exits; after a restart every acknowledged key is there.
@@ -367,7 +367,7 @@ fn connect(port: u16) -> redis::Connection {
     con
 }
 
-/// The full disk, smaller: a heap on a file system of 80 MiB (a
+/// A full disk, small: a heap on a file system of 80 MiB (a
 /// tmpfs the test mounts, or a file-size limit of 80 MiB where mounting is
 /// not allowed). A 200 MiB heap is refused at the start with a message
 /// naming the heap and its file system, and no signal. A 16 MiB heap that may

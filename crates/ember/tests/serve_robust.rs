@@ -1200,7 +1200,7 @@ fn debug_command_is_protected_and_sleeps() {
     );
 }
 
-/// Issue 31: a pattern an exponential matcher never finishes on. KEYS and
+/// A pattern an exponential matcher never finishes on. KEYS and
 /// SCAN MATCH answer at once and the server goes on serving.
 #[test]
 fn keys_with_an_adversarial_pattern_answers_at_once() {

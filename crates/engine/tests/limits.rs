@@ -256,8 +256,7 @@ fn a_foreign_root_is_refused() {
 }
 
 /// A session that gleaned while waiting for log space and then idles must not keep
-/// the log from other gleaners: `drain` finishes while the session lives (found
-/// by review: it used to loop until the session was dropped).
+/// the log from other gleaners: `drain` finishes while the session lives.
 #[test]
 fn drain_finishes_beside_an_idle_session_that_gleaned() {
     for v in [Variant::Full, Variant::Opt] {

@@ -32,14 +32,14 @@
 //! (`st`, `lfr`: a side-table transaction per put); and double crashes (an
 //! image recovered under a second simulator, written to, crashed again).
 //!
-//! The checks that catch the two bugs of issue 37 (each failed before its
-//! fix): §1, an acknowledged record unsynced when a fence ran between its
-//! append and the commit (hot keys, detached commits, small logs, backend
-//! reads, opt, st / lfr); §2, a record from before a crash replayed after the
-//! next one (`double_crash_any_image`). The hot keys also caught a remove that
-//! found a key already removed by another session's uncommitted tombstone:
-//! acknowledged with the tombstone unsynced (some runs; the deterministic case
-//! is `a_remove_that_finds_an_uncommitted_tombstone_makes_it_durable`).
+//! What the checks catch: an acknowledged record left unsynced when a fence
+//! ran between its append and the commit (hot keys, detached commits, small
+//! logs, backend reads, opt, st / lfr); a record from before a crash replayed
+//! after the next one (`double_crash_any_image`); a remove that found a key
+//! already removed by another session's uncommitted tombstone and was
+//! acknowledged with the tombstone unsynced (the hot keys, in some runs; the
+//! deterministic case is
+//! `a_remove_that_finds_an_uncommitted_tombstone_makes_it_durable`).
 //!
 //! Each test prints `power-loss-sim: N images, M inconsistent (engine ...)`.
 //! `EMBER_POWER_LOSS_SEED` sets the first seed; failures name their seed.
@@ -608,7 +608,7 @@ fn run(c: Cfg) {
 }
 
 /// Runs in which nothing fences on a writer's thread between its appends and
-/// its commit (they passed before the §1 fix too). Each session writes keys of its own,
+/// its commit. Each session writes keys of its own,
 /// all present and in the frontend before the sessions start (a write that
 /// misses the frontend reads the backend, where it may persist a link the
 /// gleaner left dirty: a fence), into logs larger than the run writes (no
@@ -668,8 +668,8 @@ fn cross_log_hot_keys() {
 
 #[test]
 fn opt_own_keys() {
-    // Keys of their own: before the §1 fix an acknowledged record went
-    // missing in some runs all the same.
+    // Keys of their own: an acknowledged record must survive here too, even
+    // with no other session's fence in between.
     run(Cfg {
         name: "opt-logfree own keys",
         variant: Variant::Opt,

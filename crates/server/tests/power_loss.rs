@@ -600,8 +600,8 @@ fn shm_dir() -> std::path::PathBuf {
 /// DEL then finds it absent (the uncommitted tombstone), replies 0 without
 /// writing, and commits: a worker would now send that reply. A power loss
 /// before worker 1's commit loses the tombstone, and the key is back with the
-/// value worker 0's client was told is gone. It failed so until reads made
-/// the record they answer from durable (`BulletSession::settle_read`).
+/// value worker 0's client was told is gone. Reads make the record they
+/// answer from durable (`BulletSession::settle_read`), so this cannot happen.
 #[test]
 fn del_after_another_workers_uncommitted_del() {
     use std::sync::mpsc::channel;
