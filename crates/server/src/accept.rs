@@ -69,8 +69,10 @@ pub(crate) fn accept_loop(
                         // pass it across threads.
                         let s: std::net::TcpStream = {
                             use std::os::fd::{FromRawFd, IntoRawFd};
-                            // SAFETY: the fd was just taken from a live socket
-                            // we own; ownership moves to the std type.
+                            // SAFETY: `into_raw_fd` consumes the mio stream and
+                            // gives up its ownership of the open, just accepted
+                            // socket: the std stream is its only owner and
+                            // closes it exactly once.
                             unsafe { std::net::TcpStream::from_raw_fd(s.into_raw_fd()) }
                         };
                         sh.stats.total_connections.fetch_add(1, Ordering::Relaxed);
@@ -162,7 +164,8 @@ pub(crate) fn is_http_attack(name: &[u8]) -> bool {
 pub(crate) fn set_backlog(l: &TcpListener, backlog: u32) {
     use std::os::fd::AsRawFd;
     let n = backlog.min(i32::MAX as u32) as i32;
-    // SAFETY: listen(2) on a socket we own; no memory is passed.
+    // SAFETY: listen(2) takes an fd and an integer, no memory; the fd is
+    // `l`'s, open for the call since `l` is borrowed.
     if unsafe { libc::listen(l.as_raw_fd(), n) } != 0 {
         eprintln!(
             "ember: cannot set tcp-backlog {backlog}: {}",

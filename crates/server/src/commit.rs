@@ -102,7 +102,9 @@ impl Committer {
     pub fn submit(&mut self, p: PendingCommit) {
         self.submitted += 1;
         let ticket = self.submitted;
-        // SAFETY: no arguments; returns the CPU this thread runs on, or -1.
+        // SAFETY: sched_getcpu takes no arguments and touches no memory of
+        // ours; it returns the CPU this thread runs on, or -1 (then the
+        // syncer stays where it is).
         self.cpu
             .store(unsafe { libc::sched_getcpu() }, Ordering::Relaxed);
         if self.tx.is_none() {

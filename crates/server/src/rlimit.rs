@@ -9,9 +9,10 @@ const RESERVED_FDS: u64 = 64;
 /// allows. Called at startup and by CONFIG SET maxclients.
 pub fn raise_nofile_limit(maxclients: u64) -> u64 {
     let want = maxclients.saturating_add(RESERVED_FDS);
-    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    // SAFETY: `rlimit` is two integers: all-zero bytes are a valid value.
     let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
+    // SAFETY: getrlimit writes one `rlimit` into `r`, exclusively borrowed
+    // for the call, and keeps no pointer to it.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
         eprintln!(
             "ember: cannot read the open file limit: {}",
@@ -31,7 +32,8 @@ pub fn raise_nofile_limit(maxclients: u64) -> u64 {
     let mut got = cur;
     if target > cur {
         r.rlim_cur = target as libc::rlim_t;
-        // SAFETY: as above.
+        // SAFETY: setrlimit only reads one `rlimit` from `r`, borrowed for the
+        // call, and keeps no pointer to it.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } == 0 {
             got = target;
         } else {
@@ -51,8 +53,10 @@ mod tests {
     #[test]
     fn nofile_limit_is_raised_not_lowered() {
         let get = || {
-            // SAFETY: getrlimit writes only the struct passed.
+            // SAFETY: `rlimit` is two integers: all-zero bytes are a valid value.
             let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+            // SAFETY: getrlimit writes one `rlimit` into `r`, exclusively
+            // borrowed for the call, and keeps no pointer to it.
             assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
             r
         };
