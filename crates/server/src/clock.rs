@@ -138,7 +138,8 @@ fn kernel_clock_is_tsc() -> bool {
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn rdtsc() -> u64 {
-    // SAFETY: RDTSC is baseline x86_64 and has no memory effects.
+    // SAFETY: compiled for x86_64 only, where RDTSC is baseline (every such
+    // CPU has it); it reads the time-stamp counter and touches no memory.
     #[allow(unused_unsafe)]
     unsafe {
         std::arch::x86_64::_rdtsc()

@@ -4,7 +4,7 @@
 //! commit completes.
 //!
 //! With the msync strategy a commit is an `msync` of the pages the batch
-//! appended to: a wait for the device (0.1-0.6 ms on the disks measured here)
+//! appended to: a wait for the device (a fraction of a millisecond or more)
 //! during which a worker committing in line would sit idle, and so would its
 //! clients, which are waiting for their replies. Here the worker detaches the
 //! batch's fence (`Session::commit_detached`), sends it to the syncer and
@@ -102,7 +102,9 @@ impl Committer {
     pub fn submit(&mut self, p: PendingCommit) {
         self.submitted += 1;
         let ticket = self.submitted;
-        // SAFETY: no arguments; returns the CPU this thread runs on, or -1.
+        // SAFETY: sched_getcpu takes no arguments and touches no memory of
+        // ours; it returns the CPU this thread runs on, or -1 (then the
+        // syncer stays where it is).
         self.cpu
             .store(unsafe { libc::sched_getcpu() }, Ordering::Relaxed);
         if self.tx.is_none() {
@@ -235,12 +237,10 @@ impl Drop for Committer {
 /// It runs on the CPU its worker last submitted from. An `msync` write-protects
 /// the pages it writes out, and when another thread of the process runs on
 /// another CPU (the worker, appending to those pages) every such change costs
-/// an inter-processor interrupt to flush that CPU's TLB: on this 2-vCPU
-/// virtual machine, a VM exit each. On the worker's CPU the flush is local,
-/// and the syncer still overlaps the device's wait with the worker's work (it
-/// sleeps while the device writes). Measured against the commit in line, with
-/// every batch handed over: `msync` SET without pipelining 0.74x → 0.88x,
-/// with `-P 16` 0.96x → 1.09x (BENCHMARKS, 2026-11-24).
+/// an inter-processor interrupt to flush that CPU's TLB (on a virtual
+/// machine, a VM exit each). On the worker's CPU the flush is local, and the
+/// syncer still overlaps the device's wait with the worker's work (it sleeps
+/// while the device writes).
 fn syncer(
     rx: Receiver<(u64, PendingCommit)>,
     done: Sender<Done>,

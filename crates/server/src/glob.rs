@@ -485,8 +485,8 @@ mod tests {
         ));
     }
 
-    /// The request of issue 31: every star of an exponential backtracker
-    /// retries every split. Here it is (key length + 1) x tokens steps.
+    /// Patterns that make an exponential backtracker retry every split at
+    /// every star. Here it is (key length + 1) x tokens steps.
     #[test]
     fn adversarial_patterns_are_fast() {
         let t = std::time::Instant::now();

@@ -24,7 +24,9 @@ pub fn strategy_note(sh: &Shared) -> String {
 }
 
 fn rusage() -> (f64, f64) {
-    // SAFETY: getrusage writes only into the struct we pass.
+    // SAFETY: all-zero bytes are a valid `rusage` (integers and `timeval`s of
+    // integers); getrusage(RUSAGE_SELF, ..) writes one `rusage` into `r`,
+    // exclusively borrowed for the call, and keeps no pointer to it.
     unsafe {
         let mut r: libc::rusage = std::mem::zeroed();
         if libc::getrusage(libc::RUSAGE_SELF, &mut r) != 0 {

@@ -14,23 +14,36 @@
 //!   per-database key counts they keep (DBSIZE without a scan).
 //! - [`glob`]: Redis's glob patterns (KEYS, SCAN MATCH, CONFIG GET...),
 //!   matched in polynomial time.
-//! - [`server`]: acceptor, worker event loops, shutdown.
+//! - [`server`]: what every thread shares, startup and shutdown; it starts
+//!   the acceptor (`accept`: admission, the listen backlog) and the workers
+//!   (`worker`: the event loop, reading, running requests, group commit,
+//!   writing replies; `expire`: active expiry; `resume`: tracking a request
+//!   that arrives in many reads), each serving its connections (`client`).
+//!   `rlimit`: the open file limit; `embedded`: the command layer without a
+//!   network, for crash tests.
 //! - [`cmd`]: the command table and handlers.
 //! - [`info`], [`metrics`], [`stats`]: observability; [`clock`]: the
 //!   per-command clock.
 
+mod accept;
+mod client;
 pub mod clock;
 pub mod cmd;
 pub mod commit;
 pub mod config;
 pub mod counts;
+mod embedded;
+mod expire;
 pub mod glob;
 pub mod info;
 pub mod keyspace;
 pub mod metrics;
+mod resume;
+mod rlimit;
 pub mod server;
 pub mod stats;
 pub mod store;
+mod worker;
 
 pub use config::{Config, ServeArgs};
 

@@ -4,8 +4,8 @@
 //!
 //! A worker's counters have one writer, so they are [`Counter`]s: a plain
 //! load and store, not a locked add. A locked instruction is a full barrier
-//! on x86; the five a command used to cost took 4% of a worker's samples
-//! under GET -P 16, stalled behind the pipeline's outstanding loads.
+//! on x86, and a command updates several counters: under a pipelined load
+//! each would stall behind the pipeline's outstanding loads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,0 +1,193 @@
+//! One connection's state. [`Client`] is owned by the worker serving the
+//! connection (`worker`), which reads into it and writes out of it; command
+//! handlers (`cmd`) reply through its helpers. [`ClientMeta`] is the part
+//! other threads read (CLIENT LIST, INFO clients), listed in
+//! `Shared::clients`.
+
+use crate::accept::is_loopback;
+use crate::clock::Stamp;
+use crate::cmd;
+use crate::resume::Resume;
+use mio::net::TcpStream;
+use proto::{Reply, Version};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// A client as other threads see it (CLIENT LIST, INFO clients).
+pub struct ClientMeta {
+    pub id: u64,
+    pub addr: String,
+    pub laddr: String,
+    pub fd: i32,
+    pub created: Stamp,
+    pub name: Mutex<String>,
+    pub lib_name: Mutex<String>,
+    pub lib_ver: Mutex<String>,
+    pub db: AtomicU8,
+    pub resp: AtomicU8,
+    /// Milliseconds since `created` of the last command.
+    pub last_ms: AtomicU64,
+    /// Index of the last command in the command table (+1; 0 = none).
+    pub last_cmd: AtomicU64,
+}
+
+impl ClientMeta {
+    /// A new connection's metadata, stamped now.
+    pub(crate) fn new(id: u64, addr: String, laddr: String, fd: i32) -> ClientMeta {
+        ClientMeta {
+            id,
+            addr,
+            laddr,
+            fd,
+            created: Stamp::now(),
+            name: Mutex::new(String::new()),
+            lib_name: Mutex::new(String::new()),
+            lib_ver: Mutex::new(String::new()),
+            db: AtomicU8::new(0),
+            resp: AtomicU8::new(2),
+            last_ms: AtomicU64::new(0),
+            last_cmd: AtomicU64::new(0),
+        }
+    }
+}
+
+impl ClientMeta {
+    /// The client connected from a loopback address (Redis's `connIsLocal`).
+    pub fn is_local(&self) -> bool {
+        self.addr
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| is_loopback(a.ip()))
+    }
+
+    /// One line of CLIENT LIST / CLIENT INFO (Redis's field order).
+    pub fn line(&self) -> String {
+        let age_ms = Stamp::now().millis_since(self.created);
+        let idle = age_ms.saturating_sub(self.last_ms.load(Ordering::Relaxed)) / 1000;
+        let cmd = match self.last_cmd.load(Ordering::Relaxed) {
+            0 => "NULL".to_string(),
+            i => cmd::TABLE
+                .get(i as usize - 1)
+                .map(|c| c.name.to_string())
+                .unwrap_or_default(),
+        };
+        format!(
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags=N db={} sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user=default redir=-1 resp={} lib-name={} lib-ver={}",
+            self.id,
+            self.addr,
+            self.laddr,
+            self.fd,
+            self.name.lock().unwrap_or_else(|p| p.into_inner()),
+            age_ms / 1000,
+            idle,
+            self.db.load(Ordering::Relaxed),
+            cmd,
+            self.resp.load(Ordering::Relaxed),
+            self.lib_name.lock().unwrap_or_else(|p| p.into_inner()),
+            self.lib_ver.lock().unwrap_or_else(|p| p.into_inner()),
+        )
+    }
+}
+
+/// One connection, owned by its worker.
+pub struct Client {
+    pub id: u64,
+    pub(crate) sock: TcpStream,
+    pub(crate) inbuf: Vec<u8>,
+    pub(crate) inpos: usize,
+    pub out: Vec<u8>,
+    pub(crate) outpos: usize,
+    /// Bytes dropped from the front of `out` so far: `out_base + i` is the
+    /// absolute position of `out[i]` (see `commit`).
+    pub(crate) out_base: u64,
+    /// Output may be written up to this absolute position: replies past it
+    /// wait for their batch's commit.
+    pub(crate) ready_to: u64,
+    pub db: u8,
+    pub resp: Version,
+    pub authed: bool,
+    /// Close once the output is written (QUIT, protocol error).
+    pub close_after: bool,
+    /// Close now, without writing (query buffer limit).
+    pub(crate) kill: bool,
+    /// The peer shut down its side: run what is buffered, answer, then close.
+    pub(crate) eof: bool,
+    /// An event said the peer shut down its side (or the socket failed): read
+    /// on to the end of the stream, even after a short read.
+    pub(crate) peer_closing: bool,
+    /// Stopped at the output high water with input left; resumes (through
+    /// `pending`) once a flush brings the output below it.
+    pub(crate) stalled: bool,
+    /// Progress through a pending multibulk request (see [`Resume`]).
+    pub(crate) resume: Resume,
+    pub meta: Arc<ClientMeta>,
+    pub(crate) last_active: Instant,
+    pub(crate) want_write: bool,
+}
+
+impl Client {
+    /// A new connection: nothing read or queued yet, RESP2, database 0.
+    pub(crate) fn new(id: u64, sock: TcpStream, meta: Arc<ClientMeta>, authed: bool) -> Client {
+        Client {
+            id,
+            sock,
+            inbuf: Vec::new(),
+            inpos: 0,
+            out: Vec::new(),
+            outpos: 0,
+            out_base: 0,
+            ready_to: 0,
+            db: 0,
+            resp: Version::Resp2,
+            authed,
+            close_after: false,
+            kill: false,
+            eof: false,
+            peer_closing: false,
+            stalled: false,
+            resume: Resume::default(),
+            meta,
+            last_active: Instant::now(),
+            want_write: false,
+        }
+    }
+}
+
+impl Client {
+    pub fn reply(&mut self, r: &Reply) {
+        r.encode(self.resp, &mut self.out);
+    }
+    pub fn ok(&mut self) {
+        self.out.extend_from_slice(b"+OK\r\n");
+    }
+    pub fn simple(&mut self, s: &str) {
+        self.reply(&Reply::Simple(s.into()));
+    }
+    pub fn err(&mut self, s: &str) {
+        self.reply(&Reply::Error(s.into()));
+    }
+    pub fn int(&mut self, n: i64) {
+        self.out.push(b':');
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        self.out.extend_from_slice(b"\r\n");
+    }
+    pub fn bulk(&mut self, b: &[u8]) {
+        self.out.push(b'$');
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(b.len()).as_bytes());
+        self.out.extend_from_slice(b"\r\n");
+        self.out.extend_from_slice(b);
+        self.out.extend_from_slice(b"\r\n");
+    }
+    pub fn null(&mut self) {
+        self.reply(&Reply::Null);
+    }
+    pub fn array_header(&mut self, n: usize) {
+        self.out.push(b'*');
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        self.out.extend_from_slice(b"\r\n");
+    }
+}

@@ -1,0 +1,141 @@
+//! [`Embedded`]: the command layer in-process, without a network, for tests
+//! that run the server's write paths under a crash simulator
+//! (`tests/power_loss.rs`). It makes a worker's keyspace and a client as
+//! `server::run` and a worker do, and executes requests as a worker's batch
+//! does.
+
+use crate::client::{Client, ClientMeta};
+use crate::clock::Stamp;
+use crate::cmd::{self, Ctx};
+use crate::config::Config;
+use crate::keyspace::{Keyspace, Stripes};
+use crate::server::{run_id, Shared};
+use crate::stats::{Stats, WorkerStats};
+use crate::store::{AnyStore, Startup};
+use mio::net::TcpStream;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+/// The server's command layer in-process, without a network: one worker's
+/// keyspace (its own store session and shard of the key counts) and one
+/// client, over a store the caller opened. [`Embedded::exec`] runs a request
+/// through [`cmd::execute`] as a worker's batch does, and [`Embedded::commit`]
+/// commits as a worker does after a batch (in line, before any reply would be
+/// written). For tests that run the server's write paths under a crash
+/// simulator (a real process can only be killed, not watched); not used by
+/// `ember serve`.
+#[doc(hidden)]
+pub struct Embedded {
+    // Declared first: the session is dropped before the store it belongs to.
+    ks: Keyspace,
+    client: Client,
+    ws: Arc<WorkerStats>,
+    sh: Arc<Shared>,
+    clock: Stamp,
+    /// The other end of the client's socket (nothing is ever sent on it).
+    _peer: std::net::TcpStream,
+}
+
+impl Embedded {
+    /// Starts on `store` as [`run`] does, for `workers` workers: loads the key
+    /// counts (those saved at the last clean shutdown, or a recount to be
+    /// finished, here by the first DBSIZE). Each worker is then made with
+    /// [`Embedded::new`] on its own thread (a session stays on the thread that
+    /// made it), and [`Embedded::shutdown`] ends the run once they are gone.
+    ///
+    /// [`run`]: crate::server::run
+    pub fn start(
+        cfg: Config,
+        store: AnyStore,
+        startup: Startup,
+        workers: usize,
+    ) -> Result<Arc<Shared>, String> {
+        let counts = crate::counts::load(&store, workers)
+            .map_err(|e| format!("cannot read the key counts: {e}"))?;
+        Ok(Arc::new(Shared {
+            cfg: RwLock::new(cfg),
+            cfg_epoch: AtomicU64::new(0),
+            store,
+            startup,
+            counts: Arc::new(counts),
+            stripes: Stripes::new(4096),
+            shutdown: AtomicBool::new(false),
+            wakers: Mutex::new(Vec::new()),
+            clients: Mutex::new(BTreeMap::new()),
+            next_client_id: AtomicU64::new(1),
+            connected: AtomicU64::new(0),
+            stats: Stats::new(workers),
+            started: Instant::now(),
+            run_id: run_id(),
+            tcp_port: 0,
+        }))
+    }
+
+    /// Worker `id` (below the `workers` given to [`Embedded::start`]) with one
+    /// client, whose socket is a loopback connection that carries nothing (a
+    /// [`Client`] owns one).
+    pub fn new(sh: Arc<Shared>, id: usize) -> Result<Embedded, String> {
+        let authed = sh.cfg().requirepass.is_none();
+        let sess = sh.store.session().map_err(|e| e.to_string())?;
+        let ks = Keyspace::new(sess, sh.counts.clone(), id);
+        let ws = sh.stats.workers[id].clone();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        let sock = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+        let (peer, _) = l.accept().map_err(|e| e.to_string())?;
+        sock.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let cid = sh.next_client_id.fetch_add(1, Ordering::Relaxed);
+        let meta = Arc::new(ClientMeta::new(cid, addr.to_string(), addr.to_string(), -1));
+        let client = Client::new(cid, TcpStream::from_std(sock), meta, authed);
+        Ok(Embedded {
+            ks,
+            client,
+            ws,
+            sh,
+            clock: Stamp::now(),
+            _peer: peer,
+        })
+    }
+
+    /// Runs one request (`args[0]` the command name) and returns its reply
+    /// (RESP2), as a worker executes it within a batch: nothing is durable
+    /// until [`Embedded::commit`].
+    pub fn exec(&mut self, args: &[Vec<u8>]) -> Vec<u8> {
+        let requirepass = self.sh.cfg().requirepass.clone();
+        let mut ctx = Ctx {
+            sh: &self.sh,
+            ks: &mut self.ks,
+            ws: &self.ws,
+            now: crate::keyspace::now_ms(),
+            requirepass: requirepass.as_deref(),
+        };
+        cmd::execute(&mut ctx, &mut self.client, args, &mut self.clock);
+        std::mem::take(&mut self.client.out)
+    }
+
+    /// The worker's in-line commit after a batch: once it returns, the
+    /// batch's replies may be sent.
+    pub fn commit(&mut self) -> engine::Result<()> {
+        self.ks.sess.commit()
+    }
+
+    pub fn shared(&self) -> &Shared {
+        &self.sh
+    }
+
+    /// Clean shutdown as [`run`] ends it, once every worker is dropped: saves
+    /// the key counts, closes the store; dropping the heap then marks it clean.
+    ///
+    /// [`run`]: crate::server::run
+    pub fn shutdown(sh: Arc<Shared>) -> Result<(), String> {
+        crate::counts::save(&sh.store, &sh.counts).map_err(|e| e.to_string())?;
+        sh.store.close().map_err(|e| e.to_string())?;
+        match Arc::try_unwrap(sh) {
+            Ok(sh) => drop(sh),
+            Err(_) => return Err("the store is still referenced".into()),
+        }
+        Ok(())
+    }
+}
