@@ -7,9 +7,9 @@
 use crate::accept::is_loopback;
 use crate::clock::Stamp;
 use crate::cmd;
-use crate::resume::Resume;
 use mio::net::TcpStream;
-use proto::{Reply, Version};
+use proto::reply::put;
+use proto::{Reply, RespCodec, Version};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -119,8 +119,9 @@ pub struct Client {
     /// Stopped at the output high water with input left; resumes (through
     /// `pending`) once a flush brings the output below it.
     pub(crate) stalled: bool,
-    /// Progress through a pending multibulk request (see [`Resume`]).
-    pub(crate) resume: Resume,
+    /// The connection's protocol: frames requests out of `inbuf`, keeping
+    /// what it learnt of a request that has not fully arrived.
+    pub(crate) codec: RespCodec,
     pub meta: Arc<ClientMeta>,
     pub(crate) last_active: Instant,
     pub(crate) want_write: bool,
@@ -146,7 +147,7 @@ impl Client {
             eof: false,
             peer_closing: false,
             stalled: false,
-            resume: Resume::default(),
+            codec: RespCodec::default(),
             meta,
             last_active: Instant::now(),
             want_write: false,
@@ -155,11 +156,13 @@ impl Client {
 }
 
 impl Client {
+    // The reply sink of a command: RESP in the connection's version, encoded
+    // by `proto` (`Reply::encode`, and its `put` pieces on the hot path).
     pub fn reply(&mut self, r: &Reply) {
         r.encode(self.resp, &mut self.out);
     }
     pub fn ok(&mut self) {
-        self.out.extend_from_slice(b"+OK\r\n");
+        put::ok(&mut self.out);
     }
     pub fn simple(&mut self, s: &str) {
         self.reply(&Reply::Simple(s.into()));
@@ -168,26 +171,15 @@ impl Client {
         self.reply(&Reply::Error(s.into()));
     }
     pub fn int(&mut self, n: i64) {
-        self.out.push(b':');
-        self.out
-            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-        self.out.extend_from_slice(b"\r\n");
+        put::int(&mut self.out, n);
     }
     pub fn bulk(&mut self, b: &[u8]) {
-        self.out.push(b'$');
-        self.out
-            .extend_from_slice(itoa::Buffer::new().format(b.len()).as_bytes());
-        self.out.extend_from_slice(b"\r\n");
-        self.out.extend_from_slice(b);
-        self.out.extend_from_slice(b"\r\n");
+        put::bulk(&mut self.out, b);
     }
     pub fn null(&mut self) {
-        self.reply(&Reply::Null);
+        put::null(&mut self.out, self.resp);
     }
     pub fn array_header(&mut self, n: usize) {
-        self.out.push(b'*');
-        self.out
-            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-        self.out.extend_from_slice(b"\r\n");
+        put::array_header(&mut self.out, n);
     }
 }

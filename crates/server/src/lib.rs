@@ -17,8 +17,8 @@
 //! - [`server`]: what every thread shares, startup and shutdown; it starts
 //!   the acceptor (`accept`: admission, the listen backlog) and the workers
 //!   (`worker`: the event loop, reading, running requests, group commit,
-//!   writing replies; `expire`: active expiry; `resume`: tracking a request
-//!   that arrives in many reads), each serving its connections (`client`).
+//!   writing replies; `expire`: active expiry), each serving its connections
+//!   (`client`: a connection's buffers, its codec and its reply sink).
 //!   `rlimit`: the open file limit; `embedded`: the command layer without a
 //!   network, for crash tests.
 //! - [`cmd`]: the command table and handlers.
@@ -38,7 +38,6 @@ pub mod glob;
 pub mod info;
 pub mod keyspace;
 pub mod metrics;
-mod resume;
 mod rlimit;
 pub mod server;
 pub mod stats;

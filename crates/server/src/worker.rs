@@ -23,12 +23,11 @@ use crate::clock::Stamp;
 use crate::cmd::{self, Ctx};
 use crate::commit::Committer;
 use crate::keyspace::Keyspace;
-use crate::resume::Resume;
 use crate::server::Shared;
 use crate::stats::WorkerStats;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
-use proto::{Limits, Parsed};
+use proto::{Codec, Limits, Parsed};
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::sync::atomic::Ordering;
@@ -529,7 +528,7 @@ impl Worker {
         c.kill = true;
         c.inbuf = Vec::new();
         c.inpos = 0;
-        c.resume = Resume::default();
+        c.codec.reset();
     }
 
     /// Runs buffered requests; false when stopped at the output high water.
@@ -611,16 +610,7 @@ impl Worker {
             } else {
                 &self.settings.unauth_limits
             };
-            if c.resume.active && !c.resume.advance(&c.inbuf[c.inpos..], limits) {
-                // Still incomplete: not worth a full parse.
-                if c.inpos > 0 {
-                    c.inbuf.drain(..c.inpos);
-                    c.inpos = 0;
-                }
-                return true;
-            }
-            c.resume = Resume::default();
-            match proto::parse_request_into(&c.inbuf[c.inpos..], limits, args) {
+            match c.codec.decode(&c.inbuf[c.inpos..], limits, args) {
                 Ok(Some(consumed)) => {
                     c.inpos += consumed;
                     let args = args.as_slice();
@@ -649,14 +639,12 @@ impl Worker {
                     self.batch_requests += 1;
                 }
                 Ok(None) => {
+                    // Incomplete: keep its bytes at the front of the buffer
+                    // (the codec remembers how far it walked them).
                     if c.inpos > 0 {
                         c.inbuf.drain(..c.inpos);
                         c.inpos = 0;
                     }
-                    // Track the request from here on, so that each read
-                    // costs what it brought, not a parse of all that came
-                    // before it.
-                    c.resume = Resume::start(&c.inbuf, limits);
                     return true;
                 }
                 Err(e) => {
