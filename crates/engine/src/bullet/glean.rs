@@ -13,8 +13,7 @@ const BATCH: usize = 256;
 /// The same with the msync strategy, where each of a batch's fences is an
 /// `msync` of scattered pages (a device flush): larger batches, fewer of them.
 /// A batch writes every backend page it touches once, so the larger the batch
-/// the fewer page writes per record (sustained `SET -P 16` on 100k keys:
-/// 126-130k/s at 2,048 records, 152k at 8,192, 141-159k at 32,768 and more).
+/// the fewer page writes per record.
 /// For background gleaners (role threads, the advancer).
 const BATCH_MSYNC: usize = 16384;
 /// A worker that must glean between requests (every log full) keeps its
@@ -35,8 +34,8 @@ pub(super) struct Gleaner {
     /// Records applied in this batch whose flags wait for the batch's backend sync.
     pending: Vec<RecPtr>,
     /// The same records, looked up for every record a walk or the scan meets:
-    /// with a fast hasher (foldhash, seeded per process; std's SipHash took
-    /// about 4% of a backlog's drain).
+    /// with a fast hasher (foldhash, seeded per process), as the lookup is on
+    /// the drain's hot path.
     pending_set: foldhash::HashSet<u64>,
     /// Gleaner locks held until the batch ends (and which, as a bitmap).
     held: Vec<usize>,

@@ -20,9 +20,10 @@
 //!   whoever holds the key applies it), walks the key's chain from the frontend
 //!   `lentry` back through `prev` to the first applied record, and applies the
 //!   chain oldest first (the chains of up to 16 records of distinct keys are
-//!   walked in step, so that their cache misses overlap). Each backend value carries the version of the newest
-//!   record it includes (see [`crate::value`]), which makes re-applying a record
-//!   after a crash harmless. With put collapsing (variant `full`), a chain is
+//!   walked in step, so that their cache misses overlap). Each backend value
+//!   carries the version of the newest record it includes (see
+//!   [`crate::value`]), which makes re-applying a record after a crash
+//!   harmless. With put collapsing (variant `full`), a chain is
 //!   folded in DRAM from its newest idempotent record (or from the backend value
 //!   when it has none) and written once. At the end of a batch the backend is
 //!   synced once, the records' `applied` flags set and fenced, each chain's

@@ -223,7 +223,7 @@ impl BulletStore {
         // cannot tell us the backend is empty).
         // A frontend big enough for the replayed entries from the start: a
         // table doubling under the replay copies every node it holds, again
-        // and again (it was a tenth of a large recovery's time).
+        // and again.
         let sized = BulletOptions {
             frontend_buckets: opts
                 .frontend_buckets

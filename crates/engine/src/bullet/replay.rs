@@ -35,8 +35,8 @@ struct Found {
 /// The records are grouped by key without a map: one array of (key hash,
 /// version, index) sorted, then runs of one hash split by key bytes (only a
 /// hash collision makes a run hold two keys). No allocation per key or record
-/// besides the entries themselves: a map of keys to record lists cost an
-/// allocation of each and a tenth of a large recovery's time freeing them.
+/// besides the entries themselves: a map of keys to record lists would cost
+/// an allocation of each, and the time to free them.
 /// The keys are copied into one buffer as the logs are read, so that going
 /// through them in hash order reads that buffer, not the logs at random. That
 /// is every record's key (the map held each key once): recovery's memory is

@@ -285,8 +285,7 @@ pub(super) fn advancer(sh: Arc<Shared>) {
             // the readers more than its own CPU: each page a batch writes out
             // is write-protected, a TLB shootdown (an IPI, a VM exit here) on
             // the serving cores. With the flush strategies a backlog applied
-            // later costs as much as now, and the next writes would pay it
-            // (`GET -P 16` then `INCR -P 16`: 5% more time in all, measured).
+            // later costs as much as now, and the next writes would pay it.
             let msync = matches!(sh.pool.heap.region().strategy(), pmem::Strategy::Msync);
             let quiet = if msync { quiet } else { 0 };
             base = gleaners_wanted(base, max, occ, last_occ, quiet);
@@ -323,8 +322,8 @@ pub(super) fn advancer(sh: Arc<Shared>) {
         // empty or requests come in again.
         // Requests that come in wait for at most part of the batch under way:
         // the batches are a session's (with msync 2,048 records, not 16,384,
-        // whose writeback took long enough to slow the start of the next
-        // load), and the counter is checked before each group (`Cut`).
+        // whose writeback is long enough to delay the requests that follow),
+        // and the counter is checked before each group (`Cut`).
         if idle && used > 0 && sh.roles.is_empty() {
             let mut until = Instant::now() + sh.opts.epoch;
             g.inline = true;

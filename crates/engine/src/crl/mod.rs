@@ -478,9 +478,8 @@ impl Pool {
     /// Allocates every log's buffer and maps each whole buffer writable, as
     /// databases preallocate their write-ahead log files: the first lap of a new
     /// pool then takes no page faults (on a file: a block reservation and a zeroed
-    /// page every 4 KiB, which on two cores cost a 15%-put load about a tenth of
-    /// its throughput), and a heap too small for its logs fails now rather than
-    /// when a writer first needs the last log.
+    /// page every 4 KiB, on the writers' path), and a heap too small for its
+    /// logs fails now rather than when a writer first needs the last log.
     ///
     /// On an error the buffers this call allocated are freed again (for a pool
     /// not yet reachable from the heap's root: the store's creation).

@@ -33,8 +33,8 @@ impl HashHandle {
             // The missing buckets of the whole batch first: their rounds (two
             // fences each, one per level of uninitialised ancestors) are paid
             // once, not by every part (a batch of new keys into a sparse table
-            // had made some twenty rounds per part). A part finds its buckets
-            // initialised, unless the table doubled since.
+            // would make the same rounds in every part). A part finds its
+            // buckets initialised, unless the table doubled since.
             let mut need: Vec<u64> = items
                 .iter()
                 .zip(hashes)
@@ -103,10 +103,9 @@ impl HashHandle {
     /// fences `msync` the pages it wrote, and in arrival order every part of
     /// a large batch touches nodes all over the table, so each node page is
     /// written out again by nearly every part. In node order a part's nodes
-    /// share pages (in a sustained `msync` SET load the gleaner thread dirtied
-    /// 2.2x fewer pages; BENCHMARKS.md). Every occurrence of a key gets the
-    /// place found for its first (the sort is stable), so writes of one key
-    /// keep their order.
+    /// share pages, and each part writes out fewer of them. Every occurrence
+    /// of a key gets the place found for its first (the sort is stable), so
+    /// writes of one key keep their order.
     /// `hashes` are the keys' hashes, and are returned in the new order.
     fn by_place<'a>(&mut self, items: &[Write<'a>], hashes: &[u64]) -> (Vec<Write<'a>>, Vec<u64>) {
         let inner = &*self.t.inner;
@@ -342,8 +341,8 @@ impl Inner {
         items: &[Write<'_>],
         places: &[Place<'_>],
     ) -> Result<()> {
-        // Lazily: only the msync strategy reads it.
-        // Read only under msync (`reserve` does nothing under the others).
+        // Lazily: read only under msync (`reserve` does nothing under the
+        // others).
         let sizes = places.iter().flat_map(|p| {
             let key = items[p.i].0;
             let vsize = blob::HDR + p.val.len() as u64;

@@ -1448,9 +1448,9 @@ impl Recoverable for LfHash {
 mod lc_retire_tests {
     //! Link cache on: an update CASes the value link through the cache (not yet
     //! durable). Its old value block must not be freed before that link is
-    //! durable (it was retired at once: once the handle's tickets went to the
-    //! epoch and a grace period passed, the block was free while the persisted
-    //! image of the node's value link still pointed at it).
+    //! durable (retired at once, it would be freed once the handle's tickets
+    //! went to the epoch and a grace period passed, while the persisted image
+    //! of the node's value link still pointed at it).
     use super::*;
     use crate::test_util::{images_linking, sim_opts as opts};
     use pmem::CrashSim;
