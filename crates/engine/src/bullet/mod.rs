@@ -10,11 +10,12 @@
 //! - **Get** (§4.2): the frontend alone, lock-free (crossbeam-epoch keeps replaced
 //!   values alive); a miss in a frontend that is not complete reads the backend
 //!   under the bucket lock and caches the pair.
-//! - **Scan** (cursor, [`Session::scan`]): the frontend's buckets covering the
-//!   step (under their shared locks), then the backend index's scan from the same
-//!   cursor; the step ends at the smaller of the two next cursors; frontend
-//!   tombstones hide backend keys. The frontend goes first because a key leaves
-//!   it only after the backend holds it. A complete frontend is scanned alone.
+//! - **Scan** (cursor, [`Session::scan`](crate::Session::scan)): the
+//!   frontend's buckets covering the step (under their shared locks), then the
+//!   backend index's scan from the same cursor; the step ends at the smaller
+//!   of the two next cursors; frontend tombstones hide backend keys. The
+//!   frontend goes first because a key leaves it only after the backend holds
+//!   it. A complete frontend is scanned alone.
 //! - **Glean** (§2.3, §4.4): a gleaner holds a log, walks it from its cursor, and
 //!   for each unapplied record takes the key's gleaner lock (or skips the record:
 //!   whoever holds the key applies it), walks the key's chain from the frontend
