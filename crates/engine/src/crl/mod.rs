@@ -104,8 +104,17 @@
 //! A crash between 1 and 2 leaves stale flags only in `[cleared, head)`, below
 //! the head, where nothing is read; opening the store clears them
 //! ([`Pool::clear_stale_flags`]) before any append.
+//!
+//! The code: `tail.rs` (recovery's tail finding and the generation floors),
+//! `commit.rs` (group commit: the durable watermark, commits, staging through
+//! the file); this file holds the layout, the pool, appends, reads, the
+//! applied flags and the heads.
+
+mod commit;
+mod tail;
 
 use crate::{Error, Result};
+use commit::Staged;
 use pmem::{Heap, PPtr, Region};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -248,22 +257,6 @@ pub struct LogState {
     staged_from: AtomicU64,
 }
 
-/// A log's appended bytes not yet written to the file (see `Pool::stages`).
-#[derive(Debug, Default)]
-struct Staged {
-    /// Heap offset of the first byte.
-    at: u64,
-    bytes: Vec<u8>,
-}
-
-impl Staged {
-    /// The staged copy of `[at, at+len)`, if all of it is staged.
-    fn get(&self, at: u64, len: usize) -> Option<&[u8]> {
-        let o = at.checked_sub(self.at)? as usize;
-        self.bytes.get(o..o.checked_add(len)?)
-    }
-}
-
 /// The persistent log pool of one Bullet store.
 pub struct Pool {
     pub heap: Heap,
@@ -286,9 +279,6 @@ pub struct Pool {
     through_file: bool,
     alloc_lock: std::sync::Mutex<()>,
 }
-
-/// A staged run's buffer keeps at most this much capacity between commits.
-const STAGED_KEEP: usize = 4 << 20;
 
 fn pad8(n: u64) -> u64 {
     (n + 7) & !7
@@ -445,130 +435,6 @@ impl Pool {
         Ok(pool)
     }
 
-    /// Every log's tail (`find_tail`), the logs split over up to two threads:
-    /// after a crash under load each log is read whole from the disk, and
-    /// two readers keep the device busier than one (the checksums too are
-    /// computed on both cores).
-    fn find_tails(&self) -> Vec<(usize, u64)> {
-        let n = self.logs.len();
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |p| p.get())
-            .min(2)
-            .min(n);
-        if threads < 2 {
-            return (0..n).map(|i| (i, self.find_tail(i))).collect();
-        }
-        let mut out: Vec<(usize, u64)> = std::thread::scope(|s| {
-            let other = s.spawn(|| {
-                (1..n)
-                    .step_by(2)
-                    .map(|i| (i, self.find_tail(i)))
-                    .collect::<Vec<_>>()
-            });
-            let mut mine: Vec<(usize, u64)> =
-                (0..n).step_by(2).map(|i| (i, self.find_tail(i))).collect();
-            mine.extend(
-                other
-                    .join()
-                    .unwrap_or_else(|e| std::panic::resume_unwind(e)),
-            );
-            mine
-        });
-        out.sort_unstable();
-        out
-    }
-
-    /// The tail of log `i`: reads records from the head while they check.
-    fn find_tail(&self, i: usize) -> u64 {
-        let l = &self.logs[i];
-        if l.base.load(Ordering::Acquire) == 0 {
-            return 0;
-        }
-        let head = l.head.load(Ordering::Acquire);
-        let mut gen = self.floor(i, head);
-        let mut pos = head;
-        let mut buf = Vec::new();
-        loop {
-            let p = self.skip_gap(pos);
-            if p - head >= self.size {
-                return pos;
-            }
-            let ptr = RecPtr::new(i, p);
-            match self.header(ptr) {
-                Ok(h)
-                    if p - head + h.len as u64 <= self.size
-                        && gen_follows(gen, h.gen)
-                        && self.checks(ptr, &h, &mut buf) =>
-                {
-                    gen = h.gen;
-                    pos = p + h.len as u64;
-                }
-                _ => return pos,
-            }
-        }
-    }
-
-    /// Log `i`'s generation floor as persisted with head `head` (0, no
-    /// floor, when the floor word belongs to another head: a crash between
-    /// their writes, or a store from before floors).
-    fn floor(&self, i: usize, head: u64) -> u32 {
-        let w: u64 = self.r().read(self.log_field(i, LOG_FLOOR));
-        if w & FLOOR_TAG_MASK == head & FLOOR_TAG_MASK {
-            (w >> FLOOR_TAG_BITS) as u32 & GEN_MASK
-        } else {
-            0
-        }
-    }
-
-    /// The generation floor for log `i` with head `head` (at or above the
-    /// read boundary, so its record is not reclaimed under this call): the
-    /// generation of the record at the head, or, when the head is at the
-    /// tail, this open's (a record written there from now on is this open's
-    /// or a later one's).
-    fn floor_for(&self, i: usize, head: u64) -> u32 {
-        let p = self.skip_gap(head);
-        if p >= self.logs[i].tail.load(Ordering::Acquire) {
-            return self.gen;
-        }
-        // A live record's header always reads; 0 (no floor) otherwise.
-        self.header(RecPtr::new(i, p)).map_or(0, |h| h.gen)
-    }
-
-    /// Opening a store read-write, before any append: persists each log's
-    /// generation floor for its recovered head (a drained log's floor is this
-    /// open's generation), and upgrades a descriptor from before generations
-    /// to `ROOT_VERSION`. Refreshed at every open, a floor is never more than
-    /// the oldest live record's age behind the current generation.
-    pub fn persist_floors(&self) {
-        let r = self.r();
-        if r.access() != pmem::Access::ReadWrite {
-            return;
-        }
-        for (i, l) in self.logs.iter().enumerate() {
-            if l.base.load(Ordering::Acquire) == 0 {
-                continue;
-            }
-            let head = l.head.load(Ordering::Acquire);
-            let f = self.log_field(i, LOG_FLOOR);
-            r.write(f, &floor_word(self.floor_for(i, head), head));
-            r.flush(f, 8);
-        }
-        let ver: u32 = r.read(self.desc + 4);
-        if ver != ROOT_VERSION {
-            r.write(self.desc + 4, &ROOT_VERSION);
-            r.flush(self.desc + 4, 4);
-        }
-        r.fence();
-    }
-
-    /// Whether the record at `p` is whole: its checksum matches (`buf` is scratch).
-    fn checks(&self, p: RecPtr, h: &Header, buf: &mut Vec<u8>) -> bool {
-        buf.resize(h.len as usize, 0);
-        self.read_record(p, 0, buf);
-        let stored = u32::from_le_bytes(buf[12..16].try_into().expect("4 bytes"));
-        crc(self.salt, buf) == stored
-    }
-
     /// The heap blocks the pool owns (descriptor and buffers), for the leak sweep.
     pub fn blocks(&self) -> Vec<u64> {
         let mut v = vec![self.desc];
@@ -612,9 +478,8 @@ impl Pool {
     /// Allocates every log's buffer and maps each whole buffer writable, as
     /// databases preallocate their write-ahead log files: the first lap of a new
     /// pool then takes no page faults (on a file: a block reservation and a zeroed
-    /// page every 4 KiB, which on two cores cost a 15%-put load about a tenth of
-    /// its throughput), and a heap too small for its logs fails now rather than
-    /// when a writer first needs the last log.
+    /// page every 4 KiB, on the writers' path), and a heap too small for its
+    /// logs fails now rather than when a writer first needs the last log.
     ///
     /// On an error the buffers this call allocated are freed again (for a pool
     /// not yet reachable from the heap's root: the store's creation).
@@ -871,246 +736,6 @@ impl Pool {
         }
         l.tail.store(tail + len, Ordering::Release);
         Ok(Some(RecPtr::new(i, tail)))
-    }
-
-    /// Group commit: makes log `p.log()` durable up to the end of the record at
-    /// `p` (the whole prefix, so that recovery, which reads each log from its
-    /// head while records check, reaches it). Called before appending a record
-    /// whose `prev` is `p`: a durable record's `prev` is then always durable and
-    /// found by recovery, whichever writer's batch commits first.
-    pub fn make_durable(&self, p: RecPtr) -> Result<()> {
-        let l = &self.logs[p.log()];
-        let from = l.durable.load(Ordering::Acquire);
-        // The watermark only ever lands on record ends (a published tail or a
-        // record's end), so one past the record's start means past its end:
-        // the common case costs no header read.
-        if from > p.pos() {
-            return Ok(());
-        }
-        let h = self.header(p)?;
-        self.make_durable_to(p.log(), p.pos() + h.len as u64)
-    }
-
-    /// Group commit: makes log `i` durable up to `end` (a record end or the
-    /// published tail): by waiting for its writer's commit when that is under
-    /// way and covers `end`, else by syncing the range itself.
-    pub fn make_durable_to(&self, i: usize, end: u64) -> Result<()> {
-        let l = &self.logs[i];
-        if l.durable.load(Ordering::Acquire) >= end {
-            return Ok(());
-        }
-        // The log's writer is committing past the record: its fence is under
-        // way, so wait for it rather than sync the same pages again (each sync
-        // is a device flush of its own). Bounded: a commit takes about one
-        // msync; after 50 ms this thread syncs itself.
-        if l.committing.load(Ordering::Acquire) >= end {
-            // A failed sync never raises the watermark: report it, not wait.
-            self.r().health()?;
-            let t = std::time::Instant::now();
-            while l.durable.load(Ordering::Acquire) < end
-                && t.elapsed() < std::time::Duration::from_millis(50)
-            {
-                std::thread::yield_now();
-            }
-            if l.durable.load(Ordering::Acquire) >= end {
-                return Ok(());
-            }
-        }
-        // Written to the file (by this thread, or by one that finished
-        // before `staged_from` was cleared) before the flush below: the
-        // fence syncs the pages with the records in them.
-        self.write_staged(i)?;
-        let from = l
-            .durable
-            .load(Ordering::Acquire)
-            .max(end.saturating_sub(self.size));
-        self.flush_positions(i, from, end);
-        self.r().fence();
-        l.durable.fetch_max(end, Ordering::AcqRel);
-        Ok(())
-    }
-
-    /// Flushes log `i`'s positions `[from, to)` (at most a ring; no fence).
-    /// Nothing when `from >= to`: a concurrent commit may have raised the
-    /// watermark `from` was read from past `to` since the caller checked it.
-    fn flush_positions(&self, i: usize, from: u64, to: u64) {
-        if from >= to {
-            return;
-        }
-        debug_assert!(to - from <= self.size);
-        let base = self.logs[i].base.load(Ordering::Acquire);
-        let r = self.r();
-        let (a, b) = (from % self.size, to % self.size);
-        if a < b || b == 0 {
-            let stop = if b == 0 { self.size } else { b };
-            r.flush(base + a, (stop - a) as usize);
-        } else {
-            r.flush(base + a, (self.size - a) as usize);
-            r.flush(base, b as usize);
-        }
-    }
-
-    /// Group commit: the caller is about to fence its appends to log `i`,
-    /// positions `[start, end)` (then `mark_durable`); a writer that needs the
-    /// log durable that far waits for that fence instead of issuing its own.
-    ///
-    /// When appends are staged (`stages`), writes the log's staged records to
-    /// the file and then flushes `[start, end)`: the caller's fence (or its
-    /// detached fence) syncs exactly what was written, after the write. (A
-    /// flush at the append would queue the pages before the write, and any
-    /// fence of the thread in between would sync them with their old bytes.)
-    /// Bytes of the range that another thread wrote out earlier were flushed
-    /// and fenced by it (`make_durable_to`); flushing them again costs a
-    /// clean page. Otherwise the appends flushed their records themselves.
-    pub fn committing(&self, i: usize, start: u64, end: u64) -> Result<()> {
-        if self.stages() {
-            self.write_staged(i)?;
-            self.flush_positions(i, start.max(end.saturating_sub(self.size)), end);
-        }
-        self.logs[i].committing.fetch_max(end, Ordering::AcqRel);
-        Ok(())
-    }
-
-    /// Whether appends are staged and written through the file at the commit
-    /// (group commit, on a writable region not under the crash simulator).
-    ///
-    /// Why: under msync a store into a log page that an msync has cleaned
-    /// takes a write-protect fault, and cleaning a page that a store dirtied
-    /// write-protects it again, a TLB shootdown (an IPI to every core that ran
-    /// the process lately: on a VM, exits on both sides). Per commit of a
-    /// writer's 800 pipelined SETs that was about 32 faults and 32
-    /// shootdowns, a sixth of the writer's time. Written with one `pwrite` per commit, the
-    /// pages are never dirtied through the mapping: no fault, and nothing to
-    /// shoot down (the mapping reads the same page cache).
-    pub fn stages(&self) -> bool {
-        self.through_file && self.group_commit.load(Ordering::Relaxed)
-    }
-
-    /// Stages `parts` and then `zeros` zero bytes at heap offset `at`, log
-    /// position `pos`, after the log's staged run (written out first when
-    /// `at` does not continue it: the buffer wrapped). With `checksum`, the
-    /// parts are a record (header with a zero checksum, key, payload) and its
-    /// checksum is computed over the staged copy and stored in it: the same
-    /// value as `crc_parts`, in one pass over contiguous bytes (crc32fast
-    /// folds with `pclmulqdq` from 128 bytes on, and a record's four parts
-    /// are each shorter: 30 ns against 15 ns for a 100-byte value).
-    fn stage(
-        &self,
-        i: usize,
-        pos: u64,
-        at: u64,
-        parts: &[&[u8]],
-        zeros: usize,
-        checksum: bool,
-    ) -> Result<()> {
-        let l = &self.logs[i];
-        let mut st = l.staged.lock().unwrap_or_else(|e| e.into_inner());
-        if !st.bytes.is_empty() && st.at + st.bytes.len() as u64 != at {
-            self.write_staged_locked(l, &mut st)?;
-        }
-        if st.bytes.is_empty() {
-            st.at = at;
-            // Before the record is published (tail, frontend entry): a
-            // reader that finds it also finds it staged.
-            l.staged_from.store(pos, Ordering::Release);
-        }
-        let start = st.bytes.len();
-        for p in parts {
-            st.bytes.extend_from_slice(p);
-        }
-        if checksum {
-            let rec = &mut st.bytes[start..];
-            // As `crc_parts`: the checksum field is zero while hashing.
-            debug_assert!(rec[12..16] == [0; 4]);
-            let mut h = crc32fast::Hasher::new();
-            h.update(&self.salt.to_le_bytes());
-            h.update(rec);
-            rec[12..16].copy_from_slice(&h.finalize().to_le_bytes());
-        }
-        let n = st.bytes.len() + zeros;
-        st.bytes.resize(n, 0);
-        Ok(())
-    }
-
-    /// Writes log `i`'s staged bytes to the file (any thread).
-    pub fn write_staged(&self, i: usize) -> Result<()> {
-        let l = &self.logs[i];
-        if l.staged_from.load(Ordering::Acquire) == u64::MAX {
-            return Ok(());
-        }
-        let mut st = l.staged.lock().unwrap_or_else(|e| e.into_inner());
-        self.write_staged_locked(l, &mut st)
-    }
-
-    fn write_staged_locked(&self, l: &LogState, st: &mut Staged) -> Result<()> {
-        if st.bytes.is_empty() {
-            return Ok(());
-        }
-        // On a failure the bytes stay staged (readers still find them) and
-        // the region is marked failed: no commit succeeds from now on.
-        self.r().write_through(st.at, &st.bytes)?;
-        // After the write: a reader that sees no staged run reads the file.
-        l.staged_from.store(u64::MAX, Ordering::Release);
-        st.bytes.clear();
-        if st.bytes.capacity() > STAGED_KEEP {
-            st.bytes.shrink_to(STAGED_KEEP);
-        }
-        Ok(())
-    }
-
-    /// Copies `dst.len()` bytes at `off` into the record at `p` from the
-    /// log's staged run; false (nothing copied) when they are in the file.
-    #[inline]
-    fn read_staged(&self, p: RecPtr, off: u64, dst: &mut [u8]) -> bool {
-        let l = &self.logs[p.log()];
-        if p.pos() + off + (dst.len() as u64) <= l.staged_from.load(Ordering::Acquire) {
-            return false;
-        }
-        self.read_staged_locked(l, p, off, dst)
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn read_staged_locked(&self, l: &LogState, p: RecPtr, off: u64, dst: &mut [u8]) -> bool {
-        let st = l.staged.lock().unwrap_or_else(|e| e.into_inner());
-        match st.get(self.at(p) + off, dst.len()) {
-            Some(src) => {
-                dst.copy_from_slice(src);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Copies bytes of the record at `p` (from `off`), staged or in the file.
-    #[inline]
-    fn read_record(&self, p: RecPtr, off: u64, dst: &mut [u8]) {
-        if !self.read_staged(p, off, dst) {
-            self.r().read_bytes(self.at(p) + off, dst);
-        }
-    }
-
-    /// Whether the record at `p` (of `len` bytes) is durable. Always, unless
-    /// the pool defers fences to a group commit and its writer has not committed
-    /// it yet (nor anyone synced the log past it).
-    pub fn is_durable(&self, p: RecPtr, len: u64) -> bool {
-        self.logs[p.log()].durable.load(Ordering::Acquire) >= p.pos() + len
-    }
-
-    /// Group commit: makes every log durable up to its published tail (records
-    /// appended but not yet committed by their writers). For a writer that
-    /// waits for log space and for a drain: gleaners apply only durable records.
-    pub fn make_all_durable(&self) -> Result<()> {
-        for i in 0..self.logs.len() {
-            let tail = self.logs[i].tail.load(Ordering::Acquire);
-            self.make_durable_to(i, tail)?;
-        }
-        Ok(())
-    }
-
-    /// Group commit: the caller fenced its appends to log `i` up to `end`.
-    pub fn mark_durable(&self, i: usize, end: u64) {
-        self.logs[i].durable.fetch_max(end, Ordering::AcqRel);
     }
 
     /// Where the record at or after `pos` starts: a position with fewer than a
@@ -1580,137 +1205,5 @@ mod flag_tests {
             !pool.header(c).unwrap().applied,
             "a reused position's flag is clear"
         );
-    }
-}
-
-#[cfg(test)]
-mod gen_tests {
-    use super::*;
-
-    fn pool(heap: &Heap) -> (u64, Pool) {
-        let desc = Pool::create_desc(heap, 1, 8192, BACKEND_HASH, PPtr::from_raw(0)).unwrap();
-        let pool = Pool::attach(heap, desc).unwrap();
-        pool.ensure_buffer(0).unwrap();
-        (desc, pool)
-    }
-
-    fn append_as(pool: &mut Pool, gen: u32, key: &[u8]) -> RecPtr {
-        pool.gen = gen;
-        pool.append(0, 1, key, &[7; 60], RecPtr::NULL, 1)
-            .unwrap()
-            .unwrap()
-    }
-
-    fn end(pool: &Pool, p: RecPtr) -> u64 {
-        p.pos() + pool.header(p).unwrap().len as u64
-    }
-
-    #[test]
-    fn generations_compare_as_serial_numbers() {
-        assert!(gen_follows(5, 5) && gen_follows(5, 6) && !gen_follows(6, 5));
-        assert!(
-            gen_follows(GEN_MASK, 1),
-            "wraps past 2^24 - 1 (0 is skipped)"
-        );
-        assert!(!gen_follows(1, GEN_MASK));
-        assert!(gen_follows(1, 1 << 22) && !gen_follows(1 << 22, 1));
-        assert!(
-            gen_follows(1 << 23 | 2, 1),
-            "less than 2^23 ahead, past the wrap"
-        );
-        assert!(
-            gen_follows(0, 0) && gen_follows(0, 9),
-            "no generation first"
-        );
-        assert!(!gen_follows(9, 0), "none after one");
-        for g in [1, 2, GEN_MASK as u64, GEN_MASK as u64 + 1, u64::MAX] {
-            let r = record_gen(g);
-            assert!((1..=GEN_MASK).contains(&r), "{g} -> {r}");
-        }
-        assert_eq!(record_gen(GEN_MASK as u64 + 1), 1);
-    }
-
-    /// Recovery reads records while their generations do not decrease: one
-    /// of an older open after a newer one's is where the log ends.
-    #[test]
-    fn an_older_generation_ends_the_log() {
-        let dir = tempfile::tempdir().unwrap();
-        let heap = Heap::create(
-            &dir.path().join("h"),
-            &crate::test_heap_opts(8 << 20, 8 << 20),
-        )
-        .unwrap();
-        let (desc, mut pool) = pool(&heap);
-        let _a = append_as(&mut pool, 3, b"a");
-        let b = append_as(&mut pool, 4, b"b");
-        let _c = append_as(&mut pool, 2, b"c");
-        let h = pool.header(b).unwrap();
-        assert_eq!(
-            (h.gen, h.pos),
-            (4, b.pos()),
-            "the generation and position read back"
-        );
-        let again = Pool::attach(&heap, desc).unwrap();
-        assert_eq!(again.logs[0].tail.load(Ordering::Acquire), end(&pool, b));
-    }
-
-    /// A store from before generations (descriptor version 3, records with
-    /// generation 0) opens: its records are found, the descriptor is upgraded
-    /// before the first append, and records appended after them are found
-    /// too; a generation-0 record behind a newer one is not.
-    #[test]
-    fn records_from_before_generations_still_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let heap = Heap::create(
-            &dir.path().join("h"),
-            &crate::test_heap_opts(8 << 20, 8 << 20),
-        )
-        .unwrap();
-        let (desc, mut pool) = pool(&heap);
-        let r = heap.region();
-        r.write(desc + 4, &ROOT_VERSION_NO_GEN);
-        r.persist(desc + 4, 4);
-        let _old1 = append_as(&mut pool, 0, b"old1");
-        let old2 = append_as(&mut pool, 0, b"old2");
-
-        let mut again = Pool::attach(&heap, desc).unwrap();
-        assert_eq!(again.logs[0].tail.load(Ordering::Acquire), end(&pool, old2));
-        again.persist_floors();
-        assert_eq!(r.read::<u32>(desc + 4), ROOT_VERSION);
-        let new = append_as(&mut again, 6, b"new");
-        let stale = append_as(&mut again, 0, b"stale");
-        assert!(again.header(stale).is_ok());
-        let third = Pool::attach(&heap, desc).unwrap();
-        assert_eq!(third.logs[0].tail.load(Ordering::Acquire), end(&again, new));
-    }
-
-    /// A drained log's floor is the generation of the open that persisted
-    /// its head: a checksum-valid record of an older open at the head is not
-    /// live. A floor word torn from its head (another head) is ignored.
-    #[test]
-    fn a_drained_head_rejects_an_older_generation() {
-        let dir = tempfile::tempdir().unwrap();
-        let heap = Heap::create(
-            &dir.path().join("h"),
-            &crate::test_heap_opts(8 << 20, 8 << 20),
-        )
-        .unwrap();
-        let (desc, mut pool) = pool(&heap);
-        let a = append_as(&mut pool, 3, b"a");
-        let b = append_as(&mut pool, 3, b"b");
-        // Drained to b's position by an open of generation 5 (b's record
-        // then read as a stale one: the log's tail was a's end).
-        pool.gen = 5;
-        pool.logs[0].tail.store(end(&pool, a), Ordering::Release);
-        pool.logs[0].head.store(b.pos(), Ordering::Release);
-        pool.persist_heads(&[(0, b.pos())]);
-        let again = Pool::attach(&heap, desc).unwrap();
-        assert_eq!(again.logs[0].tail.load(Ordering::Acquire), b.pos());
-        // The same head with the floor of another head: no floor.
-        let f = pool.log_field(0, LOG_FLOOR);
-        heap.region().write(f, &floor_word(5, a.pos()));
-        heap.region().persist(f, 8);
-        let torn = Pool::attach(&heap, desc).unwrap();
-        assert_eq!(torn.logs[0].tail.load(Ordering::Acquire), end(&pool, b));
     }
 }
