@@ -1,4 +1,4 @@
-//! Tests of [`Ops::apply_batch`] on the log-free hash table, whose override (hash.rs,
+//! Tests of [`Ops::apply_batch`] on the log-free hash table, whose override (hash/batch.rs,
 //! `Inner::apply_batch`, `init_buckets`, `init_round`) writes a batch in two
 //! phases: new blocks for every put of a key that occurs once (and dummies for
 //! missing buckets, by rounds), one fence, the links marked DIRTY and flushed, one
@@ -197,7 +197,7 @@ impl Table {
     }
 }
 
-/// Buckets whose slot is set (the descriptor layout of hash.rs's module note:
+/// Buckets whose slot is set (the descriptor layout of hash/mod.rs's module note:
 /// `8` log2 of segment 0's buckets, `64` 48 segment pointers; a segment holds its
 /// bucket slots from byte 16). A white-box count, to make sure a test really
 /// starts from uninitialised buckets.
