@@ -4,7 +4,7 @@
 //! `Instant::now` reads the time-stamp counter through the vDSO with an
 //! ordered read (LFENCE; RDTSC): the fence waits for every load before it, so
 //! after a pipeline's prefetches each clock read also waited for the cache
-//! misses in flight. It took 7% of a worker's samples under GET -P 16. Where
+//! misses in flight, a visible share of a pipelined worker's time. Where
 //! the CPU's counter is invariant (constant rate, running in every C-state:
 //! CPUID 0x8000_0007 EDX bit 8), a plain RDTSC scaled to nanoseconds is used
 //! instead; a command's time can then be off by the few instructions the CPU

@@ -686,9 +686,9 @@ impl Config {
 
 /// Workers by default: one per CPU but one. The store's background threads (the
 /// epoch advancer, Bullet's gleaner and log population) and the kernel's network
-/// processing need a core too. On the 2-core test machine, beside the load
-/// generator, one worker served `GET -P 16` 15-30% faster than two and a short
-/// `SET -P 16` as fast, but sustained writes 7-13% slower (BENCHMARKS.md).
+/// processing need a core too: on two cores shared with a load generator,
+/// one worker serves pipelined reads faster than two (the measurements are
+/// in BENCHMARKS.md's history).
 fn default_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())

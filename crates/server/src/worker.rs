@@ -53,17 +53,17 @@ const KEEP_BUF: usize = 16 * 1024;
 const UNAUTH_MAX_MULTIBULK: usize = 10;
 const UNAUTH_MAX_BULK: usize = 16384;
 /// A batch of fewer requests commits in line rather than on the syncer thread
-/// (see `Worker::commit_batch`). Measured with 50 clients: without pipelining
-/// (at most 50 requests a batch) handing every commit over cost 7-29% of
-/// `msync` SET throughput; with `-P 16` (hundreds a batch) it gained 8-15%,
-/// and up to 2x when the disk was slow (BENCHMARKS.md).
+/// (see `Worker::commit_batch`): handing a commit to another thread costs
+/// two thread switches, which only a batch large enough to keep the worker
+/// busy during the device write pays back (the measurements are in
+/// BENCHMARKS.md's history).
 const PIPELINE_MIN_REQUESTS: usize = 64;
 
 /// Bounds on `Worker::serve_arrivals`, so that a steady stream of requests
-/// (many clients) still commits, and replies, at least this often. Measured
-/// with 50 clients and `-P 16` (800 requests in flight): the batches before
-/// a commit grew from about 460 requests to all 800, served in 0.3-0.5 ms,
-/// and `msync` SET and INCR gained about 15% (BENCHMARKS.md).
+/// (many clients) still commits, and replies, at least this often. Large
+/// enough for one commit to cover every request of a closed-loop load of
+/// dozens of pipelining clients (hundreds of requests, served in well under
+/// a millisecond).
 const ARRIVALS_MAX_REQUESTS: usize = 2048;
 const ARRIVALS_MAX_WAIT: Duration = Duration::from_micros(500);
 
@@ -765,10 +765,9 @@ impl Worker {
     /// to any other runnable thread between polls), then blocking for up to
     /// `timeout`. Under a load of small requests without pipelining, a worker
     /// that served everything otherwise sleeps until the next request, and
-    /// the client's send then pays for waking it: 10% of the throughput of
-    /// SET and GET -P 1 on two cores. The caller spins only after a batch of
-    /// such clients: after pipelined batches, spinning took CPU from the
-    /// gleaner and the client (SET -P 16 about 7% slower).
+    /// the client's send then pays for waking it. The caller spins only after
+    /// a batch of such clients: after pipelined batches, spinning would take
+    /// CPU from the gleaner and the client.
     fn poll_spinning(
         &mut self,
         events: &mut Events,
