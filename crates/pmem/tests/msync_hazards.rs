@@ -1,4 +1,4 @@
-//! The msync strategy's smaller hazards (issue 37 §3):
+//! The msync strategy's smaller hazards:
 //!
 //! - an I/O error of an fsync or a file extension is recorded in the region's
 //!   failed state (`health`), as an msync's is: Linux reports a write-back error
