@@ -16,8 +16,10 @@
 //!
 //! - **Atomic**: [`Region::atomic_u64`] / [`Region::atomic_u32`] (links, bitmap
 //!   words, counters, anything two threads may update or one update while
-//!   another reads) and [`Region::cmp_bytes`] (relaxed loads: sound whatever
-//!   other threads do).
+//!   another reads). [`Region::cmp_bytes`] reads with relaxed atomic loads too,
+//!   rather than through a `&[u8]` into the mapping (which would assert that
+//!   no thread changes those bytes while it lives); plain writes of the same
+//!   bytes stay under the protocol below.
 //! - **Plain copies**: [`Region::read_bytes`], [`Region::read`],
 //!   [`Region::write_bytes`], [`Region::write`], [`Region::fill`] and
 //!   [`Region::write_stream`] compile to ordinary loads and stores (`memcpy`
@@ -532,32 +534,39 @@ impl Region {
     /// same moment: the crash simulators' copies of lines still in use, which
     /// must see memory as a write-back would (a byte written during the copy
     /// is seen old or new). Relaxed atomic loads ([`load_relaxed`]): they
-    /// race with no atomic word's update. A plain store of another thread into
-    /// the same line (the bytes of a block it has not published yet) still
-    /// races with them in the language's memory model; that exception is
-    /// confined to the simulators, which tests attach, and is why a region
-    /// under a simulator is not for production use.
+    /// race with no update of an 8-byte atomic word. A plain store of another
+    /// thread into the same line (the bytes of a block it has not published
+    /// yet), or a 4-byte atomic update, still races with them in the
+    /// language's memory model: the one exception to the access protocol,
+    /// confined to regions a test has attached a simulator to.
     #[track_caller]
     pub(crate) fn read_racy(&self, off: u64, dst: &mut [u8]) {
         let p = self.check(off, dst.len());
         // SAFETY: `p..p+len` is mapped (checked), readable and writable, and
-        // stays mapped while `self` lives.
+        // stays mapped while `self` lives. `load_relaxed`'s condition on
+        // concurrent writers holds for 8-byte atomic words only; the plain and
+        // 4-byte stores other threads may make meanwhile are the simulators'
+        // exception documented above and in the module documentation.
         unsafe { load_relaxed(p, dst) }
     }
 
     /// Compares the `len` bytes at `off` with `other` in memcmp order (the
     /// order of `<[u8]>::cmp`: the first differing byte, then the length),
-    /// without copying them out or making a reference to them: the heap's bytes
-    /// are read 8 at a time with relaxed atomic loads, so the comparison is
-    /// sound whatever other threads do. For a meaningful answer the bytes must
-    /// not change during the call (a published key: it is written before its
-    /// node is published and never again while the node is reachable).
+    /// without copying them out and without a `&[u8]` into the mapping: the
+    /// heap's bytes are read 8 at a time (one at a time at unaligned ends)
+    /// with relaxed atomic loads, at about the cost of a `memcmp` for keys of
+    /// a few words. For a meaningful answer the bytes must not change during
+    /// the call: a published key, written before its node is published and
+    /// never again while the node is reachable (the access protocol of the
+    /// module documentation, as for [`Region::read_bytes`]).
     #[inline]
     #[track_caller]
     pub fn cmp_bytes(&self, off: u64, len: usize, other: &[u8]) -> std::cmp::Ordering {
         let p = self.check(off, len);
         // SAFETY: `p..p+len` is mapped (checked), readable and writable, and
-        // stays mapped while `self` lives.
+        // stays mapped while `self` lives. No other thread writes these bytes
+        // during the call (access protocol): no store, plain or atomic, races
+        // with the loads.
         unsafe { cmp_relaxed(p, len, other) }
     }
 
@@ -818,11 +827,15 @@ impl Region {
         v
     }
 
-    /// Compares one cache line of the mapping with `img`, which other threads
-    /// may be writing meanwhile (see `cmp_bytes`).
+    /// Compares one cache line of the mapping with `img`. Other threads may be
+    /// writing the line meanwhile: the crash simulator's exception to the
+    /// access protocol (see `read_racy`).
     pub(crate) fn line_differs(&self, off: u64, img: &[u8]) -> bool {
         let line = &img[off as usize..off as usize + LINE];
-        self.cmp_bytes(off, LINE, line) != std::cmp::Ordering::Equal
+        let p = self.check(off, LINE);
+        // SAFETY: the line is mapped (checked), readable and writable, and stays
+        // mapped while `self` lives; concurrent writers: as for `read_racy`.
+        unsafe { cmp_relaxed(p, LINE, line) != std::cmp::Ordering::Equal }
     }
 
     /// Writes a new superblock into the copy that is not current and persists it.
@@ -1045,10 +1058,11 @@ fn read_superblock(file: &File, path: &Path) -> Result<Superblock> {
 /// # Safety
 ///
 /// `src..src + dst.len()` must be mapped readable and writable (atomic loads
-/// require memory valid for writes too) for the whole call. Any concurrent
-/// atomic store into the range must be 8 bytes wide on an 8-aligned word
-/// (`Region::atomic_u64`), the width these loads use there: racing atomic
-/// accesses of different sizes are undefined unless all of them are reads.
+/// require memory valid for writes too) for the whole call. Any write into
+/// the range by another thread during the call must be an atomic store 8
+/// bytes wide on an 8-aligned word (`Region::atomic_u64`), the width these
+/// loads use there: a plain store racing with them is a data race, and racing
+/// atomic accesses of different sizes are undefined unless all are reads.
 pub(crate) unsafe fn load_relaxed(src: *mut u8, dst: &mut [u8]) {
     let len = dst.len();
     let head = (src as usize).wrapping_neg() % 8;
@@ -1060,13 +1074,17 @@ pub(crate) unsafe fn load_relaxed(src: *mut u8, dst: &mut [u8]) {
         dst[i] = unsafe { AtomicU8::from_ptr(src.add(i)) }.load(Ordering::Relaxed);
         i += 1;
     }
-    while i + 8 <= len {
-        // SAFETY: `src + i .. src + i + 8` is in the caller's range, and
-        // 8-aligned (`src + head` is, and `i - head` is a multiple of 8).
-        let w = unsafe { AtomicU64::from_ptr(src.add(i) as *mut u64) }.load(Ordering::Relaxed);
-        dst[i..i + 8].copy_from_slice(&w.to_ne_bytes());
-        i += 8;
+    // SAFETY: `i == head <= len`: in the caller's range or one past its end.
+    let words = unsafe { src.add(i) } as *mut u64;
+    let mut chunks = dst[i..].chunks_exact_mut(8);
+    for (k, c) in (&mut chunks).enumerate() {
+        // SAFETY: word `k` covers `src + head + 8k .. + 8`, inside the caller's
+        // range (the chunk of `dst` it fills is whole), and is 8-aligned
+        // (`src + head` is).
+        let w = unsafe { AtomicU64::from_ptr(words.add(k)) }.load(Ordering::Relaxed);
+        c.copy_from_slice(&w.to_ne_bytes());
     }
+    i = len - chunks.into_remainder().len();
     while i < len {
         // SAFETY: as for the head.
         dst[i] = unsafe { AtomicU8::from_ptr(src.add(i)) }.load(Ordering::Relaxed);
