@@ -22,9 +22,9 @@
 //!
 //! Latency: one operation in `SAMPLE_EVERY` (8) is timed, with clock readings
 //! right before and right after it (key choice excluded); throughput counts every
-//! operation. Reading the clock around every operation cost about 20 ns of each
-//! (a twelfth of a log-free update here), the same for every implementation, so
-//! it shrank the ratios between them. `fences_per_op` and `flushes_per_op` are the heap's persistence
+//! operation. Reading the clock around every operation would add the same tens of
+//! nanoseconds to every implementation's operations, a sizeable part of a
+//! log-free update, and so shrink the ratios between them. `fences_per_op` and `flushes_per_op` are the heap's persistence
 //! counters over the measured interval divided by the operations completed.
 
 use super::{delta, si, BenchResult, Machine, TempHeap};

@@ -7,11 +7,20 @@
 //! `ember-bench` found next to `ember`). The scenarios that start servers run
 //! `ember serve` from the `ember` binary next to this one (or `--ember PATH`).
 
+// Unsafe code is confined to the modules that allow it below: the system
+// allocator baseline, `getrusage`, and the child processes' `pre_exec` and
+// `kill`.
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)]
 mod alloc;
+#[allow(unsafe_code)]
 mod engine;
 mod index;
 mod persist;
+#[allow(unsafe_code)]
 mod recovery;
+#[allow(unsafe_code)]
 mod scenario;
 mod util;
 

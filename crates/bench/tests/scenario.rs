@@ -4,7 +4,7 @@
 //! least one data row, and that the SVG and PNG charts were written.
 //!
 //! The scenarios run one at a time (they measure; running them side by side on a
-//! 2-core machine would only slow each down). The udorn scenarios need
+//! machine with few cores would only slow each down). The udorn scenarios need
 //! `redis-server` and `redis-benchmark`, serve-recovery `redis-benchmark`
 //! (scripts/test.sh installs them); they fail with a clear message without them.
 //!

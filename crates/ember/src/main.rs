@@ -1,6 +1,8 @@
 //! `ember`: the command-line entry point. Thin: argument parsing and wiring only;
 //! every subcommand lives in its own module.
 
+#![forbid(unsafe_code)]
+
 mod bench;
 mod check;
 mod util;

@@ -255,14 +255,21 @@ const BLOB_HDR: usize = mem::size_of::<usize>();
 impl Blob {
     /// A value.
     pub fn new(bytes: &[u8]) -> Owned<Blob> {
-        Owned::init((BLOB_VALUE, bytes as *const [u8]))
+        Owned::init(BlobInit {
+            tag: BLOB_VALUE,
+            bytes,
+        })
     }
 
     /// A tombstone (a removed key whose removal is not yet in the backend).
     pub fn tomb() -> Owned<Blob> {
         // Tagged too, so that a writer learns whether a key is live from the
         // pointer alone (`Node::tagged`), without reading the value's line.
-        Owned::<Blob>::init((BLOB_TOMB, &[] as *const [u8])).with_tag(TOMB_TAG)
+        Owned::<Blob>::init(BlobInit {
+            tag: BLOB_TOMB,
+            bytes: &[],
+        })
+        .with_tag(TOMB_TAG)
     }
 
     /// `Some` of the bytes, or `None` for a tombstone.
@@ -288,16 +295,31 @@ impl Blob {
     }
 }
 
+/// What [`Blob`]'s `Pointable::init` copies: a tag and the bytes. Only
+/// [`Blob::new`], [`Blob::tomb`] and `clone_owned` make one (the fields are
+/// private), from a
+/// borrowed slice, and hand it to `Owned::init` in the same expression, so the
+/// bytes outlive the `init` that copies them. (A lifetime cannot be spelled in
+/// `Pointable::Init`, hence the raw pointer, and hence no other constructor:
+/// safe code elsewhere could otherwise give `init` a dangling one.)
+pub struct BlobInit {
+    tag: u8,
+    bytes: *const [u8],
+}
+
 // The allocation is a `usize` length `n` followed by `n` bytes (the
 // tag and the value); `deref` builds a slice of exactly those `n` bytes from
 // the allocation's pointer, `drop` frees it with the layout it was made with.
+// The `unsafe fn`s' contracts are crossbeam-epoch's (`Pointable`): `deref`,
+// `deref_mut` and `drop` take a pointer `init` returned and not yet dropped,
+// `deref_mut` and `drop` with no other access to it meanwhile.
 impl Pointable for Blob {
     const ALIGN: usize = mem::align_of::<usize>();
-    /// The tag and the bytes to copy (valid for the duration of `init`).
-    type Init = (u8, *const [u8]);
+    type Init = BlobInit;
 
-    unsafe fn init((tag, bytes): Self::Init) -> usize {
-        // SAFETY (caller): `bytes` points to a live slice during this call.
+    unsafe fn init(BlobInit { tag, bytes }: Self::Init) -> usize {
+        // SAFETY: a `BlobInit` is made only in this module, from a slice borrowed for the whole `Owned::init` call that runs this (see
+        // `BlobInit`), so `bytes` points to a live, initialised slice.
         let bytes = unsafe { &*bytes };
         let n = 1 + bytes.len();
         let layout = Blob::layout(n);
@@ -317,7 +339,11 @@ impl Pointable for Blob {
     }
 
     unsafe fn deref<'a>(ptr: usize) -> &'a Blob {
-        // SAFETY (caller): `ptr` came from `init` and is alive for 'a.
+        // SAFETY: by `Pointable::deref`'s contract `ptr` came from `init` and is
+        // not freed for 'a: it starts with the length word `n`, followed by `n`
+        // initialised bytes, and nobody mutates them (`deref_mut` needs sole
+        // access). `Blob` is `repr(transparent)` over `[u8]`, so the slice
+        // pointer casts to a `Blob` pointer with the same length.
         unsafe {
             let n = *(ptr as *const usize);
             let s = std::ptr::slice_from_raw_parts((ptr as *const u8).add(BLOB_HDR), n);
@@ -326,7 +352,8 @@ impl Pointable for Blob {
     }
 
     unsafe fn deref_mut<'a>(ptr: usize) -> &'a mut Blob {
-        // SAFETY: as `deref`, and the caller owns the allocation exclusively.
+        // SAFETY: as in `deref`; and by the contract nobody else accesses the
+        // allocation for 'a, so the `&mut` is unique.
         unsafe {
             let n = *(ptr as *const usize);
             let s = std::ptr::slice_from_raw_parts_mut((ptr as *mut u8).add(BLOB_HDR), n);
@@ -335,7 +362,9 @@ impl Pointable for Blob {
     }
 
     unsafe fn drop(ptr: usize) {
-        // SAFETY (caller): `ptr` came from `init` and is freed exactly once.
+        // SAFETY: by the contract `ptr` came from `init`, is dropped once, and
+        // nobody else accesses it: its length word is readable, and the layout
+        // rebuilt from it is the one `init` allocated with.
         unsafe {
             let n = *(ptr as *const usize);
             std::alloc::dealloc(ptr as *mut u8, Blob::layout(n));
@@ -345,7 +374,10 @@ impl Pointable for Blob {
 
 impl TableValue for Blob {
     fn clone_owned(&self) -> Owned<Blob> {
-        Owned::init((self.0[0], &self.0[1..] as *const [u8]))
+        Owned::init(BlobInit {
+            tag: self.0[0],
+            bytes: &self.0[1..],
+        })
     }
 }
 

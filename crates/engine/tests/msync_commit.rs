@@ -81,8 +81,10 @@ fn dirty_pages(file: &std::fs::File, off: u64, len: u64) -> Option<u64> {
 fn disk_dir() -> Option<tempfile::TempDir> {
     let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let c = std::ffi::CString::new(d.path().as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid C string and a zeroed out-parameter.
+    // SAFETY: `statfs` is plain C data, for which all zeroes is a valid value.
     let mut s: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated string that outlives the call; `s` is a
+    // live struct the call only fills in.
     assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut s) }, 0);
     const TMPFS_MAGIC: i64 = 0x0102_1994;
     const RAMFS_MAGIC: i64 = 0x8584_58f6;

@@ -7,8 +7,9 @@ use pmem::{Geometry, Heap, HeapOptions, PPtr};
 
 /// Minor page faults this thread has taken so far.
 fn thread_minor_faults() -> i64 {
-    // SAFETY (test helper): getrusage only fills the struct it is given.
+    // SAFETY: `rusage` is plain C data, for which all zeroes is a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage only writes the struct it is given, a live local.
     assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) }, 0);
     ru.ru_minflt
 }

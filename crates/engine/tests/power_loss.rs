@@ -32,11 +32,12 @@
 //! (`st`, `lfr`: a side-table transaction per put); and double crashes (an
 //! image recovered under a second simulator, written to, crashed again).
 //!
-//! What the checks catch: an acknowledged record left unsynced when a fence
-//! ran between its append and the commit (hot keys, detached commits, small
-//! logs, backend reads, opt, st / lfr); a record from before a crash replayed
-//! after the next one (`double_crash_any_image`); a remove that found a key
-//! already removed by another session's uncommitted tombstone and was
+//! What they guard against: an acknowledged record left unsynced because a
+//! fence ran between its append and the commit (hot keys, detached commits,
+//! small logs, backend reads, opt, st / lfr: "fence before commit" below); a
+//! record from before a crash replayed after the next one
+//! (`double_crash_any_image`: "reused positions" below); and a remove that
+//! finds a key already removed by another session's uncommitted tombstone,
 //! acknowledged with the tombstone unsynced (the hot keys, in some runs; the
 //! deterministic case is
 //! `a_remove_that_finds_an_uncommitted_tombstone_makes_it_durable`).
@@ -608,7 +609,7 @@ fn run(c: Cfg) {
 }
 
 /// Runs in which nothing fences on a writer's thread between its appends and
-/// its commit. Each session writes keys of its own,
+/// its commit (the fence hazard below cannot arise). Each session writes keys of its own,
 /// all present and in the frontend before the sessions start (a write that
 /// misses the frontend reads the backend, where it may persist a link the
 /// gleaner left dirty: a fence), into logs larger than the run writes (no
@@ -651,8 +652,8 @@ fn double_crash_after_a_commit() {
     });
 }
 
-// §1: a fence between a record's append and its commit (on the writer's
-// thread) synced its pages before the commit wrote them.
+// Fence before commit: a fence between a record's append and its commit (on
+// the writer's thread) must not sync its pages before the commit writes them.
 
 #[test]
 fn cross_log_hot_keys() {
@@ -668,8 +669,8 @@ fn cross_log_hot_keys() {
 
 #[test]
 fn opt_own_keys() {
-    // Keys of their own: an acknowledged record must survive here too, even
-    // with no other session's fence in between.
+    // Keys of their own: the fence hazard can lose an acknowledged record here
+    // too, in some runs.
     run(Cfg {
         name: "opt-logfree own keys",
         variant: Variant::Opt,
@@ -743,7 +744,7 @@ fn ablation_variants() {
     }
 }
 
-// §2: positions are reused after a crash; a record kept behind a lost one is
+// Reused positions: positions are reused after a crash; a record kept behind a lost one is
 // replayed after the next crash when a new record ends where it starts.
 
 #[test]

@@ -204,7 +204,7 @@ fn run(kind: Kind, rounds: u32) {
         });
         // Wait for the first acknowledgement (the child recovered), then a while.
         std::thread::sleep(run_for);
-        unsafe_kill(child.id());
+        kill_9(child.id());
         let _ = child.wait();
         let lines = reader.join().unwrap();
         let acks = lines.iter().filter(|l| l.starts_with("@@ ack")).count();
@@ -266,7 +266,7 @@ fn run(kind: Kind, rounds: u32) {
     }
 }
 
-fn unsafe_kill(pid: u32) {
+fn kill_9(pid: u32) {
     let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
 }
 

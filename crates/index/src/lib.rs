@@ -17,6 +17,9 @@
 //! reachable, and frees what is not (log-free paper §5.5, first approach: search
 //! the structure for the block's key and compare addresses).
 
+// The one exception is `SkipHandle`'s `Send` (crossbeam-epoch's handle).
+#![deny(unsafe_code)]
+
 pub mod any;
 pub mod blob;
 pub mod error;
@@ -26,6 +29,7 @@ pub mod link;
 pub mod phash;
 pub mod reclaim;
 pub mod recover;
+#[allow(unsafe_code)]
 pub mod skiplist;
 
 /// Pieces of this crate's unit tests.

@@ -456,12 +456,14 @@ impl Allocator {
         fixed
     }
 
+    /// The allocated blocks of a slab, by its bits. Frees from any thread
+    /// change the bits meanwhile (`fetch_and`), so they are read atomically.
     fn count_bits(&self, region: &Region, chunk: u64, head: u64, class: usize) -> u64 {
         let bm = self.bitmap_off(chunk, head);
         let nb = slab_blocks(class);
         let mut n = 0;
         for w in 0..nb.div_ceil(64) {
-            let v: u64 = region.read(bm + 8 * w);
+            let v = region.atomic_u64(bm + 8 * w).load(Ordering::Acquire);
             n += (v & !beyond_blocks(nb, w)).count_ones() as u64;
         }
         n
@@ -609,13 +611,13 @@ impl Allocator {
         }
     }
 
-    /// The allocated blocks of a covered item (informational: before recovery
-    /// recomputes a slab's bits, these are its in-memory bits).
     /// Offset of the first block of the slab whose head page is `head`.
     pub fn slab_base(&self, chunk: u64, head: u64) -> u64 {
         self.coff(chunk) + head * PAGE
     }
 
+    /// The allocated blocks of a covered item (informational: before recovery
+    /// recomputes a slab's bits, these are its in-memory bits).
     pub fn allocated_in(&self, region: &Region, c: &Covered) -> Vec<u64> {
         match *c {
             Covered::Block(b) => vec![b],
@@ -629,7 +631,9 @@ impl Allocator {
                 class,
                 word,
             } => {
-                let v: u64 = region.read(self.bitmap_off(chunk, head) + 8 * word);
+                let v = region
+                    .atomic_u64(self.bitmap_off(chunk, head) + 8 * word)
+                    .load(Ordering::Acquire);
                 let base = self.slab_base(chunk, head);
                 (0..64)
                     .filter(|b| v & (1 << b) != 0 && 64 * word + b < slab_blocks(class))
@@ -641,7 +645,11 @@ impl Allocator {
                 let nb = slab_blocks(class);
                 let base = self.slab_base(chunk, head);
                 (0..nb)
-                    .filter(|i| region.read::<u64>(bm + 8 * (i / 64)) & (1 << (i % 64)) != 0)
+                    .filter(|i| {
+                        region.atomic_u64(bm + 8 * (i / 64)).load(Ordering::Acquire)
+                            & (1 << (i % 64))
+                            != 0
+                    })
                     .map(|i| base + i * CLASSES[class] as u64)
                     .collect()
             }

@@ -7,7 +7,9 @@
 //! spinlocks with generation numbers, a crash simulator and an offline checker.
 //!
 //! All `unsafe` code for mapped memory in Ember lives in this crate ([`region`],
-//! [`persist`]); every block carries a `// SAFETY:` comment.
+//! [`persist`]); every block carries a `// SAFETY:` comment. The other modules
+//! may not use `unsafe` (besides those two: [`sigbus`]'s signal handler and
+//! [`pptr`]'s `Pod` impls).
 //!
 //! ```no_run
 //! use pmem::{Heap, HeapOptions};
@@ -22,15 +24,21 @@
 //! # Ok::<(), pmem::Error>(())
 //! ```
 
+#![deny(unsafe_code)]
+
 pub mod alloc;
 pub mod check;
 pub mod error;
 pub mod heap;
 pub mod layout;
 pub mod lock;
+#[allow(unsafe_code)]
 pub mod persist;
+#[allow(unsafe_code)]
 pub mod pptr;
+#[allow(unsafe_code)]
 pub mod region;
+#[allow(unsafe_code)]
 pub mod sigbus;
 pub mod sim;
 #[doc(hidden)]

@@ -292,8 +292,8 @@ thread_local! {
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Flushed ranges closer than this are synced by one `msync` over their hull. Each
-/// `msync` call is a write-out and a wait of its own (on the virtual disk measured
-/// here, 0.1-0.6 ms even for one page), while the kernel finds the dirty pages of a
+/// `msync` call is a write-out and a wait of its own (a fraction of a millisecond
+/// even for one page), while the kernel finds the dirty pages of a
 /// range by their tags, so the clean pages of a gap cost next to nothing; a page
 /// in the gap that another thread dirtied is written out early, which is never
 /// wrong. A glean batch flags records scattered over a log: one call instead of
@@ -417,7 +417,9 @@ impl Persister {
             Strategy::Clwb | Strategy::Clflushopt | Strategy::Clflush
         ) {
             // SAFETY: the caller bounds-checked `addr..addr+len` as mapped and
-            // writable; `src` is a distinct buffer.
+            // writable; `src` is a Rust buffer, so disjoint from the mapping; no
+            // other thread accesses the range meanwhile (`Region::write_bytes`'s
+            // requirement, which `Region::write_stream` shares).
             unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
             self.flush(addr, src.len());
             return;
@@ -425,7 +427,9 @@ impl Persister {
         let end = addr + src.len();
         let mid_start = ((addr + 7) & !7).min(end);
         let mid_end = (end & !7).max(mid_start);
-        // SAFETY: as above; the middle part is 8-aligned for the stream stores.
+        // SAFETY: as above for the whole range; the middle part,
+        // `mid_start..mid_end`, is 8-aligned and a multiple of 8 long, as
+        // `stream_copy` requires, and the two plain copies cover the ends.
         unsafe {
             let d = addr as *mut u8;
             std::ptr::copy_nonoverlapping(src.as_ptr(), d, mid_start - addr);
@@ -615,16 +619,11 @@ impl Persister {
     /// or `live` held).
     fn read_mapped(&self, off: u64, dst: &mut [u8]) {
         debug_assert!(self.base != 0);
-        // SAFETY: by the caller's guarantee the range is mapped and stays so
-        // for the copy; `dst` is a distinct buffer. Concurrent stores by other
-        // threads may be seen in part, as a write-back would see them.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (self.base + off as usize) as *const u8,
-                dst.as_mut_ptr(),
-                dst.len(),
-            )
-        }
+        // SAFETY: by the caller's guarantee the range is mapped (readable and
+        // writable) and stays so for the copy. Other threads may be storing
+        // into it: the relaxed atomic loads see each byte old or new, as a
+        // write-back would (see `Region::read_racy` for the limit of this).
+        unsafe { crate::region::load_relaxed((self.base + off as usize) as *mut u8, dst) }
     }
 }
 
@@ -635,6 +634,13 @@ pub(crate) fn spin_ns(ns: u64) {
     }
 }
 
+/// Writes back the cache line holding `p` (CLWB), leaving it cached.
+///
+/// # Safety
+///
+/// `p` must be an address of the region's mapping (mapped while the
+/// instruction runs), and the CPU must support CLWB (`Strategy::supported`,
+/// checked at open: without it the instruction faults).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn clwb(p: usize) {
@@ -644,6 +650,11 @@ unsafe fn clwb(p: usize) {
     }
 }
 
+/// Writes back and evicts the cache line holding `p` (CLFLUSHOPT).
+///
+/// # Safety
+///
+/// As for [`clwb`], with CLFLUSHOPT support.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn clflushopt(p: usize) {
@@ -653,6 +664,12 @@ unsafe fn clflushopt(p: usize) {
     }
 }
 
+/// Writes back and evicts the cache line holding `p` (CLFLUSH, serialising).
+///
+/// # Safety
+///
+/// `p` must be an address of the region's mapping (CLFLUSH is baseline
+/// x86-64, so nothing else).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn clflush(p: usize) {
@@ -662,14 +679,26 @@ unsafe fn clflush(p: usize) {
 
 /// Copies `len` bytes (a multiple of 8) to the 8-aligned `dst` with
 /// non-temporal stores: 16 bytes at a time once `dst` is 16-aligned.
+///
+/// # Safety
+///
+/// `dst..dst + len` must be mapped writable and 8-aligned, `len` a multiple
+/// of 8, `src..src + len` readable and not overlapping it; no other thread
+/// may access `dst..dst + len` during the copy (`Region::write_bytes`'s
+/// requirement). The stores are weakly ordered: the caller fences before
+/// publishing the bytes.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 unsafe fn stream_copy(dst: *mut u8, src: *const u8, len: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128, _mm_stream_si64};
     debug_assert!((dst as usize).is_multiple_of(8) && len.is_multiple_of(8));
     let mut i = 0;
-    // SAFETY (whole body): the caller guarantees `dst..dst+len` is mapped and
-    // writable, 8-aligned, and `src..src+len` readable; SSE2 is baseline x86_64.
+    // SAFETY: the caller guarantees `dst..dst+len` is mapped writable and
+    // 8-aligned, and `src..src+len` readable: the first 8-byte store (if `dst`
+    // is not 16-aligned) is aligned, then each 16-byte store is at a 16-aligned
+    // `dst + i` with `i + 16 <= len`, and the last 8-byte one ends at `len`;
+    // the loads are unaligned loads inside `src..src+len`. SSE2 (MOVNTDQ,
+    // MOVNTI) is baseline x86_64.
     unsafe {
         if !(dst as usize).is_multiple_of(16) && len >= 8 {
             _mm_stream_si64(dst as *mut i64, std::ptr::read_unaligned(src as *const i64));
@@ -689,9 +718,14 @@ unsafe fn stream_copy(dst: *mut u8, src: *const u8, len: usize) {
     }
 }
 
+/// A plain copy where non-temporal stores are not used.
+///
+/// # Safety
+///
+/// As for the x86_64 version.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn stream_copy(dst: *mut u8, src: *const u8, len: usize) {
-    // SAFETY: as for the x86_64 version.
+    // SAFETY: the caller guarantees both ranges valid and disjoint.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
 }
 
@@ -702,10 +736,26 @@ fn sfence() {
     unsafe { std::arch::x86_64::_mm_sfence() }
 }
 
+/// No cache-line write-back outside x86_64 (the strategies that use one are
+/// unsupported there).
+///
+/// # Safety
+///
+/// None needed; `unsafe` to match the x86_64 signature.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn clwb(_p: usize) {}
+/// As [`clwb`].
+///
+/// # Safety
+///
+/// None needed.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn clflushopt(_p: usize) {}
+/// As [`clwb`].
+///
+/// # Safety
+///
+/// None needed.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn clflush(_p: usize) {}
 #[cfg(not(target_arch = "x86_64"))]

@@ -7,6 +7,49 @@
 //!
 //! All raw access to mapped memory in Ember goes through the methods here, which
 //! bounds-check every range (out of range is a panic naming the offset, never UB).
+//! No method hands out a `&[u8]` or `&T` into the mapping, except `&AtomicU64` and
+//! `&AtomicU32` (atomics permit shared mutation).
+//!
+//! # Concurrent access
+//!
+//! The mapping is shared by every thread, so the methods divide as follows:
+//!
+//! - **Atomic**: [`Region::atomic_u64`] / [`Region::atomic_u32`] (links, bitmap
+//!   words, counters, anything two threads may update or one update while
+//!   another reads). [`Region::cmp_bytes`] reads with relaxed atomic loads too,
+//!   rather than through a `&[u8]` into the mapping (which would assert that
+//!   no thread changes those bytes while it lives); plain writes of the same
+//!   bytes stay under the protocol below.
+//! - **Plain copies**: [`Region::read_bytes`], [`Region::read`],
+//!   [`Region::write_bytes`], [`Region::write`], [`Region::fill`] and
+//!   [`Region::write_stream`] compile to ordinary loads and stores (`memcpy`
+//!   speed, which the value and log paths need). Two plain accesses to the same
+//!   byte, one of them a write, race unless one *happens before* the other; a
+//!   race is undefined behaviour. Their callers therefore follow one protocol,
+//!   under which every such pair is ordered:
+//!   1. *Private until published.* A block is written by the one thread that
+//!      allocated it (or owns it: a slot's redo log, a writer's log tail) and
+//!      made visible only by a `Release` store or CAS of its offset (a link, a
+//!      log tail, the root); readers reach it through an `Acquire` load of that
+//!      offset, so the writes happen before their reads.
+//!   2. *Immutable while reachable.* Once published, those bytes are not
+//!      written again until the block is unreachable and every reader that
+//!      could still hold its offset has left (the index's epoch reclamation,
+//!      the log head's grace period): a reuse happens after the last read.
+//!   3. *Or under a lock.* Bytes that do change in place are written and read
+//!      under one lock whose acquire and release order the accesses (phash's
+//!      bucket locks around its redo-log transactions, the superblock's mutex,
+//!      the allocator's page lock for page descriptors and chunk words).
+//!
+//!   Words that change outside a lock are accessed only as atomics, never
+//!   through a plain copy. The signatures cannot check this: a new caller must
+//!   name which case its bytes fall under.
+//! - **Racy by design**: the crash simulators copy lines that other threads
+//!   may be writing, as a write-back would (`read_racy`). Their loads are
+//!   atomic, so they never race with an atomic word's update; against another
+//!   thread's plain store into the same line (a block not yet published) they
+//!   still race in the language's model. That exception is confined to regions
+//!   a test has attached a simulator to.
 
 use crate::error::{Error, Result};
 use crate::layout::*;
@@ -16,7 +59,7 @@ use bytemuck::Pod;
 use std::fs::{File, OpenOptions as FsOpen};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// How a region is opened.
@@ -49,12 +92,16 @@ pub struct Region {
     _sigbus: crate::sigbus::Registration,
 }
 
-// SAFETY: the region owns its mapping; all access to the mapped bytes goes through
-// methods that copy in/out or use atomics, and mapping changes (growth) are serialised
-// by `&mut`-free internal locking (`grow` holds the superblock mutex and only maps
-// fresh address space beyond `size`).
+// SAFETY: `base`, the one field that is not `Send`, points to the reservation this
+// region owns and unmaps only in `Drop`; nothing about it is tied to a thread.
 unsafe impl Send for Region {}
-// SAFETY: see above.
+// SAFETY: shared use of `base` is sound: every access through it is bounds-checked
+// against `size`, which is stored (`Release`) only after the pages below it are
+// mapped, and is either atomic or a plain copy under the access protocol of the
+// module documentation ("Concurrent access"), which orders conflicting accesses.
+// The mapping itself only grows: `extend_mapping` (called with the allocator's
+// page lock held, so one growth at a time) maps fresh pages past `size` inside the
+// reservation and never moves or unmaps what is mapped.
 unsafe impl Sync for Region {}
 
 fn now_unix() -> u64 {
@@ -175,9 +222,10 @@ fn no_space(path: &Path, len: u64, source: std::io::Error) -> Error {
 fn fs_available(dir: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: a zeroed statvfs is a valid out-parameter; `c` is a valid C string.
+    // SAFETY: `statvfs` is plain C data, for which all zeroes is a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
+    // SAFETY: `c` is a NUL-terminated string that outlives the call, and `st` a
+    // live, writable struct the call only fills in.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }
@@ -453,7 +501,8 @@ impl Region {
         let end = off.checked_add(len as u64);
         match end {
             Some(e) if e <= self.size.load(Ordering::Acquire) as u64 => {
-                // SAFETY: in bounds of the mapped range checked just above.
+                // SAFETY: `off + len <= size <= reserved` (checked just above),
+                // so `base + off` stays inside the reservation, one allocation.
                 unsafe { self.base.add(off as usize) }
             }
             _ => panic!(
@@ -465,32 +514,77 @@ impl Region {
     }
 
     /// Copies bytes out of the heap.
+    ///
+    /// A plain (non-atomic) copy: the bytes must not be written by another
+    /// thread during the copy, which the access protocol of the module
+    /// documentation ("Concurrent access") guarantees. Words that threads
+    /// change concurrently are read with [`Region::atomic_u64`] instead.
     #[inline]
     #[track_caller]
     pub fn read_bytes(&self, off: u64, dst: &mut [u8]) {
         let p = self.check(off, dst.len());
-        // SAFETY: `p..p+len` is mapped (checked); `dst` is a distinct Rust buffer.
+        // SAFETY: `p..p+len` is mapped (checked) and stays mapped while `self`
+        // lives; `dst` is a Rust buffer, so it cannot overlap the mapping. No
+        // other thread writes these bytes during the copy (the access protocol,
+        // module documentation), so the non-atomic reads race with nothing.
         unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) }
     }
 
-    /// Compares the `len` bytes at `off` with `other` in memcmp order, in place.
-    /// Meant for bytes that no thread writes any more (published keys).
+    /// Copies bytes out of the heap that other threads may be writing at the
+    /// same moment: the crash simulators' copies of lines still in use, which
+    /// must see memory as a write-back would (a byte written during the copy
+    /// is seen old or new). Relaxed atomic loads ([`load_relaxed`]): they
+    /// race with no update of an 8-byte atomic word. A plain store of another
+    /// thread into the same line (the bytes of a block it has not published
+    /// yet), or a 4-byte atomic update, still races with them in the
+    /// language's memory model: the one exception to the access protocol,
+    /// confined to regions a test has attached a simulator to.
+    #[track_caller]
+    pub(crate) fn read_racy(&self, off: u64, dst: &mut [u8]) {
+        let p = self.check(off, dst.len());
+        // SAFETY: `p..p+len` is mapped (checked), readable and writable, and
+        // stays mapped while `self` lives. `load_relaxed`'s condition on
+        // concurrent writers holds for 8-byte atomic words only; the plain and
+        // 4-byte stores other threads may make meanwhile are the simulators'
+        // exception documented above and in the module documentation.
+        unsafe { load_relaxed(p, dst) }
+    }
+
+    /// Compares the `len` bytes at `off` with `other` in memcmp order (the
+    /// order of `<[u8]>::cmp`: the first differing byte, then the length),
+    /// without copying them out and without a `&[u8]` into the mapping: the
+    /// heap's bytes are read 8 at a time (one at a time at unaligned ends)
+    /// with relaxed atomic loads, at about the cost of a `memcmp` for keys of
+    /// a few words. For a meaningful answer the bytes must not change during
+    /// the call: a published key, written before its node is published and
+    /// never again while the node is reachable (the access protocol of the
+    /// module documentation, as for [`Region::read_bytes`]).
     #[inline]
     #[track_caller]
     pub fn cmp_bytes(&self, off: u64, len: usize, other: &[u8]) -> std::cmp::Ordering {
         let p = self.check(off, len);
-        // SAFETY: `p..p+len` is mapped (checked) and the mapping never moves while
-        // `self` lives; the caller only compares bytes that are no longer written.
-        let mine = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
-        mine.cmp(other)
+        // SAFETY: `p..p+len` is mapped (checked), readable and writable, and
+        // stays mapped while `self` lives. No other thread writes these bytes
+        // during the call (access protocol): no store, plain or atomic, races
+        // with the loads.
+        unsafe { cmp_relaxed(p, len, other) }
     }
 
     /// Copies bytes into the heap (not yet durable: flush and fence).
+    ///
+    /// A plain (non-atomic) copy: no other thread may read or write these
+    /// bytes during it, which the access protocol of the module documentation
+    /// ("Concurrent access") guarantees: the bytes are private to this thread
+    /// until published, or guarded by a lock.
     #[inline]
     #[track_caller]
     pub fn write_bytes(&self, off: u64, src: &[u8]) {
         let p = self.check(off, src.len());
-        // SAFETY: `p..p+len` is mapped writable (checked); `src` is a distinct buffer.
+        // SAFETY: `p..p+len` is mapped writable (checked) and stays mapped while
+        // `self` lives; `src` is a Rust buffer, so it cannot overlap the mapping.
+        // No other thread accesses these bytes during the copy (the access
+        // protocol, module documentation), so the non-atomic stores race with
+        // nothing.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) }
     }
 
@@ -534,29 +628,39 @@ impl Region {
         self.persister.sim.get()
     }
 
-    /// Fills a range with one byte value.
+    /// Fills a range with one byte value. Non-atomic, as
+    /// [`Region::write_bytes`] (same requirement).
     #[track_caller]
     pub fn fill(&self, off: u64, len: usize, byte: u8) {
         let p = self.check(off, len);
-        // SAFETY: as for write_bytes.
+        // SAFETY: as for `write_bytes`: mapped writable (checked), and no other
+        // thread accesses the range during the fill (access protocol).
         unsafe { std::ptr::write_bytes(p, byte, len) }
     }
 
-    /// Reads a plain-data value (unaligned copy).
+    /// Reads a plain-data value (unaligned copy). Non-atomic, as
+    /// [`Region::read_bytes`] (same requirement).
     #[inline]
     #[track_caller]
     pub fn read<T: Pod>(&self, off: u64) -> T {
         let p = self.check(off, std::mem::size_of::<T>());
-        // SAFETY: in bounds; `T: Pod` makes every bit pattern valid.
+        // SAFETY: `size_of::<T>()` bytes at `p` are mapped (checked);
+        // `read_unaligned` needs no alignment, and `T: Pod` makes every bit
+        // pattern a valid `T`. No other thread writes them during the read
+        // (access protocol).
         unsafe { std::ptr::read_unaligned(p as *const T) }
     }
 
-    /// Writes a plain-data value (unaligned copy).
+    /// Writes a plain-data value (unaligned copy). Non-atomic, as
+    /// [`Region::write_bytes`] (same requirement).
     #[inline]
     #[track_caller]
     pub fn write<T: Pod>(&self, off: u64, v: &T) {
         let p = self.check(off, std::mem::size_of::<T>());
-        // SAFETY: in bounds and writable; `T: Pod` has no padding or drop glue.
+        // SAFETY: `size_of::<T>()` bytes at `p` are mapped writable (checked);
+        // `write_unaligned` needs no alignment, and `T: Pod` has no padding, so
+        // every byte written is initialised. No other thread accesses them
+        // during the write (access protocol).
         unsafe { std::ptr::write_unaligned(p as *mut T, *v) }
     }
 
@@ -714,19 +818,24 @@ impl Region {
         self.fence();
     }
 
-    /// A snapshot of `[0, size)` (tests and the crash simulator).
+    /// A snapshot of `[0, size)` (tests and the crash simulator). Other
+    /// threads may be writing meanwhile: a byte written during the copy is
+    /// seen old or new (`read_racy`).
     pub fn snapshot(&self) -> Vec<u8> {
         let mut v = vec![0u8; self.size() as usize];
-        self.read_bytes(0, &mut v);
+        self.read_racy(0, &mut v);
         v
     }
 
-    /// Compares one cache line of the mapping with `img`.
+    /// Compares one cache line of the mapping with `img`. Other threads may be
+    /// writing the line meanwhile: the crash simulator's exception to the
+    /// access protocol (see `read_racy`).
     pub(crate) fn line_differs(&self, off: u64, img: &[u8]) -> bool {
+        let line = &img[off as usize..off as usize + LINE];
         let p = self.check(off, LINE);
-        // SAFETY: in bounds; we only read.
-        let cur = unsafe { std::slice::from_raw_parts(p, LINE) };
-        cur != &img[off as usize..off as usize + LINE]
+        // SAFETY: the line is mapped (checked), readable and writable, and stays
+        // mapped while `self` lives; concurrent writers: as for `read_racy`.
+        unsafe { cmp_relaxed(p, LINE, line) != std::cmp::Ordering::Equal }
     }
 
     /// Writes a new superblock into the copy that is not current and persists it.
@@ -888,9 +997,7 @@ impl Drop for Region {
 /// The lock (`flock`) belongs to the open file, which a child this process is
 /// spawning shares: between its `clone` and its `exec` the child holds a copy
 /// of every descriptor, so a heap closed and reopened by one thread while
-/// another spawns a process can find its own lock still held for a moment
-/// (a test binary that reopens heaps while other tests start `ember` failed so
-/// once). The copy goes at the `exec` (the descriptor is close-on-exec): a
+/// another spawns a process can find its own lock still held for a moment. The copy goes at the `exec` (the descriptor is close-on-exec): a
 /// lock held for longer than this is another process's.
 const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -942,6 +1049,93 @@ fn read_superblock(file: &File, path: &Path) -> Result<Superblock> {
     }
 }
 
+/// Copies `dst.len()` bytes at `src` into `dst` with relaxed atomic loads:
+/// one byte at a time up to the first 8-aligned address and after the last,
+/// 8 bytes at a time between. Racing with stores of other threads is no data
+/// race (each load sees some value its location held); a copy that races with
+/// one may mix old and new bytes.
+///
+/// # Safety
+///
+/// `src..src + dst.len()` must be mapped readable and writable (atomic loads
+/// require memory valid for writes too) for the whole call. Any write into
+/// the range by another thread during the call must be an atomic store 8
+/// bytes wide on an 8-aligned word (`Region::atomic_u64`), the width these
+/// loads use there: a plain store racing with them is a data race, and racing
+/// atomic accesses of different sizes are undefined unless all are reads.
+pub(crate) unsafe fn load_relaxed(src: *mut u8, dst: &mut [u8]) {
+    let len = dst.len();
+    let head = (src as usize).wrapping_neg() % 8;
+    let head = head.min(len);
+    let mut i = 0;
+    while i < head {
+        // SAFETY: `src + i` is in the range the caller vouches for; any address
+        // is aligned for `AtomicU8`.
+        dst[i] = unsafe { AtomicU8::from_ptr(src.add(i)) }.load(Ordering::Relaxed);
+        i += 1;
+    }
+    // SAFETY: `i == head <= len`: in the caller's range or one past its end.
+    let words = unsafe { src.add(i) } as *mut u64;
+    let mut chunks = dst[i..].chunks_exact_mut(8);
+    for (k, c) in (&mut chunks).enumerate() {
+        // SAFETY: word `k` covers `src + head + 8k .. + 8`, inside the caller's
+        // range (the chunk of `dst` it fills is whole), and is 8-aligned
+        // (`src + head` is).
+        let w = unsafe { AtomicU64::from_ptr(words.add(k)) }.load(Ordering::Relaxed);
+        c.copy_from_slice(&w.to_ne_bytes());
+    }
+    i = len - chunks.into_remainder().len();
+    while i < len {
+        // SAFETY: as for the head.
+        dst[i] = unsafe { AtomicU8::from_ptr(src.add(i)) }.load(Ordering::Relaxed);
+        i += 1;
+    }
+}
+
+/// Compares the `len` bytes at `p` with `other` in memcmp order, reading them
+/// as [`load_relaxed`] does: no copy, no reference into the mapping. A word
+/// that differs decides by its big-endian value, which orders as its bytes do.
+///
+/// # Safety
+///
+/// As for [`load_relaxed`], with `p..p + len` as the range.
+#[inline]
+unsafe fn cmp_relaxed(p: *mut u8, len: usize, other: &[u8]) -> std::cmp::Ordering {
+    let n = len.min(other.len());
+    let head = ((p as usize).wrapping_neg() % 8).min(n);
+    let mut i = 0;
+    let byte = |i: usize| {
+        // SAFETY: `i < n <= len`: `p + i` is in the caller's range; any address
+        // is aligned for `AtomicU8`.
+        unsafe { AtomicU8::from_ptr(p.add(i)) }.load(Ordering::Relaxed)
+    };
+    while i < head {
+        let b = byte(i);
+        if b != other[i] {
+            return b.cmp(&other[i]);
+        }
+        i += 1;
+    }
+    while i + 8 <= n {
+        // SAFETY: `p + i .. p + i + 8` is in the caller's range (`i + 8 <= n <=
+        // len`), and 8-aligned (`p + head` is, and `i - head` is a multiple of 8).
+        let w = unsafe { AtomicU64::from_ptr(p.add(i) as *mut u64) }.load(Ordering::Relaxed);
+        let o = u64::from_ne_bytes(other[i..i + 8].try_into().expect("8 bytes"));
+        if w != o {
+            return u64::from_be(w).cmp(&u64::from_be(o));
+        }
+        i += 8;
+    }
+    while i < n {
+        let b = byte(i);
+        if b != other[i] {
+            return b.cmp(&other[i]);
+        }
+        i += 1;
+    }
+    len.cmp(&other.len())
+}
+
 /// A hint: starts fetching the cache line holding `p` into the cache. Any
 /// address will do: a prefetch never faults.
 #[inline(always)]
@@ -977,6 +1171,48 @@ impl Drop for DetachedFence {
         }
         if let Some(p) = self.owner.upgrade() {
             p.sync_detached(std::mem::take(&mut self.ranges));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `cmp_relaxed` orders as `<[u8]>::cmp` and `load_relaxed` copies exactly,
+    /// at every alignment and length around the 8-byte words, with the first
+    /// difference at every position.
+    #[test]
+    fn relaxed_compare_and_copy_match_slices() {
+        let mut buf: Vec<u64> = vec![0; 16];
+        let base = buf.as_mut_ptr() as *mut u8;
+        let pattern: Vec<u8> = (0..128u32).map(|i| (i * 37 + 11) as u8).collect();
+        for (i, b) in pattern.iter().enumerate() {
+            // SAFETY: `i < 128`, inside the 128-byte buffer.
+            unsafe { base.add(i).write(*b) };
+        }
+        for start in 0..9usize {
+            for len in 0..40usize {
+                let mine = &pattern[start..start + len];
+                let mut out = vec![0u8; len];
+                // SAFETY: `start + len <= 48 < 128`: inside the buffer, which
+                // nothing else touches.
+                unsafe { load_relaxed(base.add(start), &mut out) };
+                assert_eq!(out, mine, "copy at {start} len {len}");
+                for olen in [0, len.saturating_sub(1), len, len + 1] {
+                    let mut other: Vec<u8> = pattern[start..].iter().copied().take(olen).collect();
+                    other.resize(olen, 0);
+                    for flip in 0..=olen {
+                        let mut o = other.clone();
+                        if flip < olen {
+                            o[flip] = o[flip].wrapping_add(if flip % 2 == 0 { 1 } else { 255 });
+                        }
+                        // SAFETY: as above.
+                        let got = unsafe { cmp_relaxed(base.add(start), len, &o) };
+                        assert_eq!(got, mine.cmp(&o[..]), "at {start} len {len} vs {o:?}");
+                    }
+                }
+            }
         }
     }
 }

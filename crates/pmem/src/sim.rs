@@ -139,7 +139,7 @@ impl CrashSim {
         let mut out = Vec::new();
         let n = (region.size() as usize).min(st.persisted.len()) / pg;
         for i in 0..n {
-            region.read_bytes((i * pg) as u64, &mut buf);
+            region.read_racy((i * pg) as u64, &mut buf);
             if buf[..] != st.persisted[i * pg..(i + 1) * pg] {
                 out.push((i * pg) as u64);
             }
@@ -205,19 +205,19 @@ impl CrashSim {
     /// cache (maybe a crash image first).
     pub(crate) fn on_write_through(&self, region: &Region) {
         let mut st = self.st.lock().unwrap();
-        self.maybe_capture(&mut st, &|o, b| region.read_bytes(o, b));
+        self.maybe_capture(&mut st, &|o, b| region.read_racy(o, b));
     }
 
     /// Power-loss mode: an fsync is about to run (maybe a crash image first);
     /// then every page, and the file's length, are durable.
     pub(crate) fn on_fsync(&self, region: &Region) {
         let mut st = self.st.lock().unwrap();
-        self.maybe_capture(&mut st, &|o, b| region.read_bytes(o, b));
+        self.maybe_capture(&mut st, &|o, b| region.read_racy(o, b));
         let size = st.size.min(region.size());
         if st.persisted.len() < size as usize {
             st.persisted.resize(size as usize, 0);
         }
-        region.read_bytes(0, &mut st.persisted[..size as usize]);
+        region.read_racy(0, &mut st.persisted[..size as usize]);
         st.durable_len = size;
     }
 
@@ -316,7 +316,7 @@ impl CrashSim {
         for l in lines {
             if l + LINE as u64 <= size && l as usize + LINE <= st.persisted.len() {
                 let mut buf = [0u8; LINE];
-                region.read_bytes(l, &mut buf);
+                region.read_racy(l, &mut buf);
                 st.persisted[l as usize..l as usize + LINE].copy_from_slice(&buf);
             }
         }
@@ -327,7 +327,7 @@ impl CrashSim {
         let mut st = self.st.lock().unwrap();
         let tag_before = self.tag.load(Ordering::SeqCst);
         let bytes = if self.pages {
-            Self::build_pages(&mut st, &|o, b| region.read_bytes(o, b))
+            Self::build_pages(&mut st, &|o, b| region.read_racy(o, b))
         } else {
             Self::build(&mut st, region)
         };
@@ -355,7 +355,7 @@ impl CrashSim {
         for i in 0..n {
             let off = (i * LINE) as u64;
             if region.line_differs(off, &img) && (p >= 1.0 || (p > 0.0 && st.rng.random_bool(p))) {
-                region.read_bytes(off, &mut img[i * LINE..(i + 1) * LINE]);
+                region.read_racy(off, &mut img[i * LINE..(i + 1) * LINE]);
             }
         }
         img

@@ -56,6 +56,8 @@
 //! assert_eq!(out, b",1.5\r\n");
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod codec;
 pub mod error;
 pub mod int;

@@ -36,8 +36,8 @@ struct Load {
     warmup: f64,
     /// Each log's size (MiB) where the scenario does not set it; None: the
     /// bench's default (64). A new store maps its logs' pages in at creation
-    /// (`BulletOptions::preallocate_logs`): 32 logs of 64 MiB took 7-9 s of
-    /// every quick run, which needs a few MiB.
+    /// (`BulletOptions::preallocate_logs`): 32 logs of 64 MiB would take
+    /// seconds of every quick run, which needs a few MiB.
     log_size_mib: Option<u64>,
 }
 

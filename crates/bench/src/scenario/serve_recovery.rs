@@ -1,5 +1,5 @@
-//! Crash recovery of `ember serve` against the size of its Bullet logs (issue 5:
-//! "crash recovery time after SIGKILL against log size (MB of unapplied log)").
+//! Crash recovery of `ember serve` against the size of its Bullet logs: the
+//! recovery time after SIGKILL against the MB of unapplied log.
 //!
 //! For each log size (8 logs of 1, 4, 16 and 64 MiB; quick: 1 and 4 MiB) and
 //! round: a fresh `ember serve --logs 8 --log-size N` in a data directory of
