@@ -429,6 +429,9 @@ impl Heap {
 
     /// Opens a heap with a crash simulator attached (tests). The power-loss
     /// simulator ([`CrashSim::power_loss`]) models the msync strategy only.
+    /// A simulator copies lines and pages while other threads may be writing
+    /// them, a data race the access protocol otherwise excludes (`region.rs`,
+    /// "Concurrent access"): for tests, never for a production heap.
     pub fn open_sim(path: &Path, opts: &HeapOptions, sim: Arc<CrashSim>) -> Result<Recovery> {
         if sim.is_power_loss() && opts.strategy != Strategy::Msync {
             return Err(Error::InvalidOptions(

@@ -619,11 +619,18 @@ impl Persister {
     /// or `live` held).
     fn read_mapped(&self, off: u64, dst: &mut [u8]) {
         debug_assert!(self.base != 0);
-        // SAFETY: by the caller's guarantee the range is mapped (readable and
-        // writable) and stays so for the copy. Other threads may be storing
-        // into it: the relaxed atomic loads see each byte old or new, as a
-        // write-back would (see `Region::read_racy` for the limit of this).
-        unsafe { crate::region::load_relaxed((self.base + off as usize) as *mut u8, dst) }
+        // SAFETY: by the caller's guarantee the range is mapped and stays so
+        // for the copy; `dst` is a Rust buffer, disjoint from the mapping.
+        // Other threads' stores may race with the copy, which sees them in
+        // part as a write-back would: the simulators' exception to the access
+        // protocol (`Region::read_racy`), which no production path takes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (self.base + off as usize) as *const u8,
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        }
     }
 }
 

@@ -44,12 +44,10 @@
 //!   Words that change outside a lock are accessed only as atomics, never
 //!   through a plain copy. The signatures cannot check this: a new caller must
 //!   name which case its bytes fall under.
-//! - **Racy by design**: the crash simulators copy lines that other threads
-//!   may be writing, as a write-back would (`read_racy`). Their loads are
-//!   atomic, so they never race with an atomic word's update; against another
-//!   thread's plain store into the same line (a block not yet published) they
-//!   still race in the language's model. That exception is confined to regions
-//!   a test has attached a simulator to.
+//! - **Racy by design**: the crash simulators copy lines and pages that other
+//!   threads may be writing, as a write-back would (`read_racy`), and so race
+//!   with those stores in the language's model. That exception is confined to
+//!   regions a test has attached a simulator to.
 
 use crate::error::{Error, Result};
 use crate::layout::*;
@@ -531,23 +529,22 @@ impl Region {
     }
 
     /// Copies bytes out of the heap that other threads may be writing at the
-    /// same moment: the crash simulators' copies of lines still in use, which
-    /// must see memory as a write-back would (a byte written during the copy
-    /// is seen old or new). Relaxed atomic loads ([`load_relaxed`]): they
-    /// race with no update of an 8-byte atomic word. A plain store of another
-    /// thread into the same line (the bytes of a block it has not published
-    /// yet), or a 4-byte atomic update, still races with them in the
-    /// language's memory model: the one exception to the access protocol,
-    /// confined to regions a test has attached a simulator to.
+    /// same moment: the crash simulators' copies of lines and pages still in
+    /// use, which must see memory as a write-back would (a byte written during
+    /// the copy is seen old or new). A plain copy, as `read_bytes`, so it races
+    /// with those stores in the language's memory model: the one exception to
+    /// the access protocol, confined to regions a test has attached a simulator
+    /// to. (Relaxed atomic loads would remove the race with atomic words only,
+    /// not with other threads' plain stores into the same pages, and made the
+    /// simulators' whole-heap page copies several times slower.)
     #[track_caller]
     pub(crate) fn read_racy(&self, off: u64, dst: &mut [u8]) {
         let p = self.check(off, dst.len());
-        // SAFETY: `p..p+len` is mapped (checked), readable and writable, and
-        // stays mapped while `self` lives. `load_relaxed`'s condition on
-        // concurrent writers holds for 8-byte atomic words only; the plain and
-        // 4-byte stores other threads may make meanwhile are the simulators'
-        // exception documented above and in the module documentation.
-        unsafe { load_relaxed(p, dst) }
+        // SAFETY: `p..p+len` is mapped (checked) and stays mapped while `self`
+        // lives; `dst` is a Rust buffer, disjoint from the mapping. Stores of
+        // other threads may race with the copy: the simulators' exception
+        // stated above, which no production path takes.
+        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) }
     }
 
     /// Compares the `len` bytes at `off` with `other` in memcmp order (the
@@ -819,22 +816,24 @@ impl Region {
     }
 
     /// A snapshot of `[0, size)` (tests and the crash simulator). Other
-    /// threads may be writing meanwhile: a byte written during the copy is
-    /// seen old or new (`read_racy`).
+    /// threads may be writing meanwhile only under a simulator (`read_racy`).
     pub fn snapshot(&self) -> Vec<u8> {
         let mut v = vec![0u8; self.size() as usize];
         self.read_racy(0, &mut v);
         v
     }
 
-    /// Compares one cache line of the mapping with `img`. Other threads may be
-    /// writing the line meanwhile: the crash simulator's exception to the
-    /// access protocol (see `read_racy`).
+    /// Compares one cache line of the mapping with `img`, without a reference
+    /// into the mapping (relaxed atomic loads, as `cmp_bytes`). Other threads
+    /// may be writing the line meanwhile: the crash simulator's exception to
+    /// the access protocol (see `read_racy`).
     pub(crate) fn line_differs(&self, off: u64, img: &[u8]) -> bool {
         let line = &img[off as usize..off as usize + LINE];
         let p = self.check(off, LINE);
         // SAFETY: the line is mapped (checked), readable and writable, and stays
-        // mapped while `self` lives; concurrent writers: as for `read_racy`.
+        // mapped while `self` lives. A line is 8-aligned, so these loads race
+        // with no update of an 8-byte atomic word; other threads' plain stores
+        // into it are the simulators' exception (`read_racy`).
         unsafe { cmp_relaxed(p, LINE, line) != std::cmp::Ordering::Equal }
     }
 
@@ -1049,56 +1048,20 @@ fn read_superblock(file: &File, path: &Path) -> Result<Superblock> {
     }
 }
 
-/// Copies `dst.len()` bytes at `src` into `dst` with relaxed atomic loads:
-/// one byte at a time up to the first 8-aligned address and after the last,
-/// 8 bytes at a time between. Racing with stores of other threads is no data
-/// race (each load sees some value its location held); a copy that races with
-/// one may mix old and new bytes.
+/// Compares the `len` bytes at `p` with `other` in memcmp order with relaxed
+/// atomic loads: one byte at a time up to the first 8-aligned address and
+/// after the last, 8 bytes at a time between; no copy, no reference into the
+/// mapping. A word that differs decides by its big-endian value, which orders
+/// as its bytes do.
 ///
 /// # Safety
 ///
-/// `src..src + dst.len()` must be mapped readable and writable (atomic loads
-/// require memory valid for writes too) for the whole call. Any write into
-/// the range by another thread during the call must be an atomic store 8
-/// bytes wide on an 8-aligned word (`Region::atomic_u64`), the width these
-/// loads use there: a plain store racing with them is a data race, and racing
-/// atomic accesses of different sizes are undefined unless all are reads.
-pub(crate) unsafe fn load_relaxed(src: *mut u8, dst: &mut [u8]) {
-    let len = dst.len();
-    let head = (src as usize).wrapping_neg() % 8;
-    let head = head.min(len);
-    let mut i = 0;
-    while i < head {
-        // SAFETY: `src + i` is in the range the caller vouches for; any address
-        // is aligned for `AtomicU8`.
-        dst[i] = unsafe { AtomicU8::from_ptr(src.add(i)) }.load(Ordering::Relaxed);
-        i += 1;
-    }
-    // SAFETY: `i == head <= len`: in the caller's range or one past its end.
-    let words = unsafe { src.add(i) } as *mut u64;
-    let mut chunks = dst[i..].chunks_exact_mut(8);
-    for (k, c) in (&mut chunks).enumerate() {
-        // SAFETY: word `k` covers `src + head + 8k .. + 8`, inside the caller's
-        // range (the chunk of `dst` it fills is whole), and is 8-aligned
-        // (`src + head` is).
-        let w = unsafe { AtomicU64::from_ptr(words.add(k)) }.load(Ordering::Relaxed);
-        c.copy_from_slice(&w.to_ne_bytes());
-    }
-    i = len - chunks.into_remainder().len();
-    while i < len {
-        // SAFETY: as for the head.
-        dst[i] = unsafe { AtomicU8::from_ptr(src.add(i)) }.load(Ordering::Relaxed);
-        i += 1;
-    }
-}
-
-/// Compares the `len` bytes at `p` with `other` in memcmp order, reading them
-/// as [`load_relaxed`] does: no copy, no reference into the mapping. A word
-/// that differs decides by its big-endian value, which orders as its bytes do.
-///
-/// # Safety
-///
-/// As for [`load_relaxed`], with `p..p + len` as the range.
+/// `p..p + len` must be mapped readable and writable (atomic loads require
+/// memory valid for writes too) for the whole call. Any write into the range
+/// by another thread during the call must be an atomic store 8 bytes wide on
+/// an 8-aligned word (`Region::atomic_u64`), the width these loads use there:
+/// a plain store racing with them is a data race, and racing atomic accesses
+/// of different sizes are undefined unless all are reads.
 #[inline]
 unsafe fn cmp_relaxed(p: *mut u8, len: usize, other: &[u8]) -> std::cmp::Ordering {
     let n = len.min(other.len());
@@ -1179,11 +1142,10 @@ impl Drop for DetachedFence {
 mod tests {
     use super::*;
 
-    /// `cmp_relaxed` orders as `<[u8]>::cmp` and `load_relaxed` copies exactly,
-    /// at every alignment and length around the 8-byte words, with the first
-    /// difference at every position.
+    /// `cmp_relaxed` orders as `<[u8]>::cmp` at every alignment and length
+    /// around the 8-byte words, with the first difference at every position.
     #[test]
-    fn relaxed_compare_and_copy_match_slices() {
+    fn relaxed_compare_matches_slices() {
         let mut buf: Vec<u64> = vec![0; 16];
         let base = buf.as_mut_ptr() as *mut u8;
         let pattern: Vec<u8> = (0..128u32).map(|i| (i * 37 + 11) as u8).collect();
@@ -1194,11 +1156,6 @@ mod tests {
         for start in 0..9usize {
             for len in 0..40usize {
                 let mine = &pattern[start..start + len];
-                let mut out = vec![0u8; len];
-                // SAFETY: `start + len <= 48 < 128`: inside the buffer, which
-                // nothing else touches.
-                unsafe { load_relaxed(base.add(start), &mut out) };
-                assert_eq!(out, mine, "copy at {start} len {len}");
                 for olen in [0, len.saturating_sub(1), len, len + 1] {
                     let mut other: Vec<u8> = pattern[start..].iter().copied().take(olen).collect();
                     other.resize(olen, 0);
@@ -1207,7 +1164,8 @@ mod tests {
                         if flip < olen {
                             o[flip] = o[flip].wrapping_add(if flip % 2 == 0 { 1 } else { 255 });
                         }
-                        // SAFETY: as above.
+                        // SAFETY: `start + len <= 48 < 128`: inside the buffer,
+                        // which nothing else touches.
                         let got = unsafe { cmp_relaxed(base.add(start), len, &o) };
                         assert_eq!(got, mine.cmp(&o[..]), "at {start} len {len} vs {o:?}");
                     }
