@@ -1130,7 +1130,7 @@ fn skip_crash_in_a_remove_leaves_no_level_gap() {
     let base = dir.path().join("base.heap");
     let work = dir.path().join("work.heap");
     let img_path = dir.path().join("img.heap");
-    let next = |n: u64, l: u64| n + 24 + 8 * l; // node layout (skiplist.rs)
+    let next = |n: u64, l: u64| n + 24 + 8 * l; // node layout (skiplist/mod.rs)
     let line = |a: u64| a / 64;
     // A list of NKEYS keys, closed cleanly; the victim has height >= 3 and its
     // level-1 and level-2 predecessors' links lie in other cache lines than its

@@ -8,7 +8,7 @@ use common::*;
 use pmem::{check_heap, Heap, PPtr, APT_BLOCK_FLAG};
 use std::collections::BTreeSet;
 
-/// Word entries a table makes for frees before block entries (heap.rs `FREE_WORDS`).
+/// Word entries a table makes for frees before block entries (heap/apt.rs `FREE_WORDS`).
 const FREE_WORDS: usize = 8;
 const WORD_FLAG: u64 = 4;
 
