@@ -110,8 +110,15 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
         .store(t0.millis_since(c.meta.created), Ordering::Relaxed);
     let mark = c.out.len();
     let r = (spec.run)(ctx, c, args);
-    // Every write was applied under its command's locks (see `locked`).
+    // Every write was applied under its command's locks (see `locked`). A
+    // handler that left writes staged is a bug the tests catch; a release
+    // build still applies them here rather than let the next command's
+    // reads see them.
     debug_assert!(!ctx.ks.has_staged(), "{} left writes staged", spec.name);
+    let r = match ctx.ks.apply() {
+        Ok(()) => r,
+        Err(e) => Err(e.into()),
+    };
     let failed = r.is_err();
     if let Err(e) = r {
         // A failed command's reply is its error alone.
