@@ -57,15 +57,18 @@ impl WriteBatch {
     }
 
     /// Number of operations.
+    #[inline]
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// Empties the batch, keeping its memory (up to a bound).
+    #[inline]
     pub fn clear(&mut self) {
         const KEEP: usize = 1 << 20;
         if self.buf.capacity() > KEEP {
@@ -77,6 +80,7 @@ impl WriteBatch {
         self.index.clear();
     }
 
+    #[inline]
     fn begin(&mut self, key: &[u8], code: u8) -> Entry {
         self.buf
             .extend_from_slice(&(key.len() as u32).to_le_bytes());
@@ -93,6 +97,7 @@ impl WriteBatch {
         }
     }
 
+    #[inline]
     fn finish(&mut self, e: Entry) {
         let i = self.entries.len();
         self.entries.push(e);
@@ -116,6 +121,7 @@ impl WriteBatch {
 
     /// Stages a `Put` whose value `fill` appends to the buffer it is given
     /// (`len` is a capacity hint): the value is built in place, not copied.
+    #[inline]
     pub fn put_with(&mut self, key: &[u8], len: usize, fill: impl FnOnce(&mut Vec<u8>)) {
         let mut e = self.begin(key, OPC_PUT);
         let len_at = self.buf.len();
@@ -129,6 +135,7 @@ impl WriteBatch {
     }
 
     /// Stages `Remove`.
+    #[inline]
     pub fn remove(&mut self, key: &[u8]) {
         let e = self.begin(key, OPC_REMOVE);
         self.finish(e);
@@ -142,6 +149,7 @@ impl WriteBatch {
         self.finish(e);
     }
 
+    #[inline]
     fn entry(&self, e: &Entry) -> (&[u8], Op<'_>) {
         let key = &self.buf[e.key..e.key + e.key_len];
         let op = match e.code {
@@ -153,6 +161,7 @@ impl WriteBatch {
     }
 
     /// The operations, in order.
+    #[inline]
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], Op<'_>)> {
         self.entries.iter().map(|e| self.entry(e))
     }
@@ -160,6 +169,7 @@ impl WriteBatch {
     /// The newest staged operation on `key`: what a read of `key` inside the
     /// command must see (for a `Put` or `Remove`; an `Incr` needs the
     /// store's value under it).
+    #[inline]
     pub fn newest(&self, key: &[u8]) -> Option<Op<'_>> {
         let e = if self.index.is_empty() {
             self.entries

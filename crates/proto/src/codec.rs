@@ -40,6 +40,7 @@ pub struct RespCodec {
 }
 
 impl Codec for RespCodec {
+    #[inline]
     fn decode(
         &mut self,
         buf: &[u8],

@@ -46,12 +46,14 @@ pub enum Reply {
     Push(Vec<Reply>),
 }
 
+#[inline]
 fn put_line(out: &mut Vec<u8>, tag: u8, text: &[u8]) {
     out.push(tag);
     out.extend_from_slice(text);
     out.extend_from_slice(b"\r\n");
 }
 
+#[inline]
 fn put_header(out: &mut Vec<u8>, tag: u8, n: usize) {
     put_line(out, tag, itoa::Buffer::new().format(n).as_bytes());
 }
@@ -63,16 +65,19 @@ pub mod put {
     use super::{put_header, put_line, Version};
 
     /// `+OK`.
+    #[inline]
     pub fn ok(out: &mut Vec<u8>) {
         out.extend_from_slice(b"+OK\r\n");
     }
 
     /// An integer reply.
+    #[inline]
     pub fn int(out: &mut Vec<u8>, n: i64) {
         put_line(out, b':', itoa::Buffer::new().format(n).as_bytes());
     }
 
     /// A bulk string.
+    #[inline]
     pub fn bulk(out: &mut Vec<u8>, data: &[u8]) {
         put_header(out, b'$', data.len());
         out.extend_from_slice(data);
@@ -80,11 +85,13 @@ pub mod put {
     }
 
     /// The header of an array of `n` elements (the elements follow).
+    #[inline]
     pub fn array_header(out: &mut Vec<u8>, n: usize) {
         put_header(out, b'*', n);
     }
 
     /// The null bulk string (RESP2 `$-1`, RESP3 `_`).
+    #[inline]
     pub fn null(out: &mut Vec<u8>, proto: Version) {
         out.extend_from_slice(if proto == Version::Resp3 {
             b"_\r\n"
