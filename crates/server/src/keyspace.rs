@@ -214,7 +214,7 @@ pub struct Keyspace {
     shard: usize,
 }
 
-/// A live value found by [`Keyspace::lookup`]; the payload is
+/// A live value found by [`Keyspace::get`] or [`Keyspace::lookup_locked`]; the payload is
 /// `ks.raw[h.off..]`.
 pub type Found = Option<Header>;
 
