@@ -8,15 +8,13 @@ use crate::client::{Client, ClientMeta};
 use crate::clock::Stamp;
 use crate::cmd::{self, Ctx};
 use crate::config::Config;
-use crate::keyspace::{Keyspace, Stripes};
-use crate::server::{run_id, Shared};
-use crate::stats::{Stats, WorkerStats};
+use crate::keyspace::Keyspace;
+use crate::server::Shared;
+use crate::stats::WorkerStats;
 use crate::store::{AnyStore, Startup};
 use mio::net::TcpStream;
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// The server's command layer in-process, without a network: one worker's
 /// keyspace (its own store session and shard of the key counts) and one
@@ -52,25 +50,7 @@ impl Embedded {
         startup: Startup,
         workers: usize,
     ) -> Result<Arc<Shared>, String> {
-        let counts = crate::counts::load(&store, workers)
-            .map_err(|e| format!("cannot read the key counts: {e}"))?;
-        Ok(Arc::new(Shared {
-            cfg: RwLock::new(cfg),
-            cfg_epoch: AtomicU64::new(0),
-            store,
-            startup,
-            counts: Arc::new(counts),
-            stripes: Stripes::new(4096),
-            shutdown: AtomicBool::new(false),
-            wakers: Mutex::new(Vec::new()),
-            clients: Mutex::new(BTreeMap::new()),
-            next_client_id: AtomicU64::new(1),
-            connected: AtomicU64::new(0),
-            stats: Stats::new(workers),
-            started: Instant::now(),
-            run_id: run_id(),
-            tcp_port: 0,
-        }))
+        Ok(Arc::new(Shared::new(cfg, store, startup, workers, 0)?))
     }
 
     /// Worker `id` (below the `workers` given to [`Embedded::start`]) with one

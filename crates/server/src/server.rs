@@ -52,6 +52,37 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The state of a run on `store` with `workers` workers: loads the key
+    /// counts (those saved at the last clean shutdown, or a recount to be
+    /// finished).
+    pub fn new(
+        cfg: Config,
+        store: AnyStore,
+        startup: Startup,
+        workers: usize,
+        tcp_port: u16,
+    ) -> Result<Shared, String> {
+        let counts = crate::counts::load(&store, workers)
+            .map_err(|e| format!("cannot read the key counts: {e}"))?;
+        Ok(Shared {
+            cfg: RwLock::new(cfg),
+            cfg_epoch: AtomicU64::new(0),
+            store,
+            startup,
+            counts: Arc::new(counts),
+            stripes: Stripes::new(4096),
+            shutdown: AtomicBool::new(false),
+            wakers: Mutex::new(Vec::new()),
+            clients: Mutex::new(BTreeMap::new()),
+            next_client_id: AtomicU64::new(1),
+            connected: AtomicU64::new(0),
+            stats: Stats::new(workers),
+            started: Instant::now(),
+            run_id: run_id(),
+            tcp_port,
+        })
+    }
+
     pub fn cfg(&self) -> std::sync::RwLockReadGuard<'_, Config> {
         self.cfg.read().unwrap_or_else(|p| p.into_inner())
     }
@@ -98,26 +129,8 @@ pub fn run(cfg: Config) -> Result<(), String> {
         .unwrap_or(cfg.port);
     let (store, startup) = crate::store::open(&cfg)?;
     let threads = cfg.threads;
-    let counts = crate::counts::load(&store, threads)
-        .map_err(|e| format!("cannot read the key counts: {e}"))?;
     let metrics_port = cfg.metrics_port;
-    let sh = Arc::new(Shared {
-        cfg: RwLock::new(cfg),
-        cfg_epoch: AtomicU64::new(0),
-        store,
-        startup,
-        counts: Arc::new(counts),
-        stripes: Stripes::new(4096),
-        shutdown: AtomicBool::new(false),
-        wakers: Mutex::new(Vec::new()),
-        clients: Mutex::new(BTreeMap::new()),
-        next_client_id: AtomicU64::new(1),
-        connected: AtomicU64::new(0),
-        stats: Stats::new(threads),
-        started: Instant::now(),
-        run_id: run_id(),
-        tcp_port,
-    });
+    let sh = Arc::new(Shared::new(cfg, store, startup, threads, tcp_port)?);
     let mut aux = Vec::new();
     {
         let term = Arc::new(AtomicBool::new(false));

@@ -120,8 +120,13 @@ impl From<KsError> for CmdError {
 /// A client-given text as Redis's `%.128s` prints it: up to its first NUL
 /// byte, at most 128 bytes.
 fn c_str(a: &[u8]) -> Cow<'_, str> {
-    let a = a.split(|&b| b == 0).next().unwrap_or_default();
+    let a = until_nul(a);
     String::from_utf8_lossy(&a[..a.len().min(128)])
+}
+
+/// The bytes before the first NUL: what C prints of a string argument.
+fn until_nul(a: &[u8]) -> &[u8] {
+    a.split(|&b| b == 0).next().unwrap_or_default()
 }
 
 impl CmdError {
@@ -254,21 +259,18 @@ fn store_error_text(e: &engine::Error) -> Cow<'static, str> {
 /// `'%.*s' `: byte counts, and each argument ends at its first NUL byte (C
 /// strings); the text is built from bytes the same way, then made UTF-8.
 fn unknown_command(args: &[Vec<u8>]) -> String {
-    fn c_str(a: &[u8]) -> &[u8] {
-        a.split(|&b| b == 0).next().unwrap_or_default()
-    }
     let mut rest: Vec<u8> = Vec::new();
     for a in &args[1..] {
         if rest.len() >= 128 {
             break;
         }
-        let a = c_str(a);
+        let a = until_nul(a);
         let room = 128 - rest.len();
         rest.push(b'\'');
         rest.extend_from_slice(&a[..a.len().min(room)]);
         rest.extend_from_slice(b"' ");
     }
-    let name = c_str(&args[0]);
+    let name = until_nul(&args[0]);
     let mut msg = b"ERR unknown command '".to_vec();
     msg.extend_from_slice(&name[..name.len().min(128)]);
     msg.extend_from_slice(b"', with args beginning with: ");
