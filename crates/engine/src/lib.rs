@@ -37,6 +37,7 @@ pub mod error;
 pub mod lentry;
 #[allow(unsafe_code)]
 pub mod table;
+pub mod types;
 pub mod value;
 pub mod volatile;
 
