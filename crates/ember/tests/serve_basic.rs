@@ -85,7 +85,9 @@ fn data_and_ttls_survive_restarts_for_every_durable_engine() {
             assert_eq!(v, format!("value:{i}"), "{engine}");
         }
         let ttl: i64 = con.ttl("ttl").unwrap();
-        assert!((990..=1000).contains(&ttl), "{engine}: ttl {ttl}");
+        // Loose: the runs before this check may take long on a loaded machine;
+        // what matters is that the TTL survived.
+        assert!((900..=1000).contains(&ttl), "{engine}: ttl {ttl}");
         let n: i64 = con.get("counter").unwrap();
         assert_eq!(n, 7);
         let none: Option<String> = con.get("in-db-3").unwrap();
@@ -98,6 +100,78 @@ fn data_and_ttls_survive_restarts_for_every_durable_engine() {
         // the mapping, never written through the file.
         assert_eq!(info_field(&mut con, "ember", "writes_through"), "0");
         assert!(srv.terminate());
+    }
+}
+
+/// Lists, hashes and sets, small (one head value) and large (pieces), come
+/// back after a clean restart and after SIGKILL (at rest: no write in
+/// flight), on every durable engine. (That no piece outlives its collection
+/// is checked in the server crate's `collections.rs`.)
+#[test]
+fn collections_survive_restarts_for_every_durable_engine() {
+    for engine in ["bullet", "direct"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut srv = Server::start(dir.path(), &["--engine", engine]);
+        let fill = |con: &mut redis::Connection| {
+            let big: Vec<String> = (0..3000).map(|i| format!("e{i}")).collect();
+            let _: i64 = con.rpush("biglist", &big).unwrap();
+            let _: i64 = con.lpush("smalllist", &["a", "b", "c"]).unwrap();
+            let pairs: Vec<(String, String)> = (0..2000)
+                .map(|i| (format!("f{i}"), format!("v{i}")))
+                .collect();
+            let _: () = con.hset_multiple("bighash", &pairs).unwrap();
+            let _: i64 = con.hset("smallhash", "f", "v").unwrap();
+            let members: Vec<String> = (0..1500).map(|i| format!("m{i}")).collect();
+            let _: i64 = con.sadd("bigset", &members).unwrap();
+            let _: i64 = con.sadd("intset", &[3, 1, 2]).unwrap();
+            // A large collection deleted, one overwritten by a string.
+            let _: i64 = con.rpush("gone", &big).unwrap();
+            let _: i64 = con.del("gone").unwrap();
+            let _: () = con.hset_multiple("replaced", &pairs).unwrap();
+            let _: () = con.set("replaced", "now a string").unwrap();
+        };
+        let check = |con: &mut redis::Connection, what: &str| {
+            let n: i64 = con.llen("biglist").unwrap();
+            assert_eq!(n, 3000, "{engine} {what}");
+            let v: String = con.lindex("biglist", 2999).unwrap();
+            assert_eq!(v, "e2999");
+            let r: Vec<String> = con.lrange("biglist", 1000, 1002).unwrap();
+            assert_eq!(r, ["e1000", "e1001", "e1002"]);
+            let r: Vec<String> = con.lrange("smalllist", 0, -1).unwrap();
+            assert_eq!(r, ["c", "b", "a"]);
+            let n: i64 = con.hlen("bighash").unwrap();
+            assert_eq!(n, 2000, "{engine} {what}");
+            let v: String = con.hget("bighash", "f1234").unwrap();
+            assert_eq!(v, "v1234");
+            let v: String = con.hget("smallhash", "f").unwrap();
+            assert_eq!(v, "v");
+            let n: i64 = con.scard("bigset").unwrap();
+            assert_eq!(n, 1500);
+            let yes: bool = con.sismember("bigset", "m777").unwrap();
+            assert!(yes);
+            let r: Vec<i64> = con.smembers("intset").unwrap();
+            assert_eq!(r, [1, 2, 3]);
+            let t: String = redis::cmd("TYPE").arg("replaced").query(con).unwrap();
+            assert_eq!(t, "string");
+            let n: i64 = redis::cmd("DBSIZE").query(con).unwrap();
+            assert_eq!(n, 7, "{engine} {what}");
+        };
+        {
+            let mut con = srv.client();
+            fill(&mut con);
+            check(&mut con, "before restart");
+            let _: () = redis::cmd("SHUTDOWN").query(&mut con).unwrap_or(());
+        }
+        assert!(srv.wait_exit(), "{engine}: {}", srv.log());
+        srv.restart();
+        check(&mut srv.client(), "after a clean restart");
+        srv.kill9();
+        srv.restart();
+        let mut con = srv.client();
+        check(&mut con, "after SIGKILL");
+        let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+        let keys: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
+        assert_eq!(keys, 0);
     }
 }
 

@@ -8,6 +8,19 @@
 //!   replay one seed or run longer.
 //! - `glob_patterns_match_redis`: random glob patterns and keys over every
 //!   special byte, KEYS and SCAN MATCH.
+//! - `hash_sequences_match_redis`: random sequences of every hash command
+//!   over a few keys (a string among them, for WRONGTYPE), with big HSETs
+//!   and long values that pass the listpack limits, so both encodings and the
+//!   conversion are compared (HGETALL/HKEYS/HVALS exactly while Redis keeps
+//!   the hash as a listpack, as sets after; HSCAN iterated to cursor 0;
+//!   HRANDFIELD's errors exactly, its random picks by shape).
+//! - `set_sequences_match_redis`: the same for every set command (intsets
+//!   growing past 512 members and non-integer members convert to
+//!   hashtables); set replies as sets, SPOP/SRANDMEMBER by shape (and a
+//!   popped key is deleted on both servers afterwards).
+//! - `list_sequences_match_redis`: the same for every non-blocking list
+//!   command, with big pushes that make lists of several pieces; every
+//!   reply compared exactly (lists are ordered).
 //! - `edge_case_errors_match_redis`: a curated list of edge cases (error texts,
 //!   limits, rounding, absolute expiry times), every reply compared exactly.
 //!
@@ -210,11 +223,16 @@ enum Cmp {
     },
     /// Errors exactly; otherwise both must be arrays (a SCAN from an odd cursor).
     ErrorOrArray,
+    /// Flat arrays of pairs (HGETALL of a hashtable) compared as sets of pairs.
+    SortedPairs,
+    /// Random picks: errors exactly; otherwise the same kind of reply, and
+    /// arrays or sets of the same length.
+    Shape,
 }
 
 fn sorted(r: &Reply) -> Option<Vec<Reply>> {
     match r {
-        Reply::Array(v) => {
+        Reply::Array(v) | Reply::Set(v) => {
             let mut v = v.clone();
             v.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
             Some(v)
@@ -238,6 +256,24 @@ fn same(e: &Reply, r: &Reply, cmp: Cmp, exact: &HashSet<i64>) -> bool {
         },
         Cmp::ErrorOrArray => match (e, r) {
             (Reply::Array(_), Reply::Array(_)) => true,
+            _ => e == r,
+        },
+        Cmp::Shape => match (e, r) {
+            (Reply::Bulk(_), Reply::Bulk(_)) => true,
+            (Reply::Array(a), Reply::Array(b)) | (Reply::Set(a), Reply::Set(b)) => {
+                a.len() == b.len()
+            }
+            _ => e == r,
+        },
+        Cmp::SortedPairs => match (e, r) {
+            (Reply::Array(a), Reply::Array(b)) => {
+                let pairs = |v: &[Reply]| {
+                    let mut p: Vec<String> = v.chunks(2).map(|c| format!("{c:?}")).collect();
+                    p.sort();
+                    p
+                };
+                a.len() % 2 == 0 && pairs(a) == pairs(b)
+            }
             _ => e == r,
         },
     }
@@ -368,13 +404,21 @@ impl Diff {
 
     /// Iterates SCAN to cursor 0 on each server; compares the key sets.
     fn scan_all(&mut self, opts: &[Vec<u8>]) {
+        self.scan_all_of(&[b"SCAN".to_vec()], opts, false)
+    }
+
+    /// Iterates a scan (`cmd`: `SCAN`, or `HSCAN key`...) to cursor 0 on each
+    /// server and compares what they returned as sets (of pairs when
+    /// `pairs`). An error reply is compared exactly.
+    fn scan_all_of(&mut self, cmd: &[Vec<u8>], opts: &[Vec<u8>], pairs: bool) {
         let mut sets = Vec::new();
         for c in [&mut self.ember, &mut self.redis] {
             let mut keys = BTreeSet::new();
             let mut cursor = b"0".to_vec();
             let mut rounds = 0;
             let err = loop {
-                let mut args = vec![b"SCAN".to_vec(), cursor.clone()];
+                let mut args = cmd.to_vec();
+                args.push(cursor.clone());
                 args.extend(opts.iter().cloned());
                 match c.call(&args) {
                     Reply::Array(v) if v.len() == 2 => {
@@ -384,10 +428,18 @@ impl Diff {
                         if let Some(bad) = page.iter().find(|k| !matches!(k, Reply::Bulk(_))) {
                             break Some(format!("bad SCAN element {bad:?}"));
                         }
-                        keys.extend(page.iter().filter_map(|k| match k {
-                            Reply::Bulk(k) => Some(k.clone()),
-                            _ => None,
-                        }));
+                        let items: Vec<Vec<u8>> = page
+                            .iter()
+                            .filter_map(|k| match k {
+                                Reply::Bulk(k) => Some(k.clone()),
+                                _ => None,
+                            })
+                            .collect();
+                        if pairs {
+                            keys.extend(items.chunks(2).map(|p| p.concat()));
+                        } else {
+                            keys.extend(items);
+                        }
                         cursor = next.clone();
                     }
                     other => break Some(format!("{other:?}")),
@@ -404,7 +456,8 @@ impl Diff {
         }
         self.steps += 1;
         self.total += 1;
-        let mut line = vec![b"SCAN".to_vec(), b"<iterated>".to_vec()];
+        let mut line = cmd.to_vec();
+        line.push(b"<iterated>".to_vec());
         line.extend(opts.iter().cloned());
         let line = render(&line);
         if sets[0] != sets[1] {
@@ -1974,4 +2027,532 @@ fn edge_case_errors_match_redis() {
     }
     println!("serve_diff: {} edge cases compared", d.total);
     report(&d);
+}
+
+/// Runs a mix of random steps against both servers for each seed
+/// (`EMBER_DIFF_SEED` replays one) and fails listing the divergences.
+fn run_mix(label: &str, default_seeds: &[u64], step: fn(&mut Diff, &mut Gen)) {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &[]);
+    let mut d = Diff::new(&ember, redis.port);
+    let seeds: Vec<u64> = match std::env::var("EMBER_DIFF_SEED") {
+        Ok(s) => vec![s.parse().expect("EMBER_DIFF_SEED: a number")],
+        Err(_) => default_seeds.to_vec(),
+    };
+    for &seed in &seeds {
+        d.reset();
+        d.label = format!("{label} seed {seed}");
+        d.steps = 0;
+        let t0_ms = now_ms();
+        let mut g = Gen {
+            rng: SmallRng::seed_from_u64(seed),
+            t0_s: t0_ms / 1000,
+            t0_ms,
+        };
+        for _ in 0..steps_per_seed() {
+            step(&mut d, &mut g);
+            if d.failures.len() >= 30 {
+                break;
+            }
+        }
+    }
+    println!("serve_diff: {} {label} requests compared", d.total);
+    report(&d);
+}
+
+/// Hash fields: short ones that collide, empty and numeric-looking ones.
+const FIELDS: &[&[u8]] = &[
+    b"f1",
+    b"f2",
+    b"f3",
+    b"f4",
+    b"f5",
+    b"",
+    b"007",
+    b"-0",
+    b"x y",
+    b"\x00\xff",
+];
+
+/// Floats whose sums are exact in binary (see `float_safe`).
+const SAFE_FLOATS: &[&str] = &["1.5", "-2.25", "10", "0.5", "-0", "3e2", "abc", "inf", ""];
+
+impl Gen {
+    fn field(&mut self) -> Vec<u8> {
+        if self.p(0.8) {
+            self.pick(FIELDS).to_vec()
+        } else {
+            format!("g{}", self.rng.random_range(0..600)).into_bytes()
+        }
+    }
+
+    /// A hash value: mostly short, sometimes past the listpack's 64 bytes.
+    fn hval(&mut self) -> Vec<u8> {
+        if self.p(0.03) {
+            vec![b'v'; self.rng.random_range(60..70)]
+        } else {
+            self.val()
+        }
+    }
+}
+
+/// Compares an order-dependent reply of a hash: exactly while Redis keeps it
+/// as a listpack (insertion order, as Ember's inline hashes), else as a set
+/// (of pairs when `pairs`).
+fn hash_order_cmp(d: &mut Diff, key: &[u8], pairs: bool) -> Cmp {
+    let enc = d.redis.call(&[b("OBJECT"), b("ENCODING"), key.to_vec()]);
+    match enc {
+        Reply::Bulk(e) if e == b"hashtable" => {
+            if pairs {
+                Cmp::SortedPairs
+            } else {
+                Cmp::Sorted
+            }
+        }
+        _ => Cmp::Exact,
+    }
+}
+
+/// One random step of the hash mix.
+fn hash_step(d: &mut Diff, g: &mut Gen) {
+    let k = b(g.pick(&["h1", "h2", "h3", "s1"]));
+    match g.rng.random_range(0..100) {
+        0..=24 => {
+            let cmd = if g.p(0.85) { "HSET" } else { "HMSET" };
+            let mut args = vec![g.name(cmd), k];
+            for _ in 0..g.rng.random_range(1..4) {
+                args.push(g.field());
+                args.push(g.hval());
+            }
+            if g.p(0.04) {
+                args.pop();
+            }
+            d.exact(&args);
+        }
+        25..=29 => {
+            d.exact(&[g.name("HSETNX"), k, g.field(), g.hval()]);
+        }
+        30..=39 => {
+            d.exact(&[g.name("HGET"), k, g.field()]);
+        }
+        40..=43 => {
+            let mut args = vec![g.name("HMGET"), k];
+            for _ in 0..g.rng.random_range(0..4) {
+                args.push(g.field());
+            }
+            d.exact(&args);
+        }
+        44..=51 => {
+            let mut args = vec![g.name("HDEL"), k];
+            for _ in 0..g.rng.random_range(0..4) {
+                args.push(g.field());
+            }
+            d.exact(&args);
+        }
+        52..=55 => {
+            let cmd = g.pick_name(&["HLEN", "TYPE", "EXISTS"]);
+            d.exact(&[cmd, k]);
+        }
+        56..=59 => {
+            let cmd = g.pick_name(&["HEXISTS", "HSTRLEN"]);
+            d.exact(&[cmd, k, g.field()]);
+        }
+        60..=64 => {
+            let by = g.int();
+            d.exact(&[g.name("HINCRBY"), k, g.field(), by]);
+        }
+        65..=67 => {
+            // Only on fields whose value is absent or a short exact float.
+            let f = g.field();
+            let cur = d.redis.call(&[b("HGET"), k.clone(), f.clone()]);
+            if float_safe(&cur) {
+                let by = b(g.pick(SAFE_FLOATS));
+                d.exact(&[g.name("HINCRBYFLOAT"), k, f, by]);
+            }
+        }
+        68..=73 => {
+            let cmd = g.pick(&["HGETALL", "HKEYS", "HVALS"]);
+            let cmp = hash_order_cmp(d, &k, cmd == "HGETALL");
+            d.call(&[g.name(cmd), k], cmp);
+        }
+        74..=77 => {
+            let mut opts = Vec::new();
+            if g.p(0.4) {
+                opts.extend([b("MATCH"), b(g.pick(&["f*", "*", "g1?", "[fg]2*"]))]);
+            }
+            if g.p(0.4) {
+                opts.extend([b("COUNT"), b(g.pick(&["1", "5", "100", "0", "x"]))]);
+            }
+            d.scan_all_of(&[b("HSCAN"), k], &opts, true);
+        }
+        78..=80 => {
+            d.exact(&[g.name("OBJECT"), b("ENCODING"), k]);
+        }
+        81..=82 => {
+            // A big HSET: past the listpack's 512 entries.
+            let mut args = vec![g.name("HSET"), k];
+            for i in 0..g.rng.random_range(480..530) {
+                args.push(format!("g{i}").into_bytes());
+                args.push(g.val());
+            }
+            d.exact(&args);
+        }
+        83..=85 => {
+            d.exact(&[g.name("SET"), k, g.val()]);
+        }
+        86..=87 => {
+            d.exact(&[g.name("GET"), k]);
+        }
+        88..=89 => {
+            d.exact(&[g.name("DEL"), k]);
+        }
+        90..=91 => {
+            let dst = b(g.pick(&["h1", "h2", "h3", "s1"]));
+            let cmd = g.pick_name(&["RENAME", "RENAMENX"]);
+            d.exact(&[cmd, k, dst]);
+        }
+        92..=93 => {
+            let ttl = b(g.pick(&["1000", "-1", "0"]));
+            d.exact(&[g.name("EXPIRE"), k.clone(), ttl]);
+            d.call(&[b("TTL"), k], Cmp::Ttl { tol: 2 });
+        }
+        94 => {
+            d.exact(&[g.name("PERSIST"), k]);
+        }
+        95..=97 => {
+            // The error paths of HRANDFIELD; its picks are random, compared
+            // by shape only.
+            let count = b(g.pick(&[
+                "1",
+                "-3",
+                "0",
+                "5",
+                "x",
+                "-9223372036854775808",
+                "9223372036854775807",
+            ]));
+            let mut args = vec![g.name("HRANDFIELD"), k, count];
+            if g.p(0.5) {
+                args.push(b(g.pick(&["WITHVALUES", "withvalues", "bad"])));
+            }
+            d.call(&args, Cmp::ErrorOrArray);
+        }
+        _ => {
+            let args = [g.name("HGETALL"), b("nosuchkey")];
+            d.exact(&args);
+        }
+    }
+}
+
+#[test]
+fn hash_sequences_match_redis() {
+    run_mix("hash", &[11, 12, 13], hash_step);
+}
+
+/// Set members: integers (canonical or not: "007" and "-0" are not), words.
+const MEMBERS: &[&str] = &[
+    "1", "2", "-5", "10", "007", "-0", "1000", "a", "b", "", "x y",
+];
+
+impl Gen {
+    fn member(&mut self) -> Vec<u8> {
+        match self.rng.random_range(0..10) {
+            0..=6 => b(self.pick(MEMBERS)),
+            7..=8 => self.rng.random_range(-50i64..600).to_string().into_bytes(),
+            _ => format!("m{}", self.rng.random_range(0..600)).into_bytes(),
+        }
+    }
+
+    fn set_key(&mut self) -> Vec<u8> {
+        b(self.pick(&["s1", "s2", "s3", "x1"]))
+    }
+}
+
+/// One random step of the set mix. Replies that are sets are compared as
+/// sets; random picks by shape (and a SPOP's key is then deleted on both, so
+/// the two keyspaces stay the same).
+fn set_step(d: &mut Diff, g: &mut Gen) {
+    let k = g.set_key();
+    match g.rng.random_range(0..100) {
+        0..=24 => {
+            let mut args = vec![g.name("SADD"), k];
+            for _ in 0..g.rng.random_range(1..5) {
+                args.push(g.member());
+            }
+            d.exact(&args);
+        }
+        25..=26 => {
+            // Past the intset's 512 entries.
+            let mut args = vec![g.name("SADD"), k];
+            for i in 0..g.rng.random_range(400..530) {
+                args.push(i.to_string().into_bytes());
+            }
+            d.exact(&args);
+        }
+        27..=36 => {
+            let mut args = vec![g.name("SREM"), k];
+            for _ in 0..g.rng.random_range(1..4) {
+                args.push(g.member());
+            }
+            d.exact(&args);
+        }
+        37..=42 => {
+            let cmd = g.pick_name(&["SISMEMBER", "SMISMEMBER"]);
+            let mut args = vec![cmd, k, g.member()];
+            if args[0].eq_ignore_ascii_case(b"smismember") && g.p(0.5) {
+                args.push(g.member());
+            }
+            d.exact(&args);
+        }
+        43..=46 => {
+            let cmd = g.pick_name(&["SCARD", "TYPE", "EXISTS"]);
+            d.exact(&[cmd, k]);
+        }
+        47..=51 => {
+            d.call(&[g.name("SMEMBERS"), k], Cmp::Sorted);
+        }
+        52..=53 => {
+            d.exact(&[g.name("OBJECT"), b("ENCODING"), k]);
+        }
+        54..=61 => {
+            let cmd = g.pick(&["SINTER", "SUNION", "SDIFF"]);
+            let mut args = vec![g.name(cmd)];
+            for _ in 0..g.rng.random_range(1..4) {
+                args.push(g.set_key());
+            }
+            d.call(&args, Cmp::Sorted);
+        }
+        62..=67 => {
+            let cmd = g.pick(&["SINTERSTORE", "SUNIONSTORE", "SDIFFSTORE"]);
+            let dst = g.set_key();
+            let mut args = vec![g.name(cmd), dst.clone()];
+            for _ in 0..g.rng.random_range(1..4) {
+                args.push(g.set_key());
+            }
+            d.exact(&args);
+            d.call(&[b("SMEMBERS"), dst.clone()], Cmp::Sorted);
+            d.exact(&[b("OBJECT"), b("ENCODING"), dst]);
+        }
+        68..=70 => {
+            let n = b(g.pick(&["1", "2", "3", "0", "-1", "x", "5"]));
+            let mut args = vec![g.name("SINTERCARD"), n];
+            for _ in 0..g.rng.random_range(1..4) {
+                args.push(g.set_key());
+            }
+            if g.p(0.4) {
+                args.push(b("LIMIT"));
+                args.push(b(g.pick(&["0", "1", "2", "-1", "x"])));
+            }
+            d.exact(&args);
+        }
+        71..=75 => {
+            d.exact(&[g.name("SMOVE"), k, g.set_key(), g.member()]);
+        }
+        76..=79 => {
+            let mut args = vec![g.name("SPOP"), k.clone()];
+            if g.p(0.6) {
+                args.push(b(g.pick(&["0", "1", "3", "1000", "-1", "x"])));
+            }
+            if g.p(0.05) {
+                args.push(b("1"));
+            }
+            d.call(&args, Cmp::Shape);
+            d.exact(&[b("SCARD"), k.clone()]);
+            d.exact(&[b("DEL"), k]);
+        }
+        80..=83 => {
+            let mut args = vec![g.name("SRANDMEMBER"), k];
+            if g.p(0.7) {
+                args.push(b(g.pick(&[
+                    "0",
+                    "1",
+                    "3",
+                    "-3",
+                    "1000",
+                    "-1",
+                    "x",
+                    "-9223372036854775808",
+                ])));
+            }
+            d.call(&args, Cmp::Shape);
+        }
+        84..=86 => {
+            let mut opts = Vec::new();
+            if g.p(0.4) {
+                opts.extend([b("MATCH"), b(g.pick(&["1*", "*", "m?", "[ab]*"]))]);
+            }
+            if g.p(0.4) {
+                opts.extend([b("COUNT"), b(g.pick(&["1", "5", "100", "0"]))]);
+            }
+            d.scan_all_of(&[b("SSCAN"), k], &opts, false);
+        }
+        87..=89 => {
+            d.exact(&[g.name("SET"), b("x1"), g.val()]);
+        }
+        90..=91 => {
+            d.exact(&[g.name("DEL"), k]);
+        }
+        92..=94 => {
+            let dst = g.set_key();
+            d.exact(&[g.name("RENAME"), k, dst]);
+        }
+        _ => {
+            d.exact(&[g.name("EXPIRE"), k.clone(), b("1000")]);
+            d.call(&[b("TTL"), k], Cmp::Ttl { tol: 2 });
+        }
+    }
+}
+
+#[test]
+fn set_sequences_match_redis() {
+    run_mix("set", &[21, 22, 23], set_step);
+}
+
+impl Gen {
+    fn list_key(&mut self) -> Vec<u8> {
+        b(self.pick(&["l1", "l2", "l3", "x1"]))
+    }
+
+    /// A list element: short words that repeat (LREM, LPOS, LINSERT find
+    /// them), sometimes long ones (past a leaf's 8 KiB quickly).
+    fn elem(&mut self) -> Vec<u8> {
+        match self.rng.random_range(0..20) {
+            0 => vec![b'e'; self.rng.random_range(100..300)],
+            1..=12 => b(self.pick(&["a", "b", "c", "", "1", "x y"])),
+            _ => format!("e{}", self.rng.random_range(0..300)).into_bytes(),
+        }
+    }
+
+    fn index(&mut self) -> Vec<u8> {
+        b(self.pick(&[
+            "0",
+            "1",
+            "-1",
+            "2",
+            "-2",
+            "5",
+            "-100",
+            "100",
+            "x",
+            "9223372036854775807",
+            "-9223372036854775808",
+        ]))
+    }
+}
+
+/// One random step of the list mix.
+fn list_step(d: &mut Diff, g: &mut Gen) {
+    let k = g.list_key();
+    match g.rng.random_range(0..100) {
+        0..=19 => {
+            let cmd = g.pick(&["LPUSH", "RPUSH", "LPUSH", "RPUSH", "LPUSHX", "RPUSHX"]);
+            let mut args = vec![g.name(cmd), k];
+            for _ in 0..g.rng.random_range(1..5) {
+                args.push(g.elem());
+            }
+            d.exact(&args);
+        }
+        20..=21 => {
+            // Past a leaf: a tree of several pieces.
+            let mut args = vec![g.name("RPUSH"), k];
+            for i in 0..g.rng.random_range(150..400) {
+                args.push(format!("n{i}").into_bytes());
+            }
+            d.exact(&args);
+        }
+        22..=31 => {
+            let cmd = g.pick(&["LPOP", "RPOP"]);
+            let mut args = vec![g.name(cmd), k];
+            if g.p(0.4) {
+                args.push(b(g.pick(&["0", "1", "3", "500", "-1", "x"])));
+            }
+            d.exact(&args);
+        }
+        32..=35 => {
+            let cmd = g.pick_name(&["LLEN", "TYPE", "EXISTS"]);
+            d.exact(&[cmd, k]);
+        }
+        36..=43 => {
+            let i = g.index();
+            d.exact(&[g.name("LINDEX"), k, i]);
+        }
+        44..=47 => {
+            let i = g.index();
+            d.exact(&[g.name("LSET"), k, i, g.elem()]);
+        }
+        48..=57 => {
+            let (s, e) = (g.index(), g.index());
+            d.exact(&[g.name("LRANGE"), k.clone(), s, e]);
+            if g.p(0.3) {
+                d.exact(&[b("LRANGE"), k, b("0"), b("-1")]);
+            }
+        }
+        58..=60 => {
+            let (s, e) = (g.index(), g.index());
+            d.exact(&[g.name("LTRIM"), k, s, e]);
+        }
+        61..=65 => {
+            let n = b(g.pick(&["0", "1", "-1", "2", "-2", "x"]));
+            d.exact(&[g.name("LREM"), k, n, g.elem()]);
+        }
+        66..=69 => {
+            let w = b(g.pick(&["BEFORE", "after", "middle"]));
+            d.exact(&[g.name("LINSERT"), k, w, g.elem(), g.elem()]);
+        }
+        70..=74 => {
+            let mut args = vec![g.name("LPOS"), k, g.elem()];
+            for _ in 0..g.rng.random_range(0..3) {
+                let opt = g.pick(&["RANK", "COUNT", "MAXLEN", "bad"]);
+                args.push(b(opt));
+                args.push(b(g.pick(&["1", "-1", "2", "0", "-2", "x", "10"])));
+            }
+            d.exact(&args);
+        }
+        75..=80 => {
+            let dst = g.list_key();
+            if g.p(0.3) {
+                d.exact(&[g.name("RPOPLPUSH"), k, dst]);
+            } else {
+                let from = b(g.pick(&["LEFT", "right", "up"]));
+                let to = b(g.pick(&["left", "RIGHT"]));
+                d.exact(&[g.name("LMOVE"), k, dst, from, to]);
+            }
+        }
+        81..=84 => {
+            let n = b(g.pick(&["1", "2", "3", "0", "x"]));
+            let mut args = vec![g.name("LMPOP"), n];
+            for _ in 0..g.rng.random_range(1..4) {
+                args.push(g.list_key());
+            }
+            args.push(b(g.pick(&["LEFT", "RIGHT", "middle"])));
+            if g.p(0.4) {
+                args.push(b("COUNT"));
+                args.push(b(g.pick(&["1", "3", "0", "-1", "x"])));
+            }
+            d.exact(&args);
+        }
+        85..=87 => {
+            d.exact(&[g.name("OBJECT"), b("ENCODING"), k]);
+        }
+        88..=90 => {
+            d.exact(&[g.name("SET"), b("x1"), g.val()]);
+        }
+        91..=92 => {
+            d.exact(&[g.name("DEL"), k]);
+        }
+        93..=95 => {
+            let dst = g.list_key();
+            d.exact(&[g.name("RENAME"), k, dst]);
+        }
+        _ => {
+            d.exact(&[g.name("EXPIRE"), k.clone(), b("1000")]);
+            d.call(&[b("TTL"), k], Cmp::Ttl { tol: 2 });
+        }
+    }
+}
+
+#[test]
+fn list_sequences_match_redis() {
+    run_mix("list", &[31, 32, 33], list_step);
 }

@@ -46,7 +46,7 @@ pub struct ServeArgs {
     /// Without requirepass, serve only loopback clients (yes|no) [default: yes].
     #[arg(long, value_name = "yes|no")]
     pub protected_mode: Option<String>,
-    /// Number of databases for SELECT (1..=256) [default: 16].
+    /// Number of databases for SELECT (1..=255; store keys beginning with 255 are the pieces of large collections) [default: 16].
     #[arg(long)]
     pub databases: Option<u64>,
     /// Largest bulk argument accepted, e.g. 512mb [default: 512mb].
@@ -464,8 +464,8 @@ impl Config {
             "protected-mode" => self.protected_mode = parse_bool(one()?)?,
             "databases" => {
                 let n = parse_u64(one()?)?;
-                if !(1..=256).contains(&n) {
-                    return Err("databases must be between 1 and 256".into());
+                if !(1..=255).contains(&n) {
+                    return Err("databases must be between 1 and 255".into());
                 }
                 self.databases = n;
             }

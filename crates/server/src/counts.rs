@@ -222,6 +222,9 @@ impl KeyCounts {
         let mut raw = Vec::new();
         for k in &page {
             let Some(&db) = k.first() else { continue };
+            if db == crate::keyspace::PIECE_PREFIX {
+                continue;
+            }
             let pos = index::scan_pos(self.hasher.hash(k));
             // Keys past the step's end are counted by a later step.
             if pos < from || (next != 0 && pos >= next) {

@@ -42,6 +42,9 @@ impl Worker {
             // i128, as a TTL may lie near the end of time (PXAT).
             let mut ttls: BTreeMap<u8, (i128, i64)> = BTreeMap::new();
             for k in &keys {
+                if k.first() == Some(&crate::keyspace::PIECE_PREFIX) {
+                    continue;
+                }
                 match self.ks.lookup_raw(k, now) {
                     Ok((None, true)) => {
                         let _g = self.sh.stripes.lock(k);

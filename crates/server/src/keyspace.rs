@@ -2,11 +2,17 @@
 //! operations every command is built from.
 //!
 //! # Persistent format (stable: it is what the heap holds)
-//! - **store key** = database number (1 byte) ‖ the client's key.
+//! - **store key** = database number (1 byte, at most 254) ‖ the client's key.
 //! - **store value** = tag byte ‖ \[expiry\] ‖ payload. The tag's low 7 bits are
-//!   the type ([`KIND_STRING`] = 1; the data-type work adds more); bit 7 set
-//!   means an 8-byte little-endian expiry follows (absolute Unix time in ms).
-//!   A string's payload is its bytes.
+//!   the type ([`KIND_STRING`] 1, [`KIND_LIST`] 2, [`KIND_HASH`] 3,
+//!   [`KIND_SET`] 4, [`KIND_ZSET`] 5); bit 7 set means an 8-byte
+//!   little-endian expiry follows (absolute Unix time in ms). A string's
+//!   payload is its bytes; a collection's is its head
+//!   ([`engine::types::head`]).
+//! - **pieces** of large collections live under internal store keys whose
+//!   first byte is [`PIECE_PREFIX`] (0xFF, which no database number is):
+//!   they are not keys of any database, and scans, counts and expiry skip
+//!   them (docs/design-collections.md).
 //!
 //! A TTL therefore lives in the same heap value as the data: it is written by
 //! the same durable operation and kept across restarts.
@@ -38,6 +44,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The string type.
 pub const KIND_STRING: u8 = 1;
+/// The list type.
+pub const KIND_LIST: u8 = 2;
+/// The hash type.
+pub const KIND_HASH: u8 = 3;
+/// The set type.
+pub const KIND_SET: u8 = 4;
+/// The sorted set type.
+pub const KIND_ZSET: u8 = 5;
+pub use engine::types::head::PIECE_PREFIX;
 const EXPIRY_BIT: u8 = 0x80;
 
 /// Bytes a store value adds to the payload at most.
@@ -66,7 +81,7 @@ pub struct Header {
 pub fn decode(raw: &[u8]) -> Option<Header> {
     let tag = *raw.first()?;
     let kind = tag & !EXPIRY_BIT;
-    if kind != KIND_STRING {
+    if !(KIND_STRING..=KIND_ZSET).contains(&kind) {
         return None;
     }
     if tag & EXPIRY_BIT != 0 {
@@ -108,6 +123,10 @@ fn encode_into(kind: u8, expire: Option<i64>, payload: &[u8], out: &mut Vec<u8>)
 pub fn type_name(kind: u8) -> &'static str {
     match kind {
         KIND_STRING => "string",
+        KIND_LIST => "list",
+        KIND_HASH => "hash",
+        KIND_SET => "set",
+        KIND_ZSET => "zset",
         _ => "unknown",
     }
 }
@@ -251,6 +270,9 @@ impl Keyspace {
         let r = self.sess.apply_batch(&self.staged, &mut self.outcomes);
         for (((skey, op), out), before) in self.staged.iter().zip(&self.outcomes).zip(&self.before)
         {
+            if skey.first() == Some(&PIECE_PREFIX) {
+                continue;
+            }
             let after = match op {
                 Op::Put(v) => Some(v.first().is_some_and(|t| t & EXPIRY_BIT != 0)),
                 _ => None,
@@ -288,6 +310,32 @@ impl Keyspace {
     fn stage_remove(&mut self, skey: &[u8], before: bool) {
         self.staged.remove(skey);
         self.before.push(Some(before));
+    }
+
+    /// Reads a piece (an internal key) as the running command's staged
+    /// writes left it.
+    pub fn get_piece(&mut self, pkey: &[u8], out: &mut Vec<u8>) -> KsResult<bool> {
+        match self.staged.newest(pkey) {
+            Some(Op::Put(v)) => {
+                out.clear();
+                out.extend_from_slice(v);
+                Ok(true)
+            }
+            Some(Op::Remove) => Ok(false),
+            Some(Op::Incr(_)) | None => Ok(self.sess.get(pkey, out)?),
+        }
+    }
+
+    /// Stages a piece's new bytes (the collection's stripe lock held).
+    pub fn put_piece(&mut self, pkey: &[u8], bytes: &[u8]) {
+        self.staged.put(pkey, bytes);
+        self.before.push(None);
+    }
+
+    /// Stages a piece's removal (the collection's stripe lock held).
+    pub fn remove_piece(&mut self, pkey: &[u8]) {
+        self.staged.remove(pkey);
+        self.before.push(Some(false));
     }
 
     /// Stages a raw store value (RENAME's move; stripe lock held).
@@ -359,10 +407,36 @@ impl Keyspace {
     pub fn lookup_locked(&mut self, skey: &[u8], now: i64) -> KsResult<Found> {
         let (f, expired) = self.lookup_raw(skey, now)?;
         if expired {
+            self.free_pieces_of_raw()?;
             self.stage_remove(skey, true);
             self.expired += 1;
         }
         Ok(f)
+    }
+
+    /// Stages the removal of the pieces of the value in `self.raw` (just
+    /// read), when it is a collection that has some: its head is being
+    /// deleted or overwritten. A string costs one byte's test.
+    fn free_pieces_of_raw(&mut self) -> KsResult<()> {
+        let kind = self.raw.first().map(|t| t & !EXPIRY_BIT);
+        if matches!(kind, Some(KIND_LIST | KIND_HASH | KIND_SET)) {
+            let raw = std::mem::take(&mut self.raw);
+            let r = crate::coll::free_value(self, &raw);
+            self.raw = raw;
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Stages the removal of the pieces of the collection at `skey`, if it
+    /// holds one (stripe lock held): for a command about to overwrite the
+    /// key blindly (SET, RENAME's destination). Reads the key's value.
+    pub fn free_pieces(&mut self, skey: &[u8], now: i64) -> KsResult<()> {
+        let (f, expired) = self.lookup_raw(skey, now)?;
+        if f.is_some() || expired {
+            self.free_pieces_of_raw()?;
+        }
+        Ok(())
     }
 
     /// [`Self::lookup_locked`] for a reader, outside any command's batch:
@@ -391,6 +465,7 @@ impl Keyspace {
             return Ok(false);
         }
         let ttl = expired || f.is_some_and(|h| h.expire.is_some());
+        self.free_pieces_of_raw()?;
         self.stage_remove(skey, ttl);
         if expired {
             self.expired += 1;

@@ -36,6 +36,7 @@ mod client;
 #[allow(unsafe_code)]
 pub mod clock;
 pub mod cmd;
+pub mod coll;
 #[allow(unsafe_code)]
 pub mod commit;
 pub mod config;

@@ -33,9 +33,12 @@ pub const SHRINK_LOAD: u64 = 12;
 /// set's tree and its table share one id space).
 pub const BUCKET_ID: u64 = 1 << 63;
 
+/// A field and its value.
+pub type Pair = (Vec<u8>, Vec<u8>);
+
 /// A bucket, decoded: (field, value) pairs in no particular order.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Bucket(pub Vec<(Vec<u8>, Vec<u8>)>);
+pub struct Bucket(pub Vec<Pair>);
 
 impl Bucket {
     pub fn encode(&self) -> Vec<u8> {
@@ -100,7 +103,9 @@ impl Bucket {
     pub fn del(&mut self, field: &[u8]) -> bool {
         match self.find(field) {
             Some(i) => {
-                self.0.swap_remove(i);
+                // In order: a small hash lists its fields in insertion order,
+                // as Redis's listpack does.
+                self.0.remove(i);
                 true
             }
             None => false,

@@ -107,6 +107,37 @@ pub enum CmdError {
         what: String,
         why: &'static str,
     },
+    /// LSET past the list's end.
+    IndexOutOfRange,
+    /// LPOS RANK 0.
+    RankZero,
+    /// LPOS COUNT below 0.
+    CountNegative,
+    /// LPOS MAXLEN below 0.
+    MaxlenNegative,
+    /// LMPOP COUNT below 1.
+    CountNotPositive,
+    /// A negative count where Redis wants a positive one (SPOP).
+    MustBePositive,
+    /// SINTERCARD's numkeys below 1 or not a number.
+    NumkeysNotPositive,
+    /// SINTERCARD's numkeys beyond the arguments.
+    NumkeysTooMany,
+    /// SINTERCARD's negative LIMIT.
+    LimitNegative,
+    /// HINCRBYFLOAT's increment is infinite.
+    NanOrInfinityArg,
+    /// HINCRBY on a field whose value is not an integer.
+    HashNotInteger,
+    /// HINCRBYFLOAT on a field whose value is not a float.
+    HashNotFloat,
+    /// A count argument out of the range Redis takes (HRANDFIELD).
+    ValueOutOfRange,
+    /// An argument outside `min..=max` (Redis's `getRangeLongFromObject`).
+    RangeBetween {
+        min: i64,
+        max: i64,
+    },
     /// The keyspace or the store refused (full heap, corrupt value...).
     Store(KsError),
 }
@@ -114,6 +145,12 @@ pub enum CmdError {
 impl From<KsError> for CmdError {
     fn from(e: KsError) -> Self {
         CmdError::Store(e)
+    }
+}
+
+impl From<engine::Error> for CmdError {
+    fn from(e: engine::Error) -> Self {
+        CmdError::Store(KsError::Store(e))
     }
 }
 
@@ -180,6 +217,26 @@ impl CmdError {
             E::NanOrInfinity => return "ERR increment would produce NaN or Infinity".into(),
             E::InvalidCursor => return "ERR invalid cursor".into(),
             E::NoSuchKey => return "ERR no such key".into(),
+            E::IndexOutOfRange => return "ERR index out of range".into(),
+            E::RankZero => {
+                return "ERR RANK can't be zero: use 1 to start from the first match, 2 from the second ... or use negative to start from the end of the list".into()
+            }
+            E::CountNegative => return "ERR COUNT can't be negative".into(),
+            E::MaxlenNegative => return "ERR MAXLEN can't be negative".into(),
+            E::CountNotPositive => return "ERR count should be greater than 0".into(),
+            E::MustBePositive => return "ERR value is out of range, must be positive".into(),
+            E::NumkeysNotPositive => return "ERR numkeys should be greater than 0".into(),
+            E::NumkeysTooMany => {
+                return "ERR Number of keys can't be greater than number of args".into()
+            }
+            E::LimitNegative => return "ERR LIMIT can't be negative".into(),
+            E::NanOrInfinityArg => return "ERR value is NaN or Infinity".into(),
+            E::HashNotInteger => return "ERR hash value is not an integer".into(),
+            E::HashNotFloat => return "ERR hash value is not a float".into(),
+            E::ValueOutOfRange => return "ERR value is out of range".into(),
+            E::RangeBetween { min, max } => {
+                format!("ERR value is out of range, value must between {min} and {max}")
+            }
             E::IntRange => format!(
                 "ERR value is out of range, value must between {} and {}",
                 i32::MIN,

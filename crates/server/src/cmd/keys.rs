@@ -2,7 +2,7 @@
 
 use super::{eq, int_arg, locked, CmdError, Ctx, R};
 use crate::glob::Glob;
-use crate::keyspace::{skey, type_name, KIND_STRING};
+use crate::keyspace::{skey, type_name, KIND_HASH, KIND_LIST, KIND_SET, KIND_STRING};
 use crate::server::Client;
 use proto::Reply;
 
@@ -146,7 +146,8 @@ fn rename_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], nx: bool) -> R {
             return Ok(());
         }
         // The destination is written first: a crash in between leaves both keys,
-        // never neither.
+        // never neither. A collection it held leaves no pieces behind.
+        ctx.ks.free_pieces(&dst, ctx.now)?;
         ctx.ks.put_raw(&dst, &raw);
         ctx.ks.remove_known(&src, h.expire.is_some());
         if nx {
@@ -407,10 +408,13 @@ pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let v = &ctx.ks.raw[h.off..];
     match sub.as_str() {
         "encoding" => {
-            let e = if h.kind == KIND_STRING {
-                string_encoding(v)
-            } else {
-                "unknown"
+            let e = match h.kind {
+                KIND_STRING => string_encoding(v),
+                KIND_HASH => super::maps::encoding(v, "listpack"),
+                KIND_SET => super::maps::encoding(v, "intset"),
+                // Redis 7.0 keeps every list as a quicklist.
+                KIND_LIST => "quicklist",
+                _ => "unknown",
             };
             c.bulk(e.as_bytes());
         }

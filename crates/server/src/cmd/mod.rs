@@ -4,7 +4,11 @@
 mod admin;
 mod conn;
 mod error;
+mod hashes;
 mod keys;
+mod lists;
+mod maps;
+mod sets;
 mod strings;
 mod table;
 

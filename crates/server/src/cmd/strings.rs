@@ -117,6 +117,8 @@ fn store(ctx: &mut Ctx, sk: &[u8], expire: Option<i64>, v: &[u8]) -> R {
             return Ok(());
         }
     }
+    // A collection it replaces leaves no pieces behind.
+    ctx.ks.free_pieces(sk, ctx.now)?;
     ctx.ks.put(sk, KIND_STRING, expire, v);
     Ok(())
 }
@@ -454,7 +456,7 @@ fn c_space(b: u8) -> bool {
 /// (`0x1.8p3`) notation, `inf`/`infinity`; out of range (`1e5000`, `1e-5000`)
 /// is refused like `strtold`'s `ERANGE`. The value is an `f64`, so values
 /// that only a long double holds (about 1e309..1e4932) are refused too.
-fn float_arg(v: &[u8]) -> Option<f64> {
+pub(crate) fn float_arg(v: &[u8]) -> Option<f64> {
     if v.is_empty() || v.len() >= 5120 || c_space(v[0]) {
         return None;
     }
@@ -558,7 +560,7 @@ fn hex_float(s: &str) -> Option<f64> {
 /// differ in the last digits (0.1 + 0.2: Redis "0.3", Ember
 /// "0.30000000000000004"); shortest digits make typical decimal sums agree
 /// (10.5 + 0.1 is "10.6" in both), and exact binary sums always agree.
-fn format_incr_float(f: f64) -> String {
+pub(crate) fn format_incr_float(f: f64) -> String {
     let mut s = if f.abs() >= 9007199254740992.0 {
         format!("{f:.0}")
     } else {

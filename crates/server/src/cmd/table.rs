@@ -3,7 +3,7 @@
 //! handler. `COMMAND`, dispatch, the statistics and (later) ACL, MULTI and
 //! replication all read it; a new command is a handler and one row here.
 
-use super::{admin, conn, keys, strings, Handler};
+use super::{admin, conn, hashes, keys, lists, sets, strings, Handler};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -244,6 +244,59 @@ pub static TABLE: &[Spec] = &[
     spec!("incrby", 3, [WRITE, DENYOOM, FAST], [STRING], (1, 1, 1), "string", "1.0.0", "Increments the integer value of a key by a number. Uses 0 as initial value if the key doesn't exist.", strings::incrby),
     spec!("decrby", 3, [WRITE, DENYOOM, FAST], [STRING], (1, 1, 1), "string", "1.0.0", "Decrements a number from the integer value of a key. Uses 0 as initial value if the key doesn't exist.", strings::decrby),
     spec!("incrbyfloat", 3, [WRITE, DENYOOM, FAST], [STRING], (1, 1, 1), "string", "2.6.0", "Increment the floating point value of a key by a number. Uses 0 as initial value if the key doesn't exist.", strings::incrbyfloat),
+    // lists
+    spec!("lpush", -3, [WRITE, DENYOOM, FAST], [LIST], (1, 1, 1), "list", "1.0.0", "Prepends one or more elements to a list. Creates the key if it doesn't exist.", lists::lpush),
+    spec!("rpush", -3, [WRITE, DENYOOM, FAST], [LIST], (1, 1, 1), "list", "1.0.0", "Appends one or more elements to a list. Creates the key if it doesn't exist.", lists::rpush),
+    spec!("lpushx", -3, [WRITE, DENYOOM, FAST], [LIST], (1, 1, 1), "list", "2.2.0", "Prepends one or more elements to a list only when the list exists.", lists::lpushx),
+    spec!("rpushx", -3, [WRITE, DENYOOM, FAST], [LIST], (1, 1, 1), "list", "2.2.0", "Appends an element to a list only when the list exists.", lists::rpushx),
+    spec!("lpop", -2, [WRITE, FAST], [LIST], (1, 1, 1), "list", "1.0.0", "Returns the first elements in a list after removing it. Deletes the list if the last element was popped.", lists::lpop),
+    spec!("rpop", -2, [WRITE, FAST], [LIST], (1, 1, 1), "list", "1.0.0", "Returns and removes the last elements of a list. Deletes the list if the last element was popped.", lists::rpop),
+    spec!("llen", 2, [READONLY, FAST], [LIST], (1, 1, 1), "list", "1.0.0", "Returns the length of a list.", lists::llen),
+    spec!("lindex", 3, [READONLY], [LIST], (1, 1, 1), "list", "1.0.0", "Returns an element from a list by its index.", lists::lindex),
+    spec!("lset", 4, [WRITE, DENYOOM], [LIST], (1, 1, 1), "list", "1.0.0", "Sets the value of an element in a list by its index.", lists::lset),
+    spec!("lrange", 4, [READONLY], [LIST], (1, 1, 1), "list", "1.0.0", "Returns a range of elements from a list.", lists::lrange),
+    spec!("ltrim", 4, [WRITE], [LIST], (1, 1, 1), "list", "1.0.0", "Removes elements from both ends a list. Deletes the list if all elements were trimmed.", lists::ltrim),
+    spec!("lrem", 4, [WRITE], [LIST], (1, 1, 1), "list", "1.0.0", "Removes elements from a list. Deletes the list if the last element was removed.", lists::lrem),
+    spec!("linsert", 5, [WRITE, DENYOOM], [LIST], (1, 1, 1), "list", "2.2.0", "Inserts an element before or after another element in a list.", lists::linsert),
+    spec!("lpos", -3, [READONLY], [LIST], (1, 1, 1), "list", "6.0.6", "Returns the index of matching elements in a list.", lists::lpos),
+    spec!("lmove", 5, [WRITE, DENYOOM], [LIST], (1, 2, 1), "list", "6.2.0", "Returns an element after popping it from one list and pushing it to another. Deletes the list if the last element was moved.", lists::lmove),
+    spec!("rpoplpush", 3, [WRITE, DENYOOM], [LIST], (1, 2, 1), "list", "1.2.0", "Returns the last element of a list after removing and pushing it to another list. Deletes the list if the last element was popped.", lists::rpoplpush),
+    spec!("lmpop", -4, [WRITE, MOVABLEKEYS], [LIST], (0, 0, 0), "list", "7.0.0", "Returns multiple elements from a list after removing them. Deletes the list if the last element was popped.", lists::lmpop),
+    // hashes
+    spec!("hset", -4, [WRITE, DENYOOM, FAST], [HASH], (1, 1, 1), "hash", "2.0.0", "Creates or modifies the value of a field in a hash.", hashes::hset),
+    spec!("hmset", -4, [WRITE, DENYOOM, FAST], [HASH], (1, 1, 1), "hash", "2.0.0", "Sets the values of multiple fields.", hashes::hset),
+    spec!("hsetnx", 4, [WRITE, DENYOOM, FAST], [HASH], (1, 1, 1), "hash", "2.0.0", "Sets the value of a field in a hash only when the field doesn't exist.", hashes::hsetnx),
+    spec!("hget", 3, [READONLY, FAST], [HASH], (1, 1, 1), "hash", "2.0.0", "Returns the value of a field in a hash.", hashes::hget),
+    spec!("hmget", -3, [READONLY, FAST], [HASH], (1, 1, 1), "hash", "2.0.0", "Returns the values of all fields in a hash.", hashes::hmget),
+    spec!("hdel", -3, [WRITE, FAST], [HASH], (1, 1, 1), "hash", "2.0.0", "Deletes one or more fields and their values from a hash. Deletes the hash if no fields remain.", hashes::hdel),
+    spec!("hlen", 2, [READONLY, FAST], [HASH], (1, 1, 1), "hash", "2.0.0", "Returns the number of fields in a hash.", hashes::hlen),
+    spec!("hexists", 3, [READONLY, FAST], [HASH], (1, 1, 1), "hash", "2.0.0", "Determines whether a field exists in a hash.", hashes::hexists),
+    spec!("hstrlen", 3, [READONLY, FAST], [HASH], (1, 1, 1), "hash", "3.2.0", "Returns the length of the value of a field.", hashes::hstrlen),
+    spec!("hgetall", 2, [READONLY], [HASH], (1, 1, 1), "hash", "2.0.0", "Returns all fields and values in a hash.", hashes::hgetall),
+    spec!("hkeys", 2, [READONLY], [HASH], (1, 1, 1), "hash", "2.0.0", "Returns all fields in a hash.", hashes::hkeys),
+    spec!("hvals", 2, [READONLY], [HASH], (1, 1, 1), "hash", "2.0.0", "Returns all values in a hash.", hashes::hvals),
+    spec!("hincrby", 4, [WRITE, DENYOOM, FAST], [HASH], (1, 1, 1), "hash", "2.0.0", "Increments the integer value of a field in a hash by a number. Uses 0 as initial value if the field doesn't exist.", hashes::hincrby),
+    spec!("hincrbyfloat", 4, [WRITE, DENYOOM, FAST], [HASH], (1, 1, 1), "hash", "2.6.0", "Increments the floating point value of a field by a number. Uses 0 as initial value if the field doesn't exist.", hashes::hincrbyfloat),
+    spec!("hrandfield", -2, [READONLY], [HASH], (1, 1, 1), "hash", "6.2.0", "Returns one or more random fields from a hash.", hashes::hrandfield),
+    spec!("hscan", -3, [READONLY], [HASH], (1, 1, 1), "hash", "2.8.0", "Iterates over fields and values of a hash.", hashes::hscan),
+    // sets
+    spec!("sadd", -3, [WRITE, DENYOOM, FAST], [SET], (1, 1, 1), "set", "1.0.0", "Adds one or more members to a set. Creates the key if it doesn't exist.", sets::sadd),
+    spec!("srem", -3, [WRITE, FAST], [SET], (1, 1, 1), "set", "1.0.0", "Removes one or more members from a set. Deletes the set if the last member was removed.", sets::srem),
+    spec!("smembers", 2, [READONLY], [SET], (1, 1, 1), "set", "1.0.0", "Returns all members of a set.", sets::smembers),
+    spec!("sismember", 3, [READONLY, FAST], [SET], (1, 1, 1), "set", "1.0.0", "Determines whether a member belongs to a set.", sets::sismember),
+    spec!("smismember", -3, [READONLY, FAST], [SET], (1, 1, 1), "set", "6.2.0", "Determines whether multiple members belong to a set.", sets::smismember),
+    spec!("scard", 2, [READONLY, FAST], [SET], (1, 1, 1), "set", "1.0.0", "Returns the number of members in a set.", sets::scard),
+    spec!("spop", -2, [WRITE, FAST], [SET], (1, 1, 1), "set", "1.0.0", "Returns one or more random members from a set after removing them. Deletes the set if the last member was popped.", sets::spop),
+    spec!("srandmember", -2, [READONLY], [SET], (1, 1, 1), "set", "1.0.0", "Get one or multiple random members from a set", sets::srandmember),
+    spec!("smove", 4, [WRITE, FAST], [SET], (1, 2, 1), "set", "1.0.0", "Moves a member from one set to another.", sets::smove),
+    spec!("sinter", -2, [READONLY], [SET], (1, -1, 1), "set", "1.0.0", "Returns the intersect of multiple sets.", sets::sinter),
+    spec!("sinterstore", -3, [WRITE, DENYOOM], [SET], (1, -1, 1), "set", "1.0.0", "Stores the intersect of multiple sets in a key.", sets::sinterstore),
+    spec!("sintercard", -3, [READONLY, MOVABLEKEYS], [SET], (0, 0, 0), "set", "7.0.0", "Returns the number of members of the intersect of multiple sets.", sets::sintercard),
+    spec!("sunion", -2, [READONLY], [SET], (1, -1, 1), "set", "1.0.0", "Returns the union of multiple sets.", sets::sunion),
+    spec!("sunionstore", -3, [WRITE, DENYOOM], [SET], (1, -1, 1), "set", "1.0.0", "Stores the union of multiple sets in a key.", sets::sunionstore),
+    spec!("sdiff", -2, [READONLY], [SET], (1, -1, 1), "set", "1.0.0", "Returns the difference of multiple sets.", sets::sdiff),
+    spec!("sdiffstore", -3, [WRITE, DENYOOM], [SET], (1, -1, 1), "set", "1.0.0", "Stores the difference of multiple sets in a key.", sets::sdiffstore),
+    spec!("sscan", -3, [READONLY], [SET], (1, 1, 1), "set", "2.8.0", "Iterates over members of a set.", sets::sscan),
     // keyspace
     spec!("del", -2, [WRITE], [KEYSPACE], (1, -1, 1), "generic", "1.0.0", "Deletes one or more keys.", keys::del),
     spec!("unlink", -2, [WRITE, FAST], [KEYSPACE], (1, -1, 1), "generic", "4.0.0", "Asynchronously deletes one or more keys.", keys::del),
