@@ -74,10 +74,19 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                     }
                 }
             }
+            let pass = a[2..]
+                .chunks(2)
+                .any(|p| eq(&p[0], "requirepass"))
+                .then(|| next.requirepass.clone());
             *ctx.sh.cfg.write().unwrap_or_else(|p| p.into_inner()) = next;
             ctx.sh.cfg_epoch.fetch_add(1, Ordering::AcqRel);
-            // This client's own settings (requirepass) take effect for its
-            // next command through the worker's reload.
+            // requirepass is the default user's password (Redis's
+            // `resetpass >pass`, or `nopass` when empty).
+            if let Some(p) = pass {
+                ctx.sh.acl.set_default_password(p.as_deref());
+            }
+            // This client's own settings take effect for its next command
+            // through the worker's reload.
             c.ok();
         }
         "resetstat" => {
