@@ -818,6 +818,48 @@ mod tests {
     }
 
     #[test]
+    fn users_and_aclfile() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("e.conf");
+        std::fs::write(&f, "user alice on >p ~a:* +get\nuser bob off\n").unwrap();
+        let mut a = ServeArgs {
+            config: Some(f.clone()),
+            ..Default::default()
+        };
+        let c = Config::load(&a).unwrap();
+        assert_eq!(c.users.len(), 2);
+        assert_eq!(c.users[0][0], b"alice");
+        assert_eq!(
+            c.users[0][1..],
+            [
+                b"on".to_vec(),
+                b">p".to_vec(),
+                b"~a:*".to_vec(),
+                b"+get".to_vec()
+            ]
+        );
+        assert_eq!(c.get("aclfile").unwrap(), "");
+        for (bad, why) in [
+            ("user alice +nosuch\n", "Unknown command"),
+            ("user alice\nuser alice on\n", "Duplicate user"),
+            ("user\n", "wrong number of arguments"),
+        ] {
+            std::fs::write(&f, bad).unwrap();
+            let e = Config::load(&a).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        // `user` directives and an ACL file together are refused.
+        std::fs::write(&f, "user alice on\n").unwrap();
+        a.aclfile = Some(dir.path().join("users.acl"));
+        let e = Config::load(&a).unwrap_err();
+        assert!(e.contains("not both"), "{e}");
+        std::fs::write(&f, "port 7000\n").unwrap();
+        let c = Config::load(&a).unwrap();
+        assert_eq!(c.aclfile, a.aclfile);
+        assert!(c.get("aclfile").unwrap().ends_with("users.acl"));
+    }
+
+    #[test]
     fn busy_poll() {
         assert_eq!(Config::default().busy_poll_us, 50);
         let dir = tempfile::tempdir().unwrap();
