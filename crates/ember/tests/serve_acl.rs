@@ -208,12 +208,16 @@ fn setuser_getuser_list_match_redis() {
         "ACL SETUSER kim >secret nopass",
         "ACL SETUSER kim resetpass >s2 !5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8",
         "ACL SETUSER leo clearselectors on \"\"",
+        "ACL SETUSER sel on >s ~a* +get (~b* +set) (%R~c* &ch +get +mget)",
+        "ACL SETUSER sel2 on (+@all ~*) clearselectors (~x +get) resetkeys",
+        "ACL SETUSER sel3 (\"~q\" +get) (allkeys allchannels +@all -get)",
+        "ACL SETUSER sel4 on ( ~a +get ) (~b +select|1)",
     ] {
         p.exact(line);
     }
     for u in [
         "alice", "bob", "carol", "dave", "eve", "frank", "grace", "henry", "ivan", "judy", "kim",
-        "leo", "default", "nobody",
+        "leo", "sel", "sel2", "sel3", "sel4", "default", "nobody",
     ] {
         p.rules(&format!("ACL GETUSER {u}"));
     }
@@ -240,6 +244,9 @@ fn setuser_getuser_list_match_redis() {
         "ACL SETUSER x \"~a b\"",
         "ACL SETUSER x (~a +get",
         "ACL SETUSER x on +get (",
+        "ACL SETUSER x (+nosuch)",
+        "ACL SETUSER x (~a allkeys ~b)",
+        "ACL SETUSER x (on)",
         "ACL SETUSER \"a b\" on",
         "ACL SETUSER",
         "ACL GETUSER",
@@ -350,6 +357,8 @@ fn dryrun_matrix() {
         "u9 on allkeys +@fast +@slow -@admin",
         "u10 on resetkeys +@all",
         "u11 on allkeys -@all +object|encoding +@write -@string",
+        "u12 on ~a* +get +mget +rename (~w* +set +mget) (%R~r* +@read)",
+        "u13 on (allkeys +@keyspace) (~r* +@string)",
     ];
     for u in users {
         p.exact(&format!("ACL SETUSER {u}"));

@@ -2,15 +2,15 @@
 //! which keys it may touch.
 //!
 //! - A [`User`] is a name, the `on`/`off` and `nopass` flags, SHA-256 hashes
-//!   of its passwords (as Redis stores them), and one selector: a bitmap of
-//!   the commands it may run (one bit per command and per container
-//!   subcommand, numbered from the command table: [`crate::cmd::TABLE`] then
-//!   [`crate::cmd::SUBCOMMANDS`]), first arguments it may give an otherwise
-//!   denied command (`+select|0`), key patterns with their read/write access
-//!   and Pub/Sub channel patterns. Categories (`+@string`) are expanded from
-//!   the table's `Cats`, so a command added to the table gets its checks
-//!   with no code here. Redis 7's extra selectors (`(...)`) are refused with
-//!   an error saying they are not supported.
+//!   of its passwords (as Redis stores them), and selectors: the root one
+//!   and Redis 7's extra `(...)` ones, a request one of them allows being
+//!   allowed. A selector is a bitmap of the commands it allows (one bit per
+//!   command and per container subcommand, numbered from the command table:
+//!   [`crate::cmd::TABLE`] then [`crate::cmd::SUBCOMMANDS`]), first
+//!   arguments it allows for an otherwise denied command (`+select|0`), key
+//!   patterns with their read/write access and Pub/Sub channel patterns.
+//!   Categories (`+@string`) are expanded from the table's `Cats`, so a
+//!   command added to the table gets its checks with no code here.
 //! - [`Acl`] (in `Shared`) holds the users by name, the ACL LOG and an
 //!   epoch bumped by every change. A connection keeps an `Arc` of its user
 //!   and the epoch it read it at; `cmd::execute` re-reads the user when the
@@ -211,8 +211,6 @@ pub enum RuleError {
     BadHash,
     /// `+cmd|sub|arg` (ECHILD).
     FirstArgOfSubcommand,
-    /// A `(...)` selector: Ember keeps one selector per user.
-    Selectors,
 }
 
 impl RuleError {
@@ -228,9 +226,6 @@ impl RuleError {
             RuleError::BadHash => "The password hash must be exactly 64 characters and contain only lowercase hexadecimal characters",
             RuleError::FirstArgOfSubcommand => {
                 "Allowing first-arg of a subcommand is not supported"
-            }
-            RuleError::Selectors => {
-                "selectors ('(...)' rules) are not supported by Ember; give the user's rules directly"
             }
         }
     }
@@ -518,6 +513,29 @@ impl Selector {
         rules
     }
 
+    /// Keys, channels and commands as ACL LIST shows a selector.
+    fn describe(&self, out: &mut Vec<u8>) {
+        if self.allkeys {
+            out.extend_from_slice(b"~* ");
+        } else {
+            for k in &self.keys {
+                k.text(out);
+                out.push(b' ');
+            }
+        }
+        if self.allchannels {
+            out.extend_from_slice(b"&* ");
+        } else {
+            out.extend_from_slice(b"resetchannels ");
+            for c in &self.channels {
+                out.push(b'&');
+                out.extend_from_slice(c);
+                out.push(b' ');
+            }
+        }
+        out.extend_from_slice(self.describe_commands().as_bytes());
+    }
+
     /// The key patterns as ACL GETUSER shows them.
     fn keys_text(&self) -> Vec<u8> {
         if self.allkeys {
@@ -602,6 +620,9 @@ pub struct User {
     /// SHA-256 hashes, lowercase hex.
     passwords: Vec<String>,
     root: Selector,
+    /// Redis 7's extra selectors, `(...)`: a request one of them allows
+    /// is allowed.
+    selectors: Vec<Selector>,
 }
 
 fn sha256_hex(b: &[u8]) -> String {
@@ -643,6 +664,7 @@ impl User {
             sanitize: None,
             passwords: Vec::new(),
             root: Selector::new(),
+            selectors: Vec::new(),
         }
     }
 
@@ -692,9 +714,16 @@ impl User {
                 .ok_or(RuleError::NoSuchPassword)?;
             self.passwords.remove(at);
         } else if op[0] == b'(' && op[op.len() - 1] == b')' {
-            return Err(RuleError::Selectors);
+            // A selector's rules are split as redis.conf lines are (quotes
+            // allowed); unbalanced quotes give an empty selector, as Redis's
+            // `sdssplitargs` failing does.
+            let mut sel = Selector::new();
+            for r in proto::split_args(&op[1..op.len() - 1]).unwrap_or_default() {
+                sel.apply(&r)?;
+            }
+            self.selectors.push(sel);
         } else if is("clearselectors") {
-            // No selectors beyond the root one exist.
+            self.selectors.clear();
         } else if is("reset") {
             for r in [
                 "resetpass",
@@ -702,6 +731,7 @@ impl User {
                 "resetchannels",
                 "off",
                 "sanitize-payload",
+                "clearselectors",
                 "-@all",
             ] {
                 self.apply_rule(r.as_bytes())?;
@@ -750,14 +780,31 @@ impl User {
             return Ok(());
         }
         match resolve(i, args) {
-            Some(id) => self.root.check(id, args),
+            Some(id) => self.check_id(id, args),
             None => Ok(()),
         }
     }
 
-    /// [`User::check`] of an ACL id (ACL DRYRUN).
+    /// [`User::check`] of an ACL id (ACL DRYRUN): allowed when one selector
+    /// allows it; otherwise the denial Redis reports: a key's over a
+    /// command's, the last key position among the selectors'.
     pub fn check_id(&self, id: usize, args: &[Vec<u8>]) -> Result<(), Denied> {
-        self.root.check(id, args)
+        let mut worst = match self.root.check(id, args) {
+            Ok(()) => return Ok(()),
+            Err(d) => d,
+        };
+        for s in &self.selectors {
+            match s.check(id, args) {
+                Ok(()) => return Ok(()),
+                Err(Denied::Key(k)) => {
+                    if !matches!(worst, Denied::Key(w) if w >= k) {
+                        worst = Denied::Key(k);
+                    }
+                }
+                Err(Denied::Command(_)) => {}
+            }
+        }
+        Err(worst)
     }
 
     /// The flags ACL GETUSER lists, in Redis's order.
@@ -793,6 +840,14 @@ impl User {
         self.root.channels_text()
     }
 
+    /// ACL GETUSER's `selectors`: each one's commands, keys and channels.
+    pub fn selectors_text(&self) -> Vec<(String, Vec<u8>, Vec<u8>)> {
+        self.selectors
+            .iter()
+            .map(|s| (s.describe_commands(), s.keys_text(), s.channels_text()))
+            .collect()
+    }
+
     /// The user's rules as ACL LIST and ACL SAVE write them (without the
     /// `user <name> ` prefix): applied to a new user they rebuild this one.
     pub fn describe(&self) -> Vec<u8> {
@@ -806,26 +861,12 @@ impl User {
             out.extend_from_slice(p.as_bytes());
             out.push(b' ');
         }
-        let s = &self.root;
-        if s.allkeys {
-            out.extend_from_slice(b"~* ");
-        } else {
-            for k in &s.keys {
-                k.text(&mut out);
-                out.push(b' ');
-            }
+        self.root.describe(&mut out);
+        for s in &self.selectors {
+            out.extend_from_slice(b" (");
+            s.describe(&mut out);
+            out.push(b')');
         }
-        if s.allchannels {
-            out.extend_from_slice(b"&* ");
-        } else {
-            out.extend_from_slice(b"resetchannels ");
-            for c in &s.channels {
-                out.push(b'&');
-                out.extend_from_slice(c);
-                out.push(b' ');
-            }
-        }
-        out.extend_from_slice(s.describe_commands().as_bytes());
         out
     }
 
@@ -837,6 +878,7 @@ impl User {
             && self.sanitize == o.sanitize
             && self.passwords == o.passwords
             && self.root == o.root
+            && self.selectors == o.selectors
     }
 }
 
@@ -936,6 +978,9 @@ pub struct Acl {
     default_nopass: AtomicBool,
     serial: AtomicU64,
     log: Mutex<VecDeque<LogEntry>>,
+    /// Failed logins, denied commands, denied keys (INFO stats'
+    /// `acl_access_denied_*`; CONFIG RESETSTAT zeroes them).
+    denied: [AtomicU64; 3],
     /// `aclfile`, for ACL LOAD and SAVE.
     pub file: Option<PathBuf>,
 }
@@ -955,6 +1000,7 @@ impl Acl {
             default_nopass: AtomicBool::new(true),
             serial: AtomicU64::new(1),
             log: Mutex::new(VecDeque::new()),
+            denied: Default::default(),
             file: file.map(Path::to_path_buf),
         };
         let mut map = Users::new();
@@ -1244,6 +1290,12 @@ impl Acl {
     /// Records a denial or a failed login in ACL LOG, merged with a recent
     /// entry of the same reason, object and user as Redis merges them.
     pub fn log(&self, reason: &'static str, object: &[u8], username: &[u8], client_info: String) {
+        let kind = match reason {
+            "auth" => 0,
+            "command" => 1,
+            _ => 2,
+        };
+        self.denied[kind].fetch_add(1, Ordering::Relaxed);
         let now = now_ms();
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
         let hit = log.iter().take(10).position(|e| {
@@ -1283,6 +1335,18 @@ impl Acl {
             .take(n)
             .map(|e| (e.clone(), (now - e.ctime) as f64 / 1000.0))
             .collect()
+    }
+
+    /// Failed logins, denied commands and denied keys since the start or
+    /// the last [`Acl::reset_stats`].
+    pub fn denied(&self) -> [u64; 3] {
+        [0, 1, 2].map(|i| self.denied[i].load(Ordering::Relaxed))
+    }
+
+    pub fn reset_stats(&self) {
+        for d in &self.denied {
+            d.store(0, Ordering::Relaxed);
+        }
     }
 
     pub fn log_reset(&self) {
@@ -1348,13 +1412,24 @@ mod tests {
     /// (ACL LIST does not show them), and a read-write `*` key pattern is
     /// `allkeys`.
     fn equivalent(a: &User, b: &User) -> bool {
-        let norm = |u: &User| {
-            let mut s = u.root.clone();
+        let sel = |s: &Selector| {
+            let mut s = s.clone();
             s.allcommands = false;
             let bits = s.bits;
             s.firstargs
                 .retain(|&id, _| bits[id / 64] & (1 << (id % 64)) == 0);
-            (s, u.enabled, u.nopass, u.sanitize, u.passwords.clone())
+            s
+        };
+        let norm = |u: &User| {
+            let sels: Vec<Selector> = u.selectors.iter().map(sel).collect();
+            (
+                sel(&u.root),
+                sels,
+                u.enabled,
+                u.nopass,
+                u.sanitize,
+                u.passwords.clone(),
+            )
         };
         norm(a) == norm(b)
     }
@@ -1436,6 +1511,31 @@ mod tests {
     }
 
     #[test]
+    fn selectors_allow_what_one_of_them_allows() {
+        let get = lookup(b"get").unwrap();
+        let set = lookup(b"set").unwrap();
+        let a = |s: &str| -> Vec<Vec<u8>> { s.split(' ').map(|w| w.as_bytes().to_vec()).collect() };
+        let u = user("on ~a* +get (~b* +set) (%R~c* +@read)");
+        assert_eq!(u.check(get, &a("get a1")), Ok(()));
+        assert_eq!(u.check(set, &a("set b1 v")), Ok(()));
+        assert_eq!(u.check(get, &a("get c1")), Ok(()));
+        assert_eq!(u.check(set, &a("set a1 v")), Err(Denied::Key(1)));
+        assert_eq!(u.check(set, &a("set c1 v")), Err(Denied::Key(1)));
+        let del = lookup(b"del").unwrap();
+        assert_eq!(u.check(del, &a("del a1")), Err(Denied::Command(del)));
+        assert_eq!(
+            u.describe(),
+            b"on ~a* resetchannels -@all +get (~b* resetchannels -@all +set) (%R~c* resetchannels -@all +@read)"
+        );
+        assert_eq!(u.selectors_text().len(), 2);
+        let mut v = u.clone();
+        v.apply_rule(b"clearselectors").unwrap();
+        assert_eq!(v.check(set, &a("set b1 v")), Err(Denied::Command(set)));
+        // A selector's rules are split as redis.conf lines are.
+        assert_eq!(user("(\"~a\" +get)").selectors_text()[0].1, b"~a");
+    }
+
+    #[test]
     fn describes_as_redis_does() {
         assert_eq!(
             user("on >p ~a %R~b %W~c %R~c &ch +get +set").describe(),
@@ -1483,7 +1583,7 @@ mod tests {
             ("-select|0", RuleError::Unknown),
             ("%~a", RuleError::Syntax),
             ("~a\tb", RuleError::Syntax),
-            ("(~a)", RuleError::Selectors),
+            ("(+nosuch)", RuleError::Unknown),
         ] {
             let mut u = User::new(b"u");
             let r: Result<Vec<()>, RuleError> = rule
@@ -1519,6 +1619,9 @@ mod tests {
             acl.log("key", format!("k{i}").as_bytes(), b"u", String::new());
         }
         assert_eq!(acl.log_entries(1000).len(), LOG_MAX_LEN);
+        assert_eq!(acl.denied(), [0, 2, 301]);
+        acl.reset_stats();
+        assert_eq!(acl.denied(), [0, 0, 0]);
         acl.log_reset();
         assert!(acl.log_entries(10).is_empty());
     }
@@ -1586,7 +1689,29 @@ mod tests {
                 pats.clone()
             )
                 .prop_map(|(k, p)| format!("{k}{p}")),
-            pats.prop_map(|p| format!("&{p}")),
+            pats.clone().prop_map(|p| format!("&{p}")),
+            prop::collection::vec(
+                prop_oneof![
+                    pats.clone().prop_map(|p| format!("~{p}")),
+                    pats.clone().prop_map(|p| format!("%R~{p}")),
+                    pats.prop_map(|p| format!("&{p}")),
+                    prop::sample::select(vec![
+                        "+get",
+                        "-get",
+                        "+@read",
+                        "-@write",
+                        "+config|get",
+                        "allkeys",
+                        "allchannels",
+                        "+select|3",
+                        "+@all",
+                        "-@all",
+                    ])
+                    .prop_map(str::to_string),
+                ],
+                0..5,
+            )
+            .prop_map(|v| format!("({})", v.join(" "))),
         ]
     }
 

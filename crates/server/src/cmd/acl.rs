@@ -64,7 +64,21 @@ pub fn acl(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 (bulk("commands"), bulk(u.commands_text())),
                 (bulk("keys"), bulk(u.keys_text())),
                 (bulk("channels"), bulk(u.channels_text())),
-                (bulk("selectors"), Reply::Array(vec![])),
+                (
+                    bulk("selectors"),
+                    Reply::Array(
+                        u.selectors_text()
+                            .into_iter()
+                            .map(|(cmds, keys, chans)| {
+                                Reply::Map(vec![
+                                    (bulk("commands"), bulk(cmds)),
+                                    (bulk("keys"), bulk(keys)),
+                                    (bulk("channels"), bulk(chans)),
+                                ])
+                            })
+                            .collect(),
+                    ),
+                ),
             ]));
         }
         "list" | "users" => {

@@ -94,6 +94,7 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 return Err(super::arity_error("config|resetstat"));
             }
             ctx.sh.stats.reset();
+            ctx.sh.acl.reset_stats();
             c.ok();
         }
         "rewrite" => {
