@@ -53,6 +53,8 @@ pub struct AclCmd {
     /// The access `%R~`/`%W~` patterns must grant: to the first key, and
     /// to the others (see [`crate::cmd::KEY_ACCESS`]).
     access: [u8; 2],
+    /// SET: its GET option reads the key too.
+    set_get: bool,
     pub parent: Option<usize>,
     pub subs: Vec<usize>,
 }
@@ -105,6 +107,7 @@ fn universe() -> &'static Universe {
                 arity: s.arity,
                 keys: s.keys,
                 access: [access_of(s.flags); 2],
+                set_get: s.name == "set",
                 parent: None,
                 subs: Vec::new(),
             })
@@ -121,6 +124,7 @@ fn universe() -> &'static Universe {
                 arity: s.arity,
                 keys: s.keys,
                 access: [access_of(s.flags); 2],
+                set_get: false,
                 parent: Some(p),
                 subs: Vec::new(),
             });
@@ -570,8 +574,10 @@ impl Selector {
             }
         }
         if !self.allkeys && c.keys.first > 0 {
+            // SET with GET also reads its key (Redis's `setGetKeys`).
+            let reads = c.set_get && args.iter().skip(3).any(|a| a.eq_ignore_ascii_case(b"get"));
             for (n, k) in c.keys.indexes(args.len()).enumerate() {
-                let need = c.access[usize::from(n > 0)];
+                let need = c.access[usize::from(n > 0)] | if reads { READ } else { 0 };
                 let ok = self
                     .keys
                     .iter()

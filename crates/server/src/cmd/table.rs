@@ -395,7 +395,8 @@ pub static SUBCOMMANDS: &[SubSpec] = &[
 /// read-only command reads them): Redis 7's key specs. Each row is the
 /// command (or `parent|sub`), then the access to its first key and to the
 /// others: `R` reads the value, `W` changes the key, `-` neither (EXISTS
-/// only looks whether the key is there).
+/// only looks whether the key is there). SET's GET option, which also
+/// reads, is `acl.rs`'s one argument-dependent case.
 #[rustfmt::skip]
 pub static KEY_ACCESS: &[(&str, &str, &str)] = &[
     ("getdel", "RW", "RW"),
