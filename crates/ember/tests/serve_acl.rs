@@ -57,19 +57,28 @@ fn show(r: &Reply) -> String {
 }
 
 /// Command rules with every rule after the first sorted (see the module
-/// doc); other words as they are.
+/// doc); other words as they are. Each selector, ` (...)`, on its own.
 fn norm_rules(s: &str) -> String {
-    let words: Vec<&str> = s.split(' ').collect();
-    match words.iter().position(|w| *w == "+@all" || *w == "-@all") {
-        Some(i) => {
-            let mut tail: Vec<&str> = words[i + 1..].to_vec();
-            tail.sort_unstable();
-            let mut out: Vec<&str> = words[..=i].to_vec();
-            out.extend(tail);
-            out.join(" ")
+    let one = |s: &str| -> String {
+        let words: Vec<&str> = s.split(' ').collect();
+        match words.iter().position(|w| *w == "+@all" || *w == "-@all") {
+            Some(i) => {
+                let mut tail: Vec<&str> = words[i + 1..].to_vec();
+                tail.sort_unstable();
+                let mut out: Vec<&str> = words[..=i].to_vec();
+                out.extend(tail);
+                out.join(" ")
+            }
+            None => s.to_string(),
         }
-        None => s.to_string(),
+    };
+    let mut parts = s.split(" (");
+    let mut out = one(parts.next().unwrap_or(""));
+    for p in parts {
+        let inner = p.strip_suffix(')').unwrap_or(p);
+        out.push_str(&format!(" ({})", one(inner)));
     }
+    out
 }
 
 /// A reply with its command rules normalised (GETUSER's `commands` field,
@@ -526,6 +535,20 @@ fn restricted_user_requests_and_log_match_redis() {
     let r = w.redis.request(&req);
     assert!(e.is_err() && r.is_err(), "closed: ember {e:?} redis {r:?}");
     admin.exact("ACL WHOAMI");
+    // acllog-max-len trims the log at its next entry.
+    for line in [
+        "CONFIG GET acllog-max-len",
+        "CONFIG SET acllog-max-len 2",
+        "AUTH nouser1 x",
+        "AUTH nouser2 x",
+        "AUTH nouser3 x",
+    ] {
+        admin.exact(line);
+    }
+    let (e, r) = admin.both("ACL LOG");
+    assert_eq!(log_view(&e), log_view(&r), "ACL LOG after acllog-max-len 2");
+    assert_eq!(log_view(&e).len(), 2);
+    admin.exact("CONFIG SET acllog-max-len 128");
     admin.exact("ACL LOG RESET");
     admin.exact("ACL LOG");
     admin.done("admin");

@@ -37,7 +37,7 @@ const WORDS: usize = 16;
 pub const MAX_COMMANDS: usize = WORDS * 64 - 1;
 const FUTURE: usize = MAX_COMMANDS;
 
-/// ACL LOG's length (Redis's `acllog-max-len` default).
+/// ACL LOG's default length (Redis's `acllog-max-len`).
 pub const LOG_MAX_LEN: usize = 128;
 /// Denials of the same kind within this many ms are counted in one entry.
 const LOG_MERGE_MS: i64 = 60_000;
@@ -987,6 +987,8 @@ pub struct Acl {
     /// Failed logins, denied commands, denied keys (INFO stats'
     /// `acl_access_denied_*`; CONFIG RESETSTAT zeroes them).
     denied: [AtomicU64; 3],
+    /// `acllog-max-len`.
+    log_max: AtomicU64,
     /// `aclfile`, for ACL LOAD and SAVE.
     pub file: Option<PathBuf>,
 }
@@ -1007,6 +1009,7 @@ impl Acl {
             serial: AtomicU64::new(1),
             log: Mutex::new(VecDeque::new()),
             denied: Default::default(),
+            log_max: AtomicU64::new(LOG_MAX_LEN as u64),
             file: file.map(Path::to_path_buf),
         };
         let mut map = Users::new();
@@ -1328,7 +1331,8 @@ impl Acl {
             ctime: now,
             client_info,
         });
-        log.truncate(LOG_MAX_LEN);
+        let max = self.log_max.load(Ordering::Relaxed);
+        log.truncate(usize::try_from(max).unwrap_or(usize::MAX));
     }
 
     /// The newest `n` entries of ACL LOG, with their ages in seconds.
@@ -1353,6 +1357,12 @@ impl Acl {
         for d in &self.denied {
             d.store(0, Ordering::Relaxed);
         }
+    }
+
+    /// `acllog-max-len`: the longest ACL LOG kept (trimmed at the next
+    /// entry, as Redis does).
+    pub fn set_log_max(&self, n: u64) {
+        self.log_max.store(n, Ordering::Relaxed);
     }
 
     pub fn log_reset(&self) {
@@ -1628,6 +1638,9 @@ mod tests {
         assert_eq!(acl.denied(), [0, 2, 301]);
         acl.reset_stats();
         assert_eq!(acl.denied(), [0, 0, 0]);
+        acl.set_log_max(3);
+        acl.log("key", b"x", b"u", String::new());
+        assert_eq!(acl.log_entries(1000).len(), 3);
         acl.log_reset();
         assert!(acl.log_entries(10).is_empty());
     }

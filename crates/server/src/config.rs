@@ -227,6 +227,8 @@ pub struct Config {
     /// `user <name> <rules...>` directives: name then rules.
     pub users: Vec<Vec<Vec<u8>>>,
     pub aclfile: Option<PathBuf>,
+    /// ACL LOG's length.
+    pub acllog_max_len: u64,
     pub maxclients: u64,
     pub timeout: u64,
     pub hz: u64,
@@ -268,6 +270,7 @@ impl Default for Config {
             requirepass: None,
             users: Vec::new(),
             aclfile: None,
+            acllog_max_len: crate::acl::LOG_MAX_LEN as u64,
             maxclients: 10_000,
             timeout: 0,
             hz: 10,
@@ -368,6 +371,7 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("bind", false),
     ("requirepass", true),
     ("aclfile", false),
+    ("acllog-max-len", true),
     ("maxclients", true),
     ("timeout", true),
     ("hz", true),
@@ -479,6 +483,7 @@ impl Config {
                 crate::acl::apply_rules(&mut crate::acl::User::new(&def[0]), &def[1..])?;
                 self.users.push(def);
             }
+            "acllog-max-len" => self.acllog_max_len = parse_u64(one()?)?,
             "aclfile" => {
                 let f = one()?;
                 self.aclfile = (!f.is_empty()).then(|| PathBuf::from(f));
@@ -695,6 +700,7 @@ impl Config {
             "port" => self.port.to_string(),
             "bind" => self.bind.join(" "),
             "requirepass" => self.requirepass.clone().unwrap_or_default(),
+            "acllog-max-len" => self.acllog_max_len.to_string(),
             "aclfile" => self
                 .aclfile
                 .as_ref()

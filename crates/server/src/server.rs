@@ -71,6 +71,7 @@ impl Shared {
             &cfg.users,
             cfg.aclfile.as_deref(),
         )?;
+        acl.set_log_max(cfg.acllog_max_len);
         Ok(Shared {
             cfg: RwLock::new(cfg),
             cfg_epoch: AtomicU64::new(0),
