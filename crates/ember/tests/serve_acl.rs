@@ -265,6 +265,8 @@ fn setuser_getuser_list_match_redis() {
         "ACL DELUSER alice default",
         "ACL USERS x",
         "ACL FOO",
+        "ACL HELP",
+        "ACL HELP x",
         "ACL CAT a b",
         "ACL CAT nosuch",
         "ACL GENPASS 0",

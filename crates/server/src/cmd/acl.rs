@@ -242,7 +242,7 @@ pub fn acl(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 "WHOAMI",
                 "    Return the current connection username.",
                 "HELP",
-                "    Print this help.",
+                "    Prints this help.",
             ];
             super::help(c, &lines);
         }
