@@ -462,10 +462,10 @@ impl Selector {
     /// The command rules that rebuild this bitmap (Redis's
     /// `ACLDescribeSelectorCommandRules`): `+@all` or `-@all`, then the
     /// categories that fit best, then single commands.
-    fn describe_commands(&self) -> String {
+    fn describe_commands(&self) -> Vec<u8> {
         let u = universe();
         let additive = !self.bit(FUTURE);
-        let mut rules = String::from(if additive { "-@all " } else { "+@all " });
+        let mut rules = Vec::from(if additive { "-@all " } else { "+@all " });
         let mut fake = Selector::new();
         fake.all_commands(!additive);
         let mut temp = Selector::new();
@@ -490,26 +490,26 @@ impl Selector {
             let (cat, name) = Cats::ALL[j];
             fake.change_category(cat, additive);
             temp.change_category(cat, !additive);
-            rules.push_str(if additive { "+@" } else { "-@" });
-            rules.push_str(name);
-            rules.push(' ');
+            rules.extend_from_slice(if additive { b"+@" } else { b"-@" });
+            rules.extend_from_slice(name.as_bytes());
+            rules.push(b' ');
             applied[j] = true;
         }
         for &id in &u.order {
             let (mine, fakes) = (self.bit(id), fake.bit(id));
             if mine != fakes {
-                rules.push(if mine { '+' } else { '-' });
-                rules.push_str(&u.cmds[id].name);
-                rules.push(' ');
+                rules.push(if mine { b'+' } else { b'-' });
+                rules.extend_from_slice(u.cmds[id].name.as_bytes());
+                rules.push(b' ');
                 fake.change(id, mine);
             }
             if !mine {
                 for a in self.firstargs.get(&id).into_iter().flatten() {
-                    rules.push('+');
-                    rules.push_str(&u.cmds[id].name);
-                    rules.push('|');
-                    rules.push_str(&String::from_utf8_lossy(a));
-                    rules.push(' ');
+                    rules.push(b'+');
+                    rules.extend_from_slice(u.cmds[id].name.as_bytes());
+                    rules.push(b'|');
+                    rules.extend_from_slice(a);
+                    rules.push(b' ');
                 }
             }
         }
@@ -537,7 +537,7 @@ impl Selector {
                 out.push(b' ');
             }
         }
-        out.extend_from_slice(self.describe_commands().as_bytes());
+        out.extend_from_slice(&self.describe_commands());
     }
 
     /// The key patterns as ACL GETUSER shows them.
@@ -832,7 +832,7 @@ impl User {
     }
 
     /// ACL GETUSER's `commands` field.
-    pub fn commands_text(&self) -> String {
+    pub fn commands_text(&self) -> Vec<u8> {
         self.root.describe_commands()
     }
 
@@ -847,7 +847,7 @@ impl User {
     }
 
     /// ACL GETUSER's `selectors`: each one's commands, keys and channels.
-    pub fn selectors_text(&self) -> Vec<(String, Vec<u8>, Vec<u8>)> {
+    pub fn selectors_text(&self) -> Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> {
         self.selectors
             .iter()
             .map(|s| (s.describe_commands(), s.keys_text(), s.channels_text()))
@@ -1565,15 +1565,18 @@ mod tests {
             user("reset").describe(),
             b"off sanitize-payload resetchannels -@all"
         );
-        assert_eq!(user("+@all -get +get").commands_text(), "+@all");
+        assert_eq!(user("+@all -get +get").commands_text(), b"+@all");
         assert_eq!(
             user("+@all -config|set").commands_text(),
-            "+@all -config|set"
+            b"+@all -config|set"
         );
         assert_eq!(
             user("+select|0 +select|1").commands_text(),
-            "-@all +select|0 +select|1"
+            b"-@all +select|0 +select|1"
         );
+        // First arguments are bytes, written back as given.
+        let u = parse_rules(b"u", b"+select|\xff\x00").unwrap();
+        assert_eq!(u.commands_text(), b"-@all +select|\xff\x00");
         assert_eq!(user("allkeys").keys_text(), b"~*");
     }
 
@@ -1653,7 +1656,7 @@ mod tests {
         let mut u = acl.authenticate(b"a", b"x").unwrap();
         let mut seen = 0;
         acl.set_user(b"a", &[b"+get".to_vec()]).unwrap();
-        assert!(acl.refresh(&mut u, &mut seen) && u.commands_text() == "-@all +get");
+        assert!(acl.refresh(&mut u, &mut seen) && u.commands_text() == b"-@all +get");
         assert_eq!(acl.delete(&[b"a".to_vec()]), vec![u.serial]);
         acl.set_user(b"a", &[b"on".to_vec()]).unwrap();
         assert!(
