@@ -82,7 +82,7 @@ pub(crate) fn accept_loop(
                                 sh.connected.load(Ordering::Acquire),
                                 c.maxclients,
                                 c.protected_mode,
-                                c.requirepass.is_some(),
+                                !sh.acl.default_nopass(),
                                 peer.ip(),
                             )
                         };

@@ -5,8 +5,8 @@
 //! `Shared::clients`.
 
 use crate::accept::is_loopback;
+use crate::acl::{Acl, User};
 use crate::clock::Stamp;
-use crate::cmd;
 use mio::net::TcpStream;
 use proto::reply::put;
 use proto::{Reply, RespCodec, Version};
@@ -25,11 +25,14 @@ pub struct ClientMeta {
     pub name: Mutex<String>,
     pub lib_name: Mutex<String>,
     pub lib_ver: Mutex<String>,
+    /// The ACL user the connection is logged in as (`default` until AUTH).
+    pub user: Mutex<String>,
     pub db: AtomicU8,
     pub resp: AtomicU8,
     /// Milliseconds since `created` of the last command.
     pub last_ms: AtomicU64,
-    /// Index of the last command in the command table (+1; 0 = none).
+    /// The last command's ACL id, a subcommand's for a container (+1; 0 =
+    /// none; see `acl::resolve`).
     pub last_cmd: AtomicU64,
 }
 
@@ -45,6 +48,7 @@ impl ClientMeta {
             name: Mutex::new(String::new()),
             lib_name: Mutex::new(String::new()),
             lib_ver: Mutex::new(String::new()),
+            user: Mutex::new("default".into()),
             db: AtomicU8::new(0),
             resp: AtomicU8::new(2),
             last_ms: AtomicU64::new(0),
@@ -67,13 +71,10 @@ impl ClientMeta {
         let idle = age_ms.saturating_sub(self.last_ms.load(Ordering::Relaxed)) / 1000;
         let cmd = match self.last_cmd.load(Ordering::Relaxed) {
             0 => "NULL".to_string(),
-            i => cmd::TABLE
-                .get(i as usize - 1)
-                .map(|c| c.name.to_string())
-                .unwrap_or_default(),
+            i => crate::acl::cmd_name(i as usize - 1).to_string(),
         };
         format!(
-            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags=N db={} sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user=default redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags=N db={} sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -83,6 +84,7 @@ impl ClientMeta {
             idle,
             self.db.load(Ordering::Relaxed),
             cmd,
+            self.user.lock().unwrap_or_else(|p| p.into_inner()),
             self.resp.load(Ordering::Relaxed),
             self.lib_name.lock().unwrap_or_else(|p| p.into_inner()),
             self.lib_ver.lock().unwrap_or_else(|p| p.into_inner()),
@@ -106,7 +108,12 @@ pub struct Client {
     pub(crate) ready_to: u64,
     pub db: u8,
     pub resp: Version,
+    /// Logged in (AUTH, HELLO AUTH, or a new connection while the default
+    /// user is on and nopass); see `Acl::auth_required`.
     pub authed: bool,
+    /// The ACL user, as read at `acl_epoch` (re-read when the epoch moves).
+    pub user: Arc<User>,
+    pub acl_epoch: u64,
     /// Close once the output is written (QUIT, protocol error).
     pub close_after: bool,
     /// Close now, without writing (query buffer limit).
@@ -128,8 +135,11 @@ pub struct Client {
 }
 
 impl Client {
-    /// A new connection: nothing read or queued yet, RESP2, database 0.
-    pub(crate) fn new(id: u64, sock: TcpStream, meta: Arc<ClientMeta>, authed: bool) -> Client {
+    /// A new connection: nothing read or queued yet, RESP2, database 0, the
+    /// default user (logged in when it is on and nopass, as Redis does).
+    pub(crate) fn new(id: u64, sock: TcpStream, meta: Arc<ClientMeta>, acl: &Acl) -> Client {
+        let acl_epoch = acl.epoch();
+        let authed = acl.default_open();
         Client {
             id,
             sock,
@@ -142,6 +152,8 @@ impl Client {
             db: 0,
             resp: Version::Resp2,
             authed,
+            user: acl.default_user(),
+            acl_epoch,
             close_after: false,
             kill: false,
             eof: false,
@@ -152,6 +164,18 @@ impl Client {
             last_active: Instant::now(),
             want_write: false,
         }
+    }
+}
+
+impl Client {
+    /// Logs the connection in as `user` (AUTH, HELLO AUTH) or, with `None`,
+    /// back to the default user not logged in (RESET, a deleted user).
+    pub fn set_user(&mut self, acl: &Acl, user: Option<Arc<User>>) {
+        self.acl_epoch = acl.epoch();
+        self.authed = user.is_some() || acl.default_open();
+        self.user = user.unwrap_or_else(|| acl.default_user());
+        *self.meta.user.lock().unwrap_or_else(|p| p.into_inner()) =
+            String::from_utf8_lossy(&self.user.name).into_owned();
     }
 }
 

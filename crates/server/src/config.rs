@@ -17,7 +17,7 @@ use std::path::PathBuf;
 #[derive(Args, Debug, Clone, Default)]
 pub struct ServeArgs {
     /// A configuration file in redis.conf syntax (port, bind, requirepass,
-    /// maxclients, timeout, hz, protected-mode, databases, proto-max-bulk-len,
+    /// user, aclfile, maxclients, timeout, hz, protected-mode, databases, proto-max-bulk-len,
     /// client-query-buffer-limit, heap, heap-size, heap-max-size, engine,
     /// durability, commit-pipeline, threads, metrics-port, logs, log-size, fence-ns,
     /// tcp-backlog, busy-poll-us, shutdown-worker-timeout,
@@ -34,6 +34,11 @@ pub struct ServeArgs {
     /// Password clients must give with AUTH (or HELLO ... AUTH) [default: none].
     #[arg(long)]
     pub requirepass: Option<String>,
+    /// The ACL file: users are loaded from it at startup and by ACL LOAD,
+    /// and ACL SAVE writes them to it (not with `user` directives in the
+    /// configuration file) [default: none].
+    #[arg(long, value_name = "FILE")]
+    pub aclfile: Option<PathBuf>,
     /// Most connected clients; more are refused with Redis's error [default: 10000].
     #[arg(long)]
     pub maxclients: Option<u64>,
@@ -219,6 +224,11 @@ pub struct Config {
     pub port: u16,
     pub bind: Vec<String>,
     pub requirepass: Option<String>,
+    /// `user <name> <rules...>` directives: name then rules.
+    pub users: Vec<Vec<Vec<u8>>>,
+    pub aclfile: Option<PathBuf>,
+    /// ACL LOG's length.
+    pub acllog_max_len: u64,
     pub maxclients: u64,
     pub timeout: u64,
     pub hz: u64,
@@ -258,6 +268,9 @@ impl Default for Config {
             port: 6379,
             bind: vec!["127.0.0.1".into()],
             requirepass: None,
+            users: Vec::new(),
+            aclfile: None,
+            acllog_max_len: crate::acl::LOG_MAX_LEN as u64,
             maxclients: 10_000,
             timeout: 0,
             hz: 10,
@@ -357,6 +370,8 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("port", false),
     ("bind", false),
     ("requirepass", true),
+    ("aclfile", false),
+    ("acllog-max-len", true),
     ("maxclients", true),
     ("timeout", true),
     ("hz", true),
@@ -451,6 +466,27 @@ impl Config {
                 } else {
                     Some(p.to_string())
                 };
+            }
+            "user" => {
+                let Some((user, rules)) = args.split_first() else {
+                    return Err("wrong number of arguments".into());
+                };
+                if self.users.iter().any(|u| u[0] == user.as_bytes()) {
+                    return Err(
+                        "Duplicate user found. A user can only be defined once in config files"
+                            .into(),
+                    );
+                }
+                let mut def = vec![user.as_bytes().to_vec()];
+                def.extend(rules.iter().map(|r| r.as_bytes().to_vec()));
+                // Checked now, applied when the server starts.
+                crate::acl::apply_rules(&mut crate::acl::User::new(&def[0]), &def[1..])?;
+                self.users.push(def);
+            }
+            "acllog-max-len" => self.acllog_max_len = parse_u64(one()?)?,
+            "aclfile" => {
+                let f = one()?;
+                self.aclfile = (!f.is_empty()).then(|| PathBuf::from(f));
             }
             "maxclients" => {
                 let n = parse_u64(one()?)?;
@@ -616,6 +652,10 @@ impl Config {
         set("port", a.port.map(|v| v.to_string()))?;
         set("bind", a.bind.clone())?;
         set("requirepass", a.requirepass.clone())?;
+        set(
+            "aclfile",
+            a.aclfile.as_ref().map(|p| p.display().to_string()),
+        )?;
         set("maxclients", a.maxclients.map(|v| v.to_string()))?;
         set("timeout", a.timeout.map(|v| v.to_string()))?;
         set("hz", a.hz.map(|v| v.to_string()))?;
@@ -644,6 +684,10 @@ impl Config {
             a.shutdown_worker_timeout.map(|v| v.to_string()),
         )?;
         set("enable-debug-command", a.enable_debug_command.clone())?;
+        if c.aclfile.is_some() && !c.users.is_empty() {
+            // As Redis refuses it: two sources of users invite mistakes.
+            return Err("Configuring users defined in the configuration file ('user' directives) and at the same time an ACL file path ('aclfile') is invalid: define either an ACL file or the users in the configuration file, not both".into());
+        }
         if c.heap_max_size < c.heap_size {
             c.heap_max_size = c.heap_size;
         }
@@ -656,6 +700,12 @@ impl Config {
             "port" => self.port.to_string(),
             "bind" => self.bind.join(" "),
             "requirepass" => self.requirepass.clone().unwrap_or_default(),
+            "acllog-max-len" => self.acllog_max_len.to_string(),
+            "aclfile" => self
+                .aclfile
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
             "maxclients" => self.maxclients.to_string(),
             "timeout" => self.timeout.to_string(),
             "hz" => self.hz.to_string(),
@@ -771,6 +821,48 @@ mod tests {
             assert!(Config::load(&a).is_err(), "{bad}");
         }
         assert!(!Protected::No.allows(true));
+    }
+
+    #[test]
+    fn users_and_aclfile() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("e.conf");
+        std::fs::write(&f, "user alice on >p ~a:* +get\nuser bob off\n").unwrap();
+        let mut a = ServeArgs {
+            config: Some(f.clone()),
+            ..Default::default()
+        };
+        let c = Config::load(&a).unwrap();
+        assert_eq!(c.users.len(), 2);
+        assert_eq!(c.users[0][0], b"alice");
+        assert_eq!(
+            c.users[0][1..],
+            [
+                b"on".to_vec(),
+                b">p".to_vec(),
+                b"~a:*".to_vec(),
+                b"+get".to_vec()
+            ]
+        );
+        assert_eq!(c.get("aclfile").unwrap(), "");
+        for (bad, why) in [
+            ("user alice +nosuch\n", "Unknown command"),
+            ("user alice\nuser alice on\n", "Duplicate user"),
+            ("user\n", "wrong number of arguments"),
+        ] {
+            std::fs::write(&f, bad).unwrap();
+            let e = Config::load(&a).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        // `user` directives and an ACL file together are refused.
+        std::fs::write(&f, "user alice on\n").unwrap();
+        a.aclfile = Some(dir.path().join("users.acl"));
+        let e = Config::load(&a).unwrap_err();
+        assert!(e.contains("not both"), "{e}");
+        std::fs::write(&f, "port 7000\n").unwrap();
+        let c = Config::load(&a).unwrap();
+        assert_eq!(c.aclfile, a.aclfile);
+        assert!(c.get("aclfile").unwrap().ends_with("users.acl"));
     }
 
     #[test]

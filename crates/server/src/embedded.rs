@@ -57,7 +57,6 @@ impl Embedded {
     /// client, whose socket is a loopback connection that carries nothing (a
     /// [`Client`] owns one).
     pub fn new(sh: Arc<Shared>, id: usize) -> Result<Embedded, String> {
-        let authed = sh.cfg().requirepass.is_none();
         let sess = sh.store.session().map_err(|e| e.to_string())?;
         let ks = Keyspace::new(sess, sh.counts.clone(), id);
         let ws = sh.stats.workers[id].clone();
@@ -68,7 +67,7 @@ impl Embedded {
         sock.set_nonblocking(true).map_err(|e| e.to_string())?;
         let cid = sh.next_client_id.fetch_add(1, Ordering::Relaxed);
         let meta = Arc::new(ClientMeta::new(cid, addr.to_string(), addr.to_string(), -1));
-        let client = Client::new(cid, TcpStream::from_std(sock), meta, authed);
+        let client = Client::new(cid, TcpStream::from_std(sock), meta, &sh.acl);
         Ok(Embedded {
             ks,
             client,
@@ -83,13 +82,11 @@ impl Embedded {
     /// (RESP2), as a worker executes it within a batch: nothing is durable
     /// until [`Embedded::commit`].
     pub fn exec(&mut self, args: &[Vec<u8>]) -> Vec<u8> {
-        let requirepass = self.sh.cfg().requirepass.clone();
         let mut ctx = Ctx {
             sh: &self.sh,
             ks: &mut self.ks,
             ws: &self.ws,
             now: crate::keyspace::now_ms(),
-            requirepass: requirepass.as_deref(),
         };
         cmd::execute(&mut ctx, &mut self.client, args, &mut self.clock);
         std::mem::take(&mut self.client.out)

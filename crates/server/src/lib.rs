@@ -21,7 +21,8 @@
 //!   (`client`: a connection's buffers, its codec and its reply sink).
 //!   `rlimit`: the open file limit; `embedded`: the command layer without a
 //!   network, for crash tests.
-//! - [`cmd`]: the command table and handlers.
+//! - [`cmd`]: the command table and handlers; [`acl`]: ACL users, their
+//!   rules and checks, ACL LOG.
 //! - [`info`], [`metrics`], [`stats`]: observability; [`clock`]: the
 //!   per-command clock.
 
@@ -32,6 +33,7 @@
 
 #[allow(unsafe_code)]
 mod accept;
+pub mod acl;
 mod client;
 #[allow(unsafe_code)]
 pub mod clock;

@@ -43,6 +43,8 @@ pub struct Shared {
     /// them instead of waiting for their poll timeouts.
     pub wakers: Mutex<Vec<Arc<Waker>>>,
     pub clients: Mutex<BTreeMap<u64, Arc<ClientMeta>>>,
+    /// ACL users and ACL LOG (see [`crate::acl`]).
+    pub acl: crate::acl::Acl,
     pub next_client_id: AtomicU64,
     pub connected: AtomicU64,
     pub stats: Stats,
@@ -64,6 +66,12 @@ impl Shared {
     ) -> Result<Shared, String> {
         let counts = crate::counts::load(&store, workers)
             .map_err(|e| format!("cannot read the key counts: {e}"))?;
+        let acl = crate::acl::Acl::new(
+            cfg.requirepass.as_deref(),
+            &cfg.users,
+            cfg.aclfile.as_deref(),
+        )?;
+        acl.set_log_max(cfg.acllog_max_len);
         Ok(Shared {
             cfg: RwLock::new(cfg),
             cfg_epoch: AtomicU64::new(0),
@@ -74,6 +82,7 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             wakers: Mutex::new(Vec::new()),
             clients: Mutex::new(BTreeMap::new()),
+            acl,
             next_client_id: AtomicU64::new(1),
             connected: AtomicU64::new(0),
             stats: Stats::new(workers),
@@ -211,6 +220,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     committer: Committer::new(format!("ember-sync-{id}"), waker),
                     batch_requests: 0,
                     pipeline: pipeline_commits,
+                    acl_epoch: 0,
                 }
                 .run()
             })

@@ -78,7 +78,6 @@ pub(crate) struct Settings {
     limits: Limits,
     /// `limits` tightened for clients that still have to authenticate.
     unauth_limits: Limits,
-    requirepass: Option<String>,
     timeout: u64,
     pub(crate) hz: u64,
     busy_poll: Duration,
@@ -101,7 +100,6 @@ impl Settings {
                 max_bulk_len: UNAUTH_MAX_BULK.min(limits.max_bulk_len),
                 ..limits
             },
-            requirepass: c.requirepass.clone(),
             timeout: c.timeout,
             hz: c.hz,
             busy_poll: Duration::from_micros(c.busy_poll_us),
@@ -137,6 +135,8 @@ pub(crate) struct Worker {
     pub(crate) batch_requests: usize,
     /// `commit-pipeline`: large batches commit on the syncer thread.
     pub(crate) pipeline: bool,
+    /// The ACL epoch this worker last swept its connections at.
+    pub(crate) acl_epoch: u64,
 }
 
 impl Worker {
@@ -170,6 +170,7 @@ impl Worker {
                 }
             }
             self.reload_settings();
+            self.acl_sweep();
             self.adopt_new();
             ready.clear();
             ready.append(&mut self.pending);
@@ -396,19 +397,32 @@ impl Worker {
         }
     }
 
-    /// Picks up CONFIG SET changes. When the password is removed, clients
-    /// that had not authenticated no longer need to (Redis: the default user
-    /// becomes `nopass`).
+    /// Picks up CONFIG SET changes. (A removed password needs nothing here:
+    /// `Acl::auth_required` sees the default user become `nopass`.)
     fn reload_settings(&mut self) {
         if self.sh.cfg_epoch.load(Ordering::Acquire) == self.settings.epoch {
             return;
         }
         self.settings = Settings::load(&self.sh);
-        if self.settings.requirepass.is_none() {
-            for c in self.clients.values_mut() {
-                c.authed = true;
-            }
+    }
+
+    /// After an ACL change: closes the connections whose user was deleted
+    /// or replaced (ACL DELUSER, ACL LOAD), as Redis frees them, also those
+    /// that send nothing more.
+    fn acl_sweep(&mut self) {
+        let acl = &self.sh.acl;
+        let epoch = acl.epoch();
+        if epoch == self.acl_epoch {
+            return;
         }
+        self.acl_epoch = epoch;
+        let gone: Vec<Token> = self
+            .clients
+            .iter_mut()
+            .filter(|(_, c)| c.acl_epoch != epoch && !c.close_after)
+            .filter_map(|(t, c)| (!acl.refresh(&mut c.user, &mut c.acl_epoch)).then_some(*t))
+            .collect();
+        self.kill_and_flush(gone);
     }
 
     fn adopt_new(&mut self) {
@@ -438,9 +452,8 @@ impl Worker {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, meta.clone());
-            let authed = self.settings.requirepass.is_none();
             self.clients
-                .insert(token, Client::new(id, sock, meta, authed));
+                .insert(token, Client::new(id, sock, meta, &self.sh.acl));
             // Data may have arrived before registration: look once.
             self.pending.push(token);
         }
@@ -605,7 +618,7 @@ impl Worker {
                 c.inpos = 0;
                 return true;
             }
-            let limits = if c.authed {
+            let limits = if !self.sh.acl.auth_required(c.authed) {
                 &self.settings.limits
             } else {
                 &self.settings.unauth_limits
@@ -625,15 +638,11 @@ impl Worker {
                     // A CONFIG SET earlier in this batch (requirepass, limits)
                     // applies from the next command on.
                     self.reload_settings();
-                    if self.settings.requirepass.is_none() {
-                        c.authed = true;
-                    }
                     let mut ctx = Ctx {
                         sh: &self.sh,
                         ks: &mut self.ks,
                         ws: &self.ws,
                         now,
-                        requirepass: self.settings.requirepass.as_deref(),
                     };
                     cmd::execute(&mut ctx, c, args, clock);
                     self.batch_requests += 1;
@@ -652,7 +661,7 @@ impl Worker {
                         self.query_buffer_limit(c);
                         return true;
                     }
-                    let unauth = !c.authed
+                    let unauth = self.sh.acl.auth_required(c.authed)
                         && matches!(
                             e,
                             proto::ProtoError::InvalidMultibulkLength

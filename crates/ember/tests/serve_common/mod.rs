@@ -1,6 +1,8 @@
 //! Starting the real `ember serve` binary for integration tests.
 #![allow(dead_code)]
 
+pub mod redis_server;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

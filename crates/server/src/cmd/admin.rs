@@ -74,10 +74,20 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                     }
                 }
             }
+            let pass = a[2..]
+                .chunks(2)
+                .any(|p| eq(&p[0], "requirepass"))
+                .then(|| next.requirepass.clone());
+            ctx.sh.acl.set_log_max(next.acllog_max_len);
             *ctx.sh.cfg.write().unwrap_or_else(|p| p.into_inner()) = next;
             ctx.sh.cfg_epoch.fetch_add(1, Ordering::AcqRel);
-            // This client's own settings (requirepass) take effect for its
-            // next command through the worker's reload.
+            // requirepass is the default user's password (Redis's
+            // `resetpass >pass`, or `nopass` when empty).
+            if let Some(p) = pass {
+                ctx.sh.acl.set_default_password(p.as_deref());
+            }
+            // This client's own settings take effect for its next command
+            // through the worker's reload.
             c.ok();
         }
         "resetstat" => {
@@ -85,6 +95,7 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 return Err(super::arity_error("config|resetstat"));
             }
             ctx.sh.stats.reset();
+            ctx.sh.acl.reset_stats();
             c.ok();
         }
         "rewrite" => {
@@ -262,10 +273,19 @@ pub fn command(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             if !s.arity_ok(args.len()) {
                 return Err(CmdError::InvalidCommandArity);
             }
-            if s.keys.first == 0 {
+            let keys: Vec<usize> = if s.flags.contains(super::Flags::MOVABLEKEYS) {
+                let k = super::movable_keys(s.name, args);
+                if k.is_empty() {
+                    return Err(CmdError::InvalidGetkeysArgs);
+                }
+                k
+            } else {
+                s.keys.indexes(args.len()).collect()
+            };
+            if s.keys.first == 0 && !s.flags.contains(super::Flags::MOVABLEKEYS) {
                 return Err(CmdError::NoKeyArguments);
             }
-            let keys = s.keys.indexes(args.len());
+            let keys = keys.into_iter();
             c.reply(&Reply::Array(
                 keys.map(|k| Reply::Bulk(args[k].clone())).collect(),
             ));

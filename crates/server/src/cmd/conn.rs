@@ -43,36 +43,38 @@ pub fn select(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     Ok(())
 }
 
-fn check_password(ctx: &Ctx, user: Option<&[u8]>, pass: &[u8]) -> bool {
-    if let Some(u) = user {
-        if u != b"default" {
-            return false;
+/// Logs the connection in as `user`, or records the failure in ACL LOG
+/// (`cmd` is the command as the client typed it).
+fn login(ctx: &Ctx, c: &mut Client, cmd: &[u8], user: &[u8], pass: &[u8]) -> R {
+    let acl = &ctx.sh.acl;
+    match acl.authenticate(user, pass) {
+        Some(u) => {
+            c.set_user(acl, Some(u));
+            Ok(())
         }
-    }
-    match ctx.requirepass {
-        Some(p) => p.as_bytes() == pass,
-        // The default user has no password: any password is accepted only
-        // with the explicit user name (Redis's `nopass`).
-        None => user.is_some(),
+        None => {
+            acl.log("auth", cmd, user, c.meta.line());
+            Err(CmdError::WrongPass)
+        }
     }
 }
 
 pub fn auth(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
-    let (user, pass) = match a.len() {
-        2 => (None, &a[1]),
-        3 => (Some(a[1].as_slice()), &a[2]),
+    let (user, pass): (&[u8], &[u8]) = match a.len() {
+        // The one-argument form logs in as `default`, and is an error when
+        // the default user needs no password.
+        2 => {
+            if ctx.sh.acl.default_nopass() {
+                return Err(CmdError::AuthNotConfigured);
+            }
+            (b"default", &a[1])
+        }
+        3 => (&a[1], &a[2]),
         _ => return Err(CmdError::Syntax),
     };
-    if user.is_none() && ctx.requirepass.is_none() {
-        return Err(CmdError::AuthNotConfigured);
-    }
-    if check_password(ctx, user, pass) {
-        c.authed = true;
-        c.ok();
-        Ok(())
-    } else {
-        Err(CmdError::WrongPass)
-    }
+    login(ctx, c, &a[0], user, pass)?;
+    c.ok();
+    Ok(())
 }
 
 fn valid_name(n: &[u8]) -> bool {
@@ -90,34 +92,26 @@ pub fn hello(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         ver = Some(v);
         i = 2;
     }
-    let mut auth: Option<(&[u8], &[u8])> = None;
-    let mut name: Option<&[u8]> = None;
+    // Options take effect in order, as Redis applies them: a failed AUTH
+    // stops at once.
     while i < a.len() {
         if eq(&a[i], "auth") && i + 2 < a.len() {
-            auth = Some((&a[i + 1], &a[i + 2]));
+            login(ctx, c, &a[0], &a[i + 1], &a[i + 2])?;
             i += 3;
         } else if eq(&a[i], "setname") && i + 1 < a.len() {
-            name = Some(&a[i + 1]);
+            let n = &a[i + 1];
+            if !valid_name(n) {
+                return Err(CmdError::BadClientName);
+            }
+            *c.meta.name.lock().unwrap_or_else(|p| p.into_inner()) =
+                String::from_utf8_lossy(n).into_owned();
             i += 2;
         } else {
             return Err(CmdError::HelloOption(a[i].clone()));
         }
     }
-    if let Some((u, p)) = auth {
-        if !check_password(ctx, Some(u), p) {
-            return Err(CmdError::WrongPass);
-        }
-        c.authed = true;
-    }
     if !c.authed {
         return Err(CmdError::HelloNoAuth);
-    }
-    if let Some(n) = name {
-        if !valid_name(n) {
-            return Err(CmdError::BadClientName);
-        }
-        *c.meta.name.lock().unwrap_or_else(|p| p.into_inner()) =
-            String::from_utf8_lossy(n).into_owned();
     }
     if let Some(v) = ver {
         c.resp = if v == 3 {
@@ -144,7 +138,7 @@ pub fn hello(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 pub fn reset(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
     c.db = 0;
     c.resp = Version::Resp2;
-    c.authed = ctx.requirepass.is_none();
+    c.set_user(&ctx.sh.acl, None);
     c.meta.db.store(0, Ordering::Relaxed);
     c.meta.resp.store(2, Ordering::Relaxed);
     c.meta

@@ -97,6 +97,8 @@ pub enum CmdError {
     InvalidCommand,
     /// COMMAND GETKEYS with the wrong argument count for the command.
     InvalidCommandArity,
+    /// COMMAND GETKEYS of a movable-keys command whose arguments locate no key.
+    InvalidGetkeysArgs,
     /// COMMAND GETKEYS of a command without keys.
     NoKeyArguments,
     /// SHUTDOWN ABORT with no shutdown in progress.
@@ -140,6 +142,29 @@ pub enum CmdError {
     },
     /// The keyspace or the store refused (full heap, corrupt value...).
     Store(KsError),
+    /// The user may not run the command (its full name, `config|get`).
+    NoPermCommand(String),
+    /// The user may not touch one of the command's keys.
+    NoPermKey,
+    /// ACL SETUSER's rules refused (the text after `ERR `, see
+    /// `acl::apply_rules`), or ACL LOAD's errors.
+    Acl(String),
+    /// ACL SETUSER of a name with spaces or NUL.
+    AclBadUsername,
+    /// ACL DELUSER default.
+    AclDeleteDefault,
+    /// ACL LOAD or SAVE without an `aclfile`.
+    AclNoFile,
+    /// ACL SAVE failed (the cause is logged).
+    AclSave,
+    /// ACL CAT of an unknown category.
+    AclUnknownCategory(Vec<u8>),
+    /// ACL GENPASS with bits out of 1..=4096.
+    AclGenpassBits,
+    /// ACL DRYRUN of an unknown user.
+    AclNoUser(Vec<u8>),
+    /// ACL DRYRUN of an unknown command.
+    AclNoCommand(Vec<u8>),
 }
 
 impl From<KsError> for CmdError {
@@ -271,12 +296,28 @@ impl CmdError {
                 return "ERR Invalid number of arguments specified for command".into()
             }
             E::NoKeyArguments => return "ERR The command has no key arguments".into(),
+            E::InvalidGetkeysArgs => return "ERR Invalid arguments specified for command".into(),
             E::NoShutdown => return "ERR No shutdown in progress.".into(),
             E::NotSupported { what, why } => format!("ERR {what} is not supported by Ember{why}"),
             E::Store(KsError::Corrupt) => {
                 return "ERR corrupt value in the heap (run `ember check`)".into()
             }
             E::Store(KsError::Store(e)) => return store_error_text(e),
+            E::NoPermCommand(name) => {
+                format!("NOPERM this user has no permissions to run the '{name}' command")
+            }
+            E::NoPermKey => return "NOPERM this user has no permissions to access one of the keys used as arguments".into(),
+            E::Acl(text) => format!("ERR {text}"),
+            E::AclBadUsername => {
+                return "ERR Usernames can't contain spaces or null characters".into()
+            }
+            E::AclDeleteDefault => return "ERR The 'default' user cannot be removed".into(),
+            E::AclNoFile => return "ERR This Redis instance is not configured to use an ACL file. You may want to specify users via the ACL SETUSER command and then issue a CONFIG REWRITE (assuming you have a Redis configuration file set) in order to store users in the Redis configuration.".into(),
+            E::AclSave => return "ERR There was an error trying to save the ACLs. Please check the server logs for more information".into(),
+            E::AclUnknownCategory(c) => format!("ERR Unknown category '{}'", c_str(c)),
+            E::AclGenpassBits => return "ERR ACL GENPASS argument must be the number of bits for the output password, a positive number up to 4096".into(),
+            E::AclNoUser(u) => format!("ERR User '{}' not found", lossy(until_nul(u))),
+            E::AclNoCommand(c) => format!("ERR Command '{}' not found", lossy(until_nul(c))),
         })
     }
 }

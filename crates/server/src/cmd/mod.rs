@@ -1,6 +1,7 @@
 //! The command table and dispatch. Every reply and error text follows the Redis
 //! command reference (and Redis 7's source where the reference is silent).
 
+mod acl;
 mod admin;
 mod conn;
 mod error;
@@ -12,7 +13,10 @@ mod sets;
 mod strings;
 mod table;
 
-pub use table::{lookup, Cats, Flags, KeyPos, Spec, TABLE};
+pub use table::{
+    arity_ok, lookup, movable_keys, Cats, Flags, KeyPos, Spec, SubSpec, KEY_ACCESS, SUBCOMMANDS,
+    TABLE,
+};
 
 pub use conn::REDIS_COMPAT_VERSION;
 pub use error::CmdError;
@@ -30,7 +34,6 @@ pub struct Ctx<'a> {
     pub ws: &'a WorkerStats,
     /// The command's time (Unix ms): expiry is judged against it.
     pub now: i64,
-    pub requirepass: Option<&'a str>,
 }
 
 /// A handler's result: its reply is written to the client; a failure is
@@ -85,6 +88,15 @@ pub fn unknown_subcommand(cmd: &'static str, sub: &[u8]) -> CmdError {
 /// time is measured from it, and it is moved to this command's end.
 pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stamp) {
     let t0 = *clock;
+    let acl = &ctx.sh.acl;
+    // A user changed since this connection last read it (ACL SETUSER,
+    // DELUSER, LOAD, CONFIG SET requirepass): re-read it, as Redis's
+    // connections see their user's changes at once. A deleted or reloaded
+    // user's connections are closed without running anything more.
+    if c.acl_epoch != acl.epoch() && !acl.refresh(&mut c.user, &mut c.acl_epoch) {
+        c.kill = true;
+        return;
+    }
     let Some(i) = lookup(&args[0]) else {
         c.err(&CmdError::UnknownCommand(args.to_vec()).text());
         return;
@@ -103,15 +115,26 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
         c.err(&CmdError::DebugNotAllowed.text());
         return;
     }
-    if !c.authed && !spec.flags.contains(Flags::NO_AUTH) {
+    if acl.auth_required(c.authed) && !spec.flags.contains(Flags::NO_AUTH) {
         ctx.ws.cmds[i].rejected.add(1);
         c.err(&CmdError::NoAuth.text());
         return;
     }
-    c.meta.last_cmd.store(i as u64 + 1, Ordering::Relaxed);
+    // CLIENT LIST names a container's subcommand (`client|list`), as Redis.
+    let id = crate::acl::resolve(i, args).unwrap_or(i);
+    c.meta.last_cmd.store(id as u64 + 1, Ordering::Relaxed);
     c.meta
         .last_ms
         .store(t0.millis_since(c.meta.created), Ordering::Relaxed);
+    // ACL: a user with allcommands and allkeys (the default user) costs this
+    // flag test; only a restricted user's rules and key patterns are walked.
+    if !c.user.unrestricted() {
+        if let Err(e) = acl_check(ctx, c, i, args) {
+            ctx.ws.cmds[i].rejected.add(1);
+            c.err(&e.text());
+            return;
+        }
+    }
     let mark = c.out.len();
     let r = (spec.run)(ctx, c, args);
     // Every write was applied under its command's locks (see `locked`). A
@@ -132,6 +155,33 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
     let t1 = Stamp::now();
     *clock = t1;
     ctx.ws.record(i, t1.micros_since(t0), failed);
+}
+
+/// A restricted user's check of request `args` (table entry `i`): the
+/// subcommand's arity (Redis checks it before the ACL), then the command and
+/// its keys. A denial is recorded in ACL LOG.
+fn acl_check(ctx: &Ctx, c: &Client, i: usize, args: &[Vec<u8>]) -> Result<(), CmdError> {
+    let Some(id) = crate::acl::resolve(i, args) else {
+        return Ok(());
+    };
+    let cmd = crate::acl::cmd(id);
+    if !cmd.arity_ok(args.len()) {
+        return Err(arity_error(cmd.name.clone()));
+    }
+    match c.user.check_id(id, args) {
+        Ok(()) => Ok(()),
+        Err(crate::acl::Denied::Command(id)) => {
+            let name = crate::acl::cmd(id).name.clone();
+            ctx.sh
+                .acl
+                .log("command", name.as_bytes(), &c.user.name, c.meta.line());
+            Err(CmdError::NoPermCommand(name))
+        }
+        Err(crate::acl::Denied::Key(k)) => {
+            ctx.sh.acl.log("key", &args[k], &c.user.name, c.meta.line());
+            Err(CmdError::NoPermKey)
+        }
+    }
 }
 
 /// Parses an integer argument (Redis's `string2ll`).

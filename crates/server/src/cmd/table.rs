@@ -3,7 +3,7 @@
 //! handler. `COMMAND`, dispatch, the statistics and (later) ACL, MULTI and
 //! replication all read it; a new command is a handler and one row here.
 
-use super::{admin, conn, hashes, keys, lists, sets, strings, Handler};
+use super::{acl, admin, conn, hashes, keys, lists, sets, strings, Handler};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -123,6 +123,24 @@ pub struct KeyPos {
     pub step: i32,
 }
 
+/// The key indexes of a request of a MOVABLEKEYS command, whose keys its
+/// arguments locate: `numkeys` at index 1 and that many keys after it
+/// (SINTERCARD, LMPOP). Empty for other commands and for a `numkeys` that
+/// is not a positive number (the command itself then refuses the request).
+pub fn movable_keys(name: &str, args: &[Vec<u8>]) -> Vec<usize> {
+    match name {
+        "sintercard" | "lmpop" => {
+            let n = args
+                .get(1)
+                .and_then(|a| proto::int::parse_i64(a))
+                .filter(|&n| n > 0)
+                .unwrap_or(0) as usize;
+            (2..args.len()).take(n).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
 impl KeyPos {
     /// The indexes of the keys in a request of `n` arguments (arity already
     /// checked).
@@ -160,12 +178,7 @@ pub struct Spec {
 impl Spec {
     /// Whether `n` arguments (the name included) satisfy the arity.
     pub fn arity_ok(&self, n: usize) -> bool {
-        let n = n as i32;
-        if self.arity > 0 {
-            n == self.arity
-        } else {
-            n >= -self.arity
-        }
+        arity_ok(self.arity, n)
     }
 
     /// The command's ACL categories: its own plus those Redis derives from
@@ -173,25 +186,41 @@ impl Spec {
     /// and `@dangerous`, `pubsub` `@pubsub`, `blocking` `@blocking`, `fast`
     /// `@fast` and every other command `@slow`).
     pub fn categories(&self) -> Cats {
-        let f = self.flags;
-        let mut c = self.acl;
-        for (flag, cats) in [
-            (Flags::WRITE, Cats::WRITE),
-            (Flags::READONLY, Cats::READ),
-            (Flags::ADMIN, Cats::ADMIN.with(Cats::DANGEROUS)),
-            (Flags::PUBSUB, Cats::PUBSUB),
-            (Flags::BLOCKING, Cats::BLOCKING),
-        ] {
-            if f.contains(flag) {
-                c = c.with(cats);
-            }
-        }
-        c.with(if f.contains(Flags::FAST) {
-            Cats::FAST
-        } else {
-            Cats::SLOW
-        })
+        categories(self.flags, self.acl)
     }
+}
+
+/// Whether `n` arguments satisfy Redis arity `arity`: exactly `arity`, or
+/// at least `-arity` when it is negative.
+pub fn arity_ok(arity: i32, n: usize) -> bool {
+    let n = i32::try_from(n).unwrap_or(i32::MAX);
+    if arity > 0 {
+        n == arity
+    } else {
+        n >= -arity
+    }
+}
+
+/// The ACL categories of a command or subcommand with flags `f` and own
+/// categories `own` (see [`Spec::categories`]).
+pub fn categories(f: Flags, own: Cats) -> Cats {
+    let mut c = own;
+    for (flag, cats) in [
+        (Flags::WRITE, Cats::WRITE),
+        (Flags::READONLY, Cats::READ),
+        (Flags::ADMIN, Cats::ADMIN.with(Cats::DANGEROUS)),
+        (Flags::PUBSUB, Cats::PUBSUB),
+        (Flags::BLOCKING, Cats::BLOCKING),
+    ] {
+        if f.contains(flag) {
+            c = c.with(cats);
+        }
+    }
+    c.with(if f.contains(Flags::FAST) {
+        Cats::FAST
+    } else {
+        Cats::SLOW
+    })
 }
 
 macro_rules! spec {
@@ -330,7 +359,153 @@ pub static TABLE: &[Spec] = &[
     spec!("save", 1, [ADMIN, NOSCRIPT], [], (0, 0, 0), "server", "1.0.0", "Synchronously saves the database(s) to disk.", admin::save),
     spec!("bgsave", -1, [ADMIN, NOSCRIPT], [], (0, 0, 0), "server", "1.0.0", "Asynchronously saves the database(s) to disk.", admin::bgsave),
     spec!("debug", -2, [ADMIN, NOSCRIPT, LOADING, STALE, PROTECTED], [], (0, 0, 0), "server", "1.0.0", "A container for debugging commands.", admin::debug),
+    spec!("acl", -2, [], [], (0, 0, 0), "server", "6.0.0", "A container for Access List Control commands.", acl::acl),
     spec!("shutdown", -1, [ADMIN, NOSCRIPT, LOADING, STALE], [], (0, 0, 0), "server", "1.0.0", "Synchronously saves the database(s) to disk and shuts down the Redis server.", admin::shutdown),
+];
+
+/// A subcommand of a container command (CLIENT, CONFIG, OBJECT, COMMAND,
+/// ACL), with the metadata Redis 7 keeps for it: ACL rules name it
+/// `parent|name` and check its own categories and keys (`+config|get`,
+/// `-@admin` denies `config|set` and not `config|help`). Every subcommand
+/// Redis has is listed, also those Ember replies are not supported, so that
+/// rules naming them are accepted as Redis accepts them.
+pub struct SubSpec {
+    pub parent: &'static str,
+    pub name: &'static str,
+    /// Redis arity, the parent's name and the subcommand's name included.
+    pub arity: i32,
+    pub flags: Flags,
+    pub acl: Cats,
+    pub keys: KeyPos,
+}
+
+impl SubSpec {
+    /// The subcommand's ACL categories (see [`Spec::categories`]).
+    pub fn categories(&self) -> Cats {
+        categories(self.flags, self.acl)
+    }
+
+    /// Whether `n` arguments (the parent's name included) satisfy the arity.
+    pub fn arity_ok(&self, n: usize) -> bool {
+        arity_ok(self.arity, n)
+    }
+}
+
+macro_rules! sub {
+    ($parent:literal, $name:literal, $arity:expr, [$($f:ident),*], [$($c:ident),*]) => {
+        sub!($parent, $name, $arity, [$($f),*], [$($c),*], (0, 0, 0))
+    };
+    ($parent:literal, $name:literal, $arity:expr, [$($f:ident),*], [$($c:ident),*], ($first:expr, $last:expr, $step:expr)) => {
+        SubSpec {
+            parent: $parent,
+            name: $name,
+            arity: $arity,
+            flags: Flags::empty()$(.with(Flags::$f))*,
+            acl: Cats::empty()$(.with(Cats::$c))*,
+            keys: KeyPos { first: $first, last: $last, step: $step },
+        }
+    };
+}
+
+/// Every subcommand of the container commands in [`TABLE`] (Redis 7's
+/// flags and categories; CLIENT SETINFO and NO-TOUCH as Redis 7.2 has them).
+#[rustfmt::skip]
+pub static SUBCOMMANDS: &[SubSpec] = &[
+    sub!("client", "caching", 3, [NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "getname", 2, [NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "getredir", 2, [NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "help", 2, [LOADING, STALE], [CONNECTION]),
+    sub!("client", "id", 2, [NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "info", 2, [NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "kill", -3, [ADMIN, NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "list", -2, [ADMIN, NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "no-evict", 3, [ADMIN, NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "no-touch", 3, [NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "pause", -3, [ADMIN, NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "reply", 3, [NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "setinfo", 4, [NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "setname", 3, [NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "tracking", -3, [NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "trackinginfo", 2, [NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "unblock", -3, [ADMIN, NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("client", "unpause", 2, [ADMIN, NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("object", "encoding", 3, [READONLY], [KEYSPACE], (2, 2, 1)),
+    sub!("object", "freq", 3, [READONLY], [KEYSPACE], (2, 2, 1)),
+    sub!("object", "help", 2, [LOADING, STALE], [KEYSPACE]),
+    sub!("object", "idletime", 3, [READONLY], [KEYSPACE], (2, 2, 1)),
+    sub!("object", "refcount", 3, [READONLY], [KEYSPACE], (2, 2, 1)),
+    sub!("config", "get", -3, [ADMIN, NOSCRIPT, LOADING, STALE], []),
+    sub!("config", "help", 2, [LOADING, STALE], []),
+    sub!("config", "resetstat", 2, [ADMIN, NOSCRIPT, LOADING, STALE], []),
+    sub!("config", "rewrite", 2, [ADMIN, NOSCRIPT, LOADING, STALE], []),
+    sub!("config", "set", -4, [ADMIN, NOSCRIPT, LOADING, STALE], []),
+    sub!("command", "count", 2, [LOADING, STALE], [CONNECTION]),
+    sub!("command", "docs", -2, [LOADING, STALE], [CONNECTION]),
+    sub!("command", "getkeys", -4, [LOADING, STALE], [CONNECTION]),
+    sub!("command", "getkeysandflags", -4, [LOADING, STALE], [CONNECTION]),
+    sub!("command", "help", 2, [LOADING, STALE], [CONNECTION]),
+    sub!("command", "info", -2, [LOADING, STALE], [CONNECTION]),
+    sub!("command", "list", -2, [LOADING, STALE], [CONNECTION]),
+    sub!("acl", "cat", -2, [NOSCRIPT, LOADING, STALE], []),
+    sub!("acl", "deluser", -3, [ADMIN, NOSCRIPT, LOADING, STALE], []),
+    sub!("acl", "dryrun", -4, [ADMIN, NOSCRIPT, LOADING, STALE], []),
+    sub!("acl", "genpass", -2, [NOSCRIPT, LOADING, STALE], []),
+    sub!("acl", "getuser", 3, [ADMIN, NOSCRIPT, LOADING, STALE], []),
+    sub!("acl", "help", 2, [LOADING, STALE], []),
+    sub!("acl", "list", 2, [ADMIN, NOSCRIPT, LOADING, STALE], []),
+    sub!("acl", "load", 2, [ADMIN, NOSCRIPT, LOADING, STALE], []),
+    sub!("acl", "log", -2, [ADMIN, NOSCRIPT, LOADING, STALE], []),
+    sub!("acl", "save", 2, [ADMIN, NOSCRIPT, LOADING, STALE], []),
+    sub!("acl", "setuser", -3, [ADMIN, NOSCRIPT, LOADING, STALE], []),
+    sub!("acl", "users", 2, [ADMIN, NOSCRIPT, LOADING, STALE], []),
+    sub!("acl", "whoami", 2, [NOSCRIPT, LOADING, STALE], []),
+];
+
+/// The access to its keys a command needs from ACL `%R~`/`%W~` patterns
+/// where its flags alone do not say it (a write command writes its keys, a
+/// read-only command reads them): Redis 7's key specs. Each row is the
+/// command (or `parent|sub`), then the access to its first key and to the
+/// others: `R` reads the value, `W` changes the key, `-` neither (EXISTS
+/// only looks whether the key is there). SET's GET option, which also
+/// reads, is `acl.rs`'s one argument-dependent case.
+#[rustfmt::skip]
+pub static KEY_ACCESS: &[(&str, &str, &str)] = &[
+    ("getdel", "RW", "RW"),
+    ("getset", "RW", "RW"),
+    ("getex", "RW", "RW"),
+    ("incr", "RW", "RW"),
+    ("incrby", "RW", "RW"),
+    ("decr", "RW", "RW"),
+    ("decrby", "RW", "RW"),
+    ("incrbyfloat", "RW", "RW"),
+    ("rename", "RW", "W"),
+    ("renamenx", "RW", "W"),
+    ("exists", "-", "-"),
+    ("type", "-", "-"),
+    ("touch", "-", "-"),
+    ("strlen", "-", "-"),
+    ("object|encoding", "-", "-"),
+    ("object|freq", "-", "-"),
+    ("object|idletime", "-", "-"),
+    ("object|refcount", "-", "-"),
+    ("lpop", "RW", "RW"),
+    ("rpop", "RW", "RW"),
+    ("lmove", "RW", "W"),
+    ("rpoplpush", "RW", "W"),
+    ("lmpop", "RW", "RW"),
+    ("llen", "-", "-"),
+    ("hincrby", "RW", "RW"),
+    ("hincrbyfloat", "RW", "RW"),
+    ("hlen", "-", "-"),
+    ("hexists", "-", "-"),
+    ("hstrlen", "-", "-"),
+    ("spop", "RW", "RW"),
+    ("smove", "RW", "W"),
+    ("sismember", "-", "-"),
+    ("scard", "-", "-"),
+    ("sinterstore", "W", "R"),
+    ("sunionstore", "W", "R"),
+    ("sdiffstore", "W", "R"),
 ];
 
 /// FNV-1a: command names are short and not attacker-chosen keys of a growing
