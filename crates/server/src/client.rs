@@ -7,7 +7,7 @@
 use crate::accept::is_loopback;
 use crate::clock::Stamp;
 use crate::cmd;
-use mio::net::TcpStream;
+use crate::tls::Conn;
 use proto::reply::put;
 use proto::{Reply, RespCodec, Version};
 use std::net::SocketAddr;
@@ -93,7 +93,7 @@ impl ClientMeta {
 /// One connection, owned by its worker.
 pub struct Client {
     pub id: u64,
-    pub(crate) sock: TcpStream,
+    pub(crate) sock: Conn,
     pub(crate) inbuf: Vec<u8>,
     pub(crate) inpos: usize,
     pub out: Vec<u8>,
@@ -125,11 +125,14 @@ pub struct Client {
     pub meta: Arc<ClientMeta>,
     pub(crate) last_active: Instant,
     pub(crate) want_write: bool,
+    /// Since when the pending output has been above the soft
+    /// `client-output-buffer-limit` (None: below it).
+    pub(crate) obuf_soft_since: Option<Instant>,
 }
 
 impl Client {
     /// A new connection: nothing read or queued yet, RESP2, database 0.
-    pub(crate) fn new(id: u64, sock: TcpStream, meta: Arc<ClientMeta>, authed: bool) -> Client {
+    pub(crate) fn new(id: u64, sock: Conn, meta: Arc<ClientMeta>, authed: bool) -> Client {
         Client {
             id,
             sock,
@@ -151,6 +154,7 @@ impl Client {
             meta,
             last_active: Instant::now(),
             want_write: false,
+            obuf_soft_since: None,
         }
     }
 }

@@ -136,7 +136,7 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, crate::keyspace:
     if on("stats") {
         let _ = write!(
             o,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_error_replies:{}\r\n\r\n",
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_error_replies:{}\r\nclient_output_buffer_limit_disconnections:{}\r\n\r\n",
             sh.stats.total_connections.load(Ordering::Relaxed),
             tot.commands,
             tot.net_in,
@@ -146,6 +146,7 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, crate::keyspace:
             tot.hits,
             tot.misses,
             tot.errors,
+            sh.stats.obuf_limit_disconnections.load(Ordering::Relaxed),
         );
     }
     if on("replication") {
