@@ -477,6 +477,72 @@ fn bad_tls_peers_do_not_disturb_a_good_client() {
     drop(half);
 }
 
+/// A request followed at once by the client's close_notify (in one TCP
+/// segment, the connection left open): the request is answered, then the
+/// server ends the session. Likewise a request followed by a TCP half-close.
+#[test]
+fn tls_end_of_stream_right_after_a_request_is_answered() {
+    use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+    let dir = tempfile::tempdir().unwrap();
+    let certs = Certs::make(dir.path());
+    let (_srv, port) = server_with_tls(dir.path(), &certs, "no", &[]);
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(&certs.read("ca.pem")).unwrap())
+        .unwrap();
+    let cfg = std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    );
+    for half_close in [false, true] {
+        let name = ServerName::try_from("127.0.0.1").unwrap();
+        let mut tls = rustls::ClientConnection::new(cfg.clone(), name).unwrap();
+        let mut sock = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        while tls.is_handshaking() {
+            tls.complete_io(&mut sock).unwrap();
+        }
+        tls.writer().write_all(b"*1\r\n$4\r\nPING\r\n").unwrap();
+        if !half_close {
+            tls.send_close_notify();
+        }
+        // Everything queued leaves in one write.
+        let mut out = Vec::new();
+        while tls.wants_write() {
+            tls.write_tls(&mut out).unwrap();
+        }
+        sock.write_all(&out).unwrap();
+        if half_close {
+            sock.shutdown(std::net::Shutdown::Write).unwrap();
+        }
+        let mut got = Vec::new();
+        let ended = loop {
+            match tls.read_tls(&mut sock) {
+                Ok(0) => break true,
+                Ok(_) => {
+                    let st = tls.process_new_packets().unwrap();
+                    let mut b = vec![0u8; st.plaintext_bytes_to_read()];
+                    tls.reader().read_exact(&mut b).unwrap();
+                    got.extend_from_slice(&b);
+                    if st.peer_has_closed() {
+                        break true;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+                Err(e) => panic!("half_close {half_close}: {e} after {got:?}"),
+            }
+        };
+        assert_eq!(got, b"+PONG\r\n", "half_close {half_close}");
+        assert!(ended);
+    }
+}
+
 /// A missing, unreadable or mismatched certificate or key stops the start
 /// with a message naming the file, before the heap is created.
 #[test]

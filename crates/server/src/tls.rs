@@ -31,6 +31,9 @@ pub(crate) enum Conn {
 pub(crate) struct TlsConn {
     sock: TcpStream,
     tls: ServerConnection,
+    /// The peer's close_notify, or the socket's end of stream, was read: the
+    /// next read says end of stream.
+    closed: bool,
 }
 
 impl Conn {
@@ -39,11 +42,23 @@ impl Conn {
         Ok(Conn::Tls(Box::new(TlsConn {
             sock,
             tls: ServerConnection::new(cfg)?,
+            closed: false,
         })))
     }
 
     pub(crate) fn is_tls(&self) -> bool {
         matches!(self, Conn::Tls(_))
+    }
+
+    /// A read that came back short did not drain everything: the end of
+    /// the stream (the peer's close_notify) came with the data and is still
+    /// to be reported, which no new socket event would announce.
+    #[inline]
+    pub(crate) fn end_pending(&self) -> bool {
+        match self {
+            Conn::Plain(_) => false,
+            Conn::Tls(t) => t.closed,
+        }
     }
 
     /// TLS records are queued for the socket (handshake messages, alerts,
@@ -123,7 +138,10 @@ impl TlsConn {
         while n < buf.len() {
             match self.tls.reader().read(&mut buf[n..]) {
                 // A close_notify: the end of the stream once `n` is taken.
-                Ok(0) => return Ok(n),
+                Ok(0) => {
+                    self.closed = true;
+                    return Ok(n);
+                }
                 Ok(k) => {
                     n += k;
                     continue;
@@ -131,7 +149,10 @@ impl TlsConn {
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 // The socket's end of stream without a close_notify: an end
                 // of stream as plain TCP has it.
-                Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(n),
+                Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
+                    self.closed = true;
+                    return Ok(n);
+                }
                 Err(e) => return Err(e),
             }
             match self.tls.read_tls(&mut self.sock) {

@@ -84,7 +84,7 @@ pub(crate) struct Settings {
     timeout: u64,
     pub(crate) hz: u64,
     busy_poll: Duration,
-    /// `client-output-buffer-limit normal`, and the pending output above
+    /// `client-output-buffer-limit normal`, and the pending output from
     /// which a client is checked against it (the smaller limit set; `usize::MAX`
     /// when there is none): one comparison per command when under it.
     obuf: ObufLimit,
@@ -526,7 +526,7 @@ impl Worker {
                 Ok(0) => c.eof = true,
                 Ok(n) => {
                     c.inbuf.extend_from_slice(&self.rbuf[..n]);
-                    drained = n < self.rbuf.len() && !c.peer_closing;
+                    drained = n < self.rbuf.len() && !c.peer_closing && !c.sock.end_pending();
                     read_total += n;
                     self.ws.net_in.add(n as u64);
                     c.last_active = Instant::now();
@@ -664,7 +664,7 @@ impl Worker {
                 return true;
             }
             let pending = c.out.len() - c.outpos;
-            if pending > self.settings.obuf_check && self.output_limit_reached(c) {
+            if pending >= self.settings.obuf_check && self.output_limit_reached(c) {
                 return true;
             }
             if pending > OUT_HIGH_WATER {
@@ -899,7 +899,7 @@ impl Worker {
             let over: Vec<Token> = self
                 .clients
                 .iter()
-                .filter(|(_, c)| c.out.len() - c.outpos > check && !c.kill)
+                .filter(|(_, c)| c.out.len() - c.outpos >= check && !c.kill)
                 .map(|(t, _)| *t)
                 .collect();
             for t in over {
