@@ -26,7 +26,8 @@ pub struct ServeArgs {
     /// snapshot/AOF/encoding directives are accepted and have no effect).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// TCP port [default: 6379].
+    /// TCP port (0: no plain TCP, for a server that serves TLS only)
+    /// [default: 6379].
     #[arg(long)]
     pub port: Option<u16>,
     /// Addresses to listen on, space separated [default: 127.0.0.1].
