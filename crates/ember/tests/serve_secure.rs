@@ -228,6 +228,17 @@ fn tls_serves_redis_cli_and_the_redis_crate_beside_plain_tcp() {
         .query::<()>(&mut con)
         .unwrap_err();
     assert!(e.to_string().contains("can't set immutable config"), "{e}");
+    // Over maxclients a TLS client is closed: the error would be plain text
+    // inside its TLS stream.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxclients")
+        .arg("2")
+        .query(&mut plain)
+        .unwrap();
+    let (out, ok) = certs.cli(port, None, &["PING"]);
+    assert!(!(ok && out == "PONG"), "{out}");
+    assert_eq!(info_field(&mut plain, "stats", "rejected_connections"), "1");
 }
 
 #[test]

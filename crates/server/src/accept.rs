@@ -92,7 +92,12 @@ pub(crate) fn accept_loop(
                         };
                         if let Some(msg) = refusal {
                             sh.stats.rejected.fetch_add(1, Ordering::Relaxed);
-                            refuse(s, msg);
+                            // On the TLS port the error would arrive as plain
+                            // text inside a TLS stream: the connection is
+                            // closed without it.
+                            if tls.is_none() {
+                                refuse(s, msg);
+                            }
                             continue;
                         }
                         sh.connected.fetch_add(1, Ordering::AcqRel);
