@@ -4,7 +4,7 @@
 mod serve_common;
 
 use redis::Commands;
-use serve_common::Server;
+use serve_common::{info_field, Server};
 use std::process::Command;
 use std::time::Duration;
 
@@ -17,15 +17,6 @@ fn redis_cli(port: u16, args: &[&str]) -> String {
         .expect("redis-cli is not installed: run the README's test command (scripts/test.sh), which installs redis-tools");
     assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
     String::from_utf8_lossy(&out.stdout).trim_end().to_string()
-}
-
-fn info_field(con: &mut redis::Connection, section: &str, field: &str) -> String {
-    let info: String = redis::cmd("INFO").arg(section).query(con).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("INFO {section} has no {field}:\n{info}"))
-        .trim()
-        .to_string()
 }
 
 #[test]
@@ -325,11 +316,13 @@ fn refuses_foreign_heaps_and_other_engines() {
     let mut srv = Server::start(dir.path(), &["--engine", "bullet"]);
     assert!(srv.terminate());
     let heap = dir.path().join("ember.heap");
+    // A port nothing else uses (port 0 would serve no TCP at all).
+    let port = serve_common::free_port();
     let run = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_ember"))
             .arg("serve")
             .arg("--port")
-            .arg("0")
+            .arg(port.to_string())
             .arg("--heap")
             .arg(&heap)
             .args(args)

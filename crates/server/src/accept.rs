@@ -6,6 +6,7 @@
 use crate::server::Shared;
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token, Waker};
+use rustls::ServerConfig;
 use std::io::{ErrorKind, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -15,18 +16,21 @@ use std::time::{Duration, Instant};
 
 /// The acceptor's waker (its listeners are tokens 0..n).
 pub(crate) const ACCEPT_WAKER: Token = Token(usize::MAX);
-/// An accepted connection on its way from the acceptor to a worker.
-pub(crate) type NewConn = (std::net::TcpStream, SocketAddr);
+/// An accepted connection on its way from the acceptor to a worker, with
+/// the TLS configuration of the port it came in on (None: plain TCP).
+pub(crate) type NewConn = (std::net::TcpStream, SocketAddr, Option<Arc<ServerConfig>>);
+/// A listening socket, and its TLS configuration when it is the TLS port.
+pub(crate) type Listener = (TcpListener, Option<Arc<ServerConfig>>);
 
 /// The acceptor: accepts, enforces maxclients and protected mode, and hands
 /// connections to workers round-robin.
 pub(crate) fn accept_loop(
     sh: Arc<Shared>,
     mut poll: Poll,
-    mut listeners: Vec<TcpListener>,
+    mut listeners: Vec<Listener>,
     workers: Vec<(Sender<NewConn>, Arc<Waker>)>,
 ) {
-    for (i, l) in listeners.iter_mut().enumerate() {
+    for (i, (l, _)) in listeners.iter_mut().enumerate() {
         if let Err(e) = poll.registry().register(l, Token(i), Interest::READABLE) {
             eprintln!("ember: acceptor: {e}");
             sh.begin_shutdown();
@@ -61,7 +65,7 @@ pub(crate) fn accept_loop(
             );
         }
         for &i in &todo {
-            let l = &listeners[i];
+            let (l, tls) = &listeners[i];
             loop {
                 match l.accept() {
                     Ok((s, peer)) => {
@@ -88,13 +92,18 @@ pub(crate) fn accept_loop(
                         };
                         if let Some(msg) = refusal {
                             sh.stats.rejected.fetch_add(1, Ordering::Relaxed);
-                            refuse(s, msg);
+                            // On the TLS port the error would arrive as plain
+                            // text inside a TLS stream: the connection is
+                            // closed without it.
+                            if tls.is_none() {
+                                refuse(s, msg);
+                            }
                             continue;
                         }
                         sh.connected.fetch_add(1, Ordering::AcqRel);
                         let (tx, waker) = &workers[rr % workers.len()];
                         rr += 1;
-                        if tx.send((s, peer)).is_err() {
+                        if tx.send((s, peer, tls.clone())).is_err() {
                             sh.connected.fetch_sub(1, Ordering::AcqRel);
                             continue;
                         }
@@ -116,7 +125,7 @@ pub(crate) fn accept_loop(
             }
         }
     }
-    for l in &mut listeners {
+    for (l, _) in &mut listeners {
         let _ = poll.registry().deregister(l);
     }
 }

@@ -7,7 +7,7 @@
 use crate::accept::is_loopback;
 use crate::acl::{Acl, User};
 use crate::clock::Stamp;
-use mio::net::TcpStream;
+use crate::tls::Conn;
 use proto::reply::put;
 use proto::{Reply, RespCodec, Version};
 use std::net::SocketAddr;
@@ -95,7 +95,7 @@ impl ClientMeta {
 /// One connection, owned by its worker.
 pub struct Client {
     pub id: u64,
-    pub(crate) sock: TcpStream,
+    pub(crate) sock: Conn,
     pub(crate) inbuf: Vec<u8>,
     pub(crate) inpos: usize,
     pub out: Vec<u8>,
@@ -132,12 +132,15 @@ pub struct Client {
     pub meta: Arc<ClientMeta>,
     pub(crate) last_active: Instant,
     pub(crate) want_write: bool,
+    /// Since when the pending output has been above the soft
+    /// `client-output-buffer-limit` (None: below it).
+    pub(crate) obuf_soft_since: Option<Instant>,
 }
 
 impl Client {
     /// A new connection: nothing read or queued yet, RESP2, database 0, the
     /// default user (logged in when it is on and nopass, as Redis does).
-    pub(crate) fn new(id: u64, sock: TcpStream, meta: Arc<ClientMeta>, acl: &Acl) -> Client {
+    pub(crate) fn new(id: u64, sock: Conn, meta: Arc<ClientMeta>, acl: &Acl) -> Client {
         let acl_epoch = acl.epoch();
         let authed = acl.default_open();
         Client {
@@ -163,6 +166,7 @@ impl Client {
             meta,
             last_active: Instant::now(),
             want_write: false,
+            obuf_soft_since: None,
         }
     }
 }

@@ -21,11 +21,13 @@ pub struct ServeArgs {
     /// client-query-buffer-limit, heap, heap-size, heap-max-size, engine,
     /// durability, commit-pipeline, threads, metrics-port, logs, log-size, fence-ns,
     /// tcp-backlog, busy-poll-us, shutdown-worker-timeout,
-    /// enable-debug-command; Redis's
+    /// enable-debug-command, tls-port, tls-cert-file, tls-key-file,
+    /// tls-ca-cert-file, tls-auth-clients, client-output-buffer-limit; Redis's
     /// snapshot/AOF/encoding directives are accepted and have no effect).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// TCP port [default: 6379].
+    /// TCP port (0: no plain TCP, for a server that serves TLS only)
+    /// [default: 6379].
     #[arg(long)]
     pub port: Option<u16>,
     /// Addresses to listen on, space separated [default: 127.0.0.1].
@@ -126,6 +128,31 @@ pub struct ServeArgs {
     /// local (loopback clients only) [default: no].
     #[arg(long, value_name = "no|yes|local")]
     pub enable_debug_command: Option<String>,
+    /// Serve TLS on this port too (0 = no TLS; with --port 0, TLS only)
+    /// [default: 0].
+    #[arg(long)]
+    pub tls_port: Option<u16>,
+    /// The server's certificate chain (PEM) for TLS.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert_file: Option<String>,
+    /// The private key (PEM) of tls-cert-file.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key_file: Option<String>,
+    /// CA certificates (PEM) that client certificates are verified against.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca_cert_file: Option<String>,
+    /// Client certificates over TLS: yes (required and verified against
+    /// tls-ca-cert-file), optional (verified when presented), no (not
+    /// asked for) [default: yes].
+    #[arg(long, value_name = "yes|no|optional")]
+    pub tls_auth_clients: Option<String>,
+    /// Output a client may have pending: "<class> <hard> <soft> <seconds>"
+    /// for class normal, replica or pubsub, as Redis's directive; a client
+    /// above the hard limit, or above the soft limit for longer than the
+    /// seconds, is disconnected (0 = no limit) [default: normal 0 0 0
+    /// replica 256mb 64mb 60 pubsub 32mb 8mb 60].
+    #[arg(long, value_name = "CLASS HARD SOFT SECONDS")]
+    pub client_output_buffer_limit: Option<String>,
 }
 
 /// The engine a heap is served with.
@@ -199,6 +226,74 @@ pub enum Protected {
     Local,
 }
 
+/// `tls-auth-clients`: whether a TLS client must present a certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsAuth {
+    /// Required, and verified against `tls-ca-cert-file`.
+    Yes,
+    /// Verified when the client presents one.
+    Optional,
+    /// Not asked for.
+    No,
+}
+
+impl TlsAuth {
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsAuth::Yes => "yes",
+            TlsAuth::Optional => "optional",
+            TlsAuth::No => "no",
+        }
+    }
+}
+
+/// One class's `client-output-buffer-limit`: bytes (0 = no limit) and the
+/// seconds a client may stay above the soft limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObufLimit {
+    pub hard: u64,
+    pub soft: u64,
+    pub soft_seconds: u64,
+}
+
+/// The client classes of `client-output-buffer-limit`, in Redis's order.
+/// Only normal clients exist so far: the replica and pubsub limits are kept
+/// and reported, and apply to those clients when replication and Pub/Sub
+/// arrive.
+pub const OBUF_CLASSES: [&str; 3] = ["normal", "slave", "pubsub"];
+
+/// Parses Redis's `client-output-buffer-limit` value (one or more groups of
+/// `<class> <hard> <soft> <soft-seconds>`) onto `limits`; Redis's errors.
+fn parse_obuf_limits(args: &[String], limits: &mut [ObufLimit; 3]) -> Result<(), String> {
+    let words: Vec<&str> = args.iter().flat_map(|a| a.split_whitespace()).collect();
+    // An empty value is no group at all (Redis accepts it and changes nothing).
+    if !words.len().is_multiple_of(4) {
+        return Err("Wrong number of arguments in buffer limit configuration.".into());
+    }
+    let mut next = *limits;
+    for g in words.chunks(4) {
+        let class = match g[0].to_ascii_lowercase().as_str() {
+            "normal" => 0,
+            "slave" | "replica" => 1,
+            "pubsub" => 2,
+            _ => {
+                return Err("Invalid client class specified in buffer limit configuration.".into())
+            }
+        };
+        let bad = || "Error in hard, soft or soft_seconds setting in buffer limit configuration.";
+        let hard = parse_size(g[1]).map_err(|_| bad())?;
+        let soft = parse_size(g[2]).map_err(|_| bad())?;
+        let soft_seconds = g[3].parse::<u64>().map_err(|_| bad())?;
+        next[class] = ObufLimit {
+            hard,
+            soft,
+            soft_seconds,
+        };
+    }
+    *limits = next;
+    Ok(())
+}
+
 impl Protected {
     pub fn name(self) -> &'static str {
         match self {
@@ -254,6 +349,15 @@ pub struct Config {
     /// without the clean steps.
     pub shutdown_worker_timeout: u64,
     pub enable_debug_command: Protected,
+    /// TLS port (0 = none).
+    pub tls_port: u16,
+    /// PEM files for TLS (empty = not set).
+    pub tls_cert_file: String,
+    pub tls_key_file: String,
+    pub tls_ca_cert_file: String,
+    pub tls_auth_clients: TlsAuth,
+    /// `client-output-buffer-limit` per class (`OBUF_CLASSES`).
+    pub client_output_buffer_limit: [ObufLimit; 3],
     /// Redis directives accepted with no effect here (name → value as given).
     pub no_effect: BTreeMap<String, String>,
     /// The file the configuration was read from.
@@ -293,6 +397,29 @@ impl Default for Config {
             tcp_backlog: 511,
             shutdown_worker_timeout: 5,
             enable_debug_command: Protected::No,
+            tls_port: 0,
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+            tls_ca_cert_file: String::new(),
+            tls_auth_clients: TlsAuth::Yes,
+            // Redis 7.0's defaults.
+            client_output_buffer_limit: [
+                ObufLimit {
+                    hard: 0,
+                    soft: 0,
+                    soft_seconds: 0,
+                },
+                ObufLimit {
+                    hard: 256 * MB,
+                    soft: 64 * MB,
+                    soft_seconds: 60,
+                },
+                ObufLimit {
+                    hard: 32 * MB,
+                    soft: 8 * MB,
+                    soft_seconds: 60,
+                },
+            ],
             no_effect: BTreeMap::new(),
             config_file: None,
         }
@@ -394,6 +521,12 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("busy-poll-us", true),
     ("shutdown-worker-timeout", true),
     ("enable-debug-command", false),
+    ("tls-port", false),
+    ("tls-cert-file", false),
+    ("tls-key-file", false),
+    ("tls-ca-cert-file", false),
+    ("tls-auth-clients", false),
+    ("client-output-buffer-limit", true),
 ];
 
 /// Parses a size the way Redis's `memtoll` does: `k`/`m`/`g` are powers of
@@ -584,6 +717,29 @@ impl Config {
                     }
                 }
             }
+            "tls-port" => {
+                self.tls_port = one()?
+                    .parse()
+                    .map_err(|_| format!("invalid port '{}'", one().unwrap_or("")))?
+            }
+            "tls-cert-file" => self.tls_cert_file = one()?.to_string(),
+            "tls-key-file" => self.tls_key_file = one()?.to_string(),
+            "tls-ca-cert-file" => self.tls_ca_cert_file = one()?.to_string(),
+            "tls-auth-clients" => {
+                self.tls_auth_clients = match one()?.to_ascii_lowercase().as_str() {
+                    "yes" => TlsAuth::Yes,
+                    "no" => TlsAuth::No,
+                    "optional" => TlsAuth::Optional,
+                    _ => {
+                        return Err(
+                            "argument(s) must be one of the following: no, yes, optional".into(),
+                        )
+                    }
+                }
+            }
+            "client-output-buffer-limit" => {
+                parse_obuf_limits(args, &mut self.client_output_buffer_limit)?
+            }
             n if NO_EFFECT.contains(&n) => {
                 self.no_effect.insert(n.to_string(), args.join(" "));
             }
@@ -684,6 +840,15 @@ impl Config {
             a.shutdown_worker_timeout.map(|v| v.to_string()),
         )?;
         set("enable-debug-command", a.enable_debug_command.clone())?;
+        set("tls-port", a.tls_port.map(|v| v.to_string()))?;
+        set("tls-cert-file", a.tls_cert_file.clone())?;
+        set("tls-key-file", a.tls_key_file.clone())?;
+        set("tls-ca-cert-file", a.tls_ca_cert_file.clone())?;
+        set("tls-auth-clients", a.tls_auth_clients.clone())?;
+        set(
+            "client-output-buffer-limit",
+            a.client_output_buffer_limit.clone(),
+        )?;
         if c.aclfile.is_some() && !c.users.is_empty() {
             // As Redis refuses it: two sources of users invite mistakes.
             return Err("Configuring users defined in the configuration file ('user' directives) and at the same time an ACL file path ('aclfile') is invalid: define either an ACL file or the users in the configuration file, not both".into());
@@ -728,6 +893,17 @@ impl Config {
             "tcp-backlog" => self.tcp_backlog.to_string(),
             "shutdown-worker-timeout" => self.shutdown_worker_timeout.to_string(),
             "enable-debug-command" => self.enable_debug_command.name().into(),
+            "tls-port" => self.tls_port.to_string(),
+            "tls-cert-file" => self.tls_cert_file.clone(),
+            "tls-key-file" => self.tls_key_file.clone(),
+            "tls-ca-cert-file" => self.tls_ca_cert_file.clone(),
+            "tls-auth-clients" => self.tls_auth_clients.name().into(),
+            "client-output-buffer-limit" => OBUF_CLASSES
+                .iter()
+                .zip(&self.client_output_buffer_limit)
+                .map(|(n, l)| format!("{n} {} {} {}", l.hard, l.soft, l.soft_seconds))
+                .collect::<Vec<_>>()
+                .join(" "),
             n if NO_EFFECT.contains(&n) => self.no_effect.get(n).cloned().unwrap_or_default(),
             _ => return None,
         })
@@ -821,6 +997,99 @@ mod tests {
             assert!(Config::load(&a).is_err(), "{bad}");
         }
         assert!(!Protected::No.allows(true));
+    }
+
+    #[test]
+    fn output_buffer_limits_like_redis() {
+        let c = Config::default();
+        assert_eq!(
+            c.get("client-output-buffer-limit").unwrap(),
+            "normal 0 0 0 slave 268435456 67108864 60 pubsub 33554432 8388608 60"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("e.conf");
+        std::fs::write(
+            &f,
+            "client-output-buffer-limit normal 1mb 512kb 1\nclient-output-buffer-limit replica 1gb 1gb 0\n",
+        )
+        .unwrap();
+        let mut a = ServeArgs {
+            config: Some(f.clone()),
+            ..Default::default()
+        };
+        let c = Config::load(&a).unwrap();
+        assert_eq!(
+            c.get("client-output-buffer-limit").unwrap(),
+            "normal 1048576 524288 1 slave 1073741824 1073741824 0 pubsub 33554432 8388608 60"
+        );
+        a.client_output_buffer_limit = Some("pubsub 0 0 0 normal 10 20 30".into());
+        let c = Config::load(&a).unwrap();
+        assert_eq!(
+            c.client_output_buffer_limit,
+            [
+                ObufLimit {
+                    hard: 10,
+                    soft: 20,
+                    soft_seconds: 30
+                },
+                ObufLimit {
+                    hard: 1 << 30,
+                    soft: 1 << 30,
+                    soft_seconds: 0
+                },
+                ObufLimit {
+                    hard: 0,
+                    soft: 0,
+                    soft_seconds: 0
+                },
+            ]
+        );
+        // A bad group changes nothing (CONFIG SET is all or nothing).
+        let mut c = Config::default();
+        for (bad, why) in [
+            ("normal 1 2", "Wrong number"),
+            ("normal 1 2 3 master 1 2 3", "Invalid client class"),
+            ("normal 1 2 -3", "Error in hard, soft or soft_seconds"),
+            ("normal 1x 2 3", "Error in hard, soft or soft_seconds"),
+        ] {
+            let e = c
+                .apply("client-output-buffer-limit", &[bad.to_string()])
+                .unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        assert_eq!(
+            c.client_output_buffer_limit,
+            Config::default().client_output_buffer_limit
+        );
+    }
+
+    #[test]
+    fn tls_parameters() {
+        let c = Config::default();
+        assert_eq!(c.get("tls-port").unwrap(), "0");
+        assert_eq!(c.get("tls-auth-clients").unwrap(), "yes");
+        assert_eq!(c.get("tls-cert-file").unwrap(), "");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("e.conf");
+        std::fs::write(
+            &f,
+            "port 0\ntls-port 6380\ntls-cert-file /a/c.pem\ntls-key-file \"/a/k.pem\"\ntls-ca-cert-file /a/ca.pem\ntls-auth-clients optional\n",
+        )
+        .unwrap();
+        let mut a = ServeArgs {
+            config: Some(f.clone()),
+            ..Default::default()
+        };
+        let c = Config::load(&a).unwrap();
+        assert_eq!(c.port, 0);
+        assert_eq!(c.tls_port, 6380);
+        assert_eq!(c.get("tls-key-file").unwrap(), "/a/k.pem");
+        assert_eq!(c.tls_auth_clients, TlsAuth::Optional);
+        a.tls_auth_clients = Some("NO".into());
+        assert_eq!(Config::load(&a).unwrap().tls_auth_clients, TlsAuth::No);
+        a.tls_auth_clients = Some("maybe".into());
+        let e = Config::load(&a).unwrap_err();
+        assert!(e.contains("no, yes, optional"), "{e}");
     }
 
     #[test]

@@ -67,7 +67,12 @@ impl Embedded {
         sock.set_nonblocking(true).map_err(|e| e.to_string())?;
         let cid = sh.next_client_id.fetch_add(1, Ordering::Relaxed);
         let meta = Arc::new(ClientMeta::new(cid, addr.to_string(), addr.to_string(), -1));
-        let client = Client::new(cid, TcpStream::from_std(sock), meta, &sh.acl);
+        let client = Client::new(
+            cid,
+            crate::tls::Conn::Plain(TcpStream::from_std(sock)),
+            meta,
+            &sh.acl,
+        );
         Ok(Embedded {
             ks,
             client,

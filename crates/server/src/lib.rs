@@ -18,7 +18,8 @@
 //!   the acceptor (`accept`: admission, the listen backlog) and the workers
 //!   (`worker`: the event loop, reading, running requests, group commit,
 //!   writing replies; `expire`: active expiry), each serving its connections
-//!   (`client`: a connection's buffers, its codec and its reply sink).
+//!   (`client`: a connection's buffers, its codec and its reply sink;
+//!   [`tls`]: its transport, plain TCP or TLS).
 //!   `rlimit`: the open file limit; `embedded`: the command layer without a
 //!   network, for crash tests.
 //! - [`cmd`]: the command table and handlers; [`acl`]: ACL users, their
@@ -55,6 +56,7 @@ mod rlimit;
 pub mod server;
 pub mod stats;
 pub mod store;
+pub mod tls;
 mod worker;
 
 pub use config::{Config, ServeArgs};

@@ -121,21 +121,30 @@ pub fn run(cfg: Config) -> Result<(), String> {
             cfg.maxclients
         );
     }
-    let mut listeners = Vec::new();
-    for b in &cfg.bind {
-        let ip: std::net::IpAddr = b
-            .parse()
-            .map_err(|_| format!("bind: '{b}' is not an IP address"))?;
-        let addr = SocketAddr::new(ip, cfg.port);
-        let l = TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        set_backlog(&l, cfg.tcp_backlog);
-        listeners.push(l);
+    // Port 0 serves no plain TCP (TLS only, as Redis's `port 0`); the
+    // certificates are checked before anything listens or the heap opens.
+    if cfg.port == 0 && cfg.tls_port == 0 {
+        return Err("configured to listen nowhere: port and tls-port are both 0".into());
     }
-    let tcp_port = listeners
-        .first()
-        .and_then(|l| l.local_addr().ok())
-        .map(|a| a.port())
-        .unwrap_or(cfg.port);
+    let tls = if cfg.tls_port != 0 {
+        Some(crate::tls::server_config(&cfg)?)
+    } else {
+        None
+    };
+    let mut listeners = Vec::new();
+    let ports = [(cfg.port, None), (cfg.tls_port, tls)];
+    for (port, tls) in ports.iter().filter(|(p, _)| *p != 0) {
+        for b in &cfg.bind {
+            let ip: std::net::IpAddr = b
+                .parse()
+                .map_err(|_| format!("bind: '{b}' is not an IP address"))?;
+            let addr = SocketAddr::new(ip, *port);
+            let l = TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            set_backlog(&l, cfg.tcp_backlog);
+            listeners.push((l, tls.clone()));
+        }
+    }
+    let tcp_port = cfg.port;
     let (store, startup) = crate::store::open(&cfg)?;
     let threads = cfg.threads;
     let metrics_port = cfg.metrics_port;
@@ -231,10 +240,19 @@ pub fn run(cfg: Config) -> Result<(), String> {
         let c = sh.cfg();
         let st = &sh.startup;
         eprintln!(
-            "ember: serving {} on {} port {} ({} workers): engine {}, durability {} ({}), heap {}; {} in {:.1} ms{}",
+            "ember: serving {} on {} port {}{} ({} workers): engine {}, durability {} ({}), heap {}; {} in {:.1} ms{}",
             if st.existed { "existing heap" } else { "new heap" },
             c.bind.join(" "),
             tcp_port,
+            if c.tls_port != 0 {
+                format!(
+                    ", TLS port {} with tls-auth-clients {}",
+                    c.tls_port,
+                    c.tls_auth_clients.name()
+                )
+            } else {
+                String::new()
+            },
             threads,
             sh.store.name(),
             c.durability.name(),

@@ -154,6 +154,8 @@ pub struct Stats {
     pub workers: Vec<Arc<WorkerStats>>,
     pub total_connections: AtomicU64,
     pub rejected: AtomicU64,
+    /// Clients closed by `client-output-buffer-limit`.
+    pub obuf_limit_disconnections: AtomicU64,
 }
 
 /// A sum over workers.
@@ -181,6 +183,7 @@ impl Stats {
             workers: (0..workers).map(|_| Arc::new(WorkerStats::new())).collect(),
             total_connections: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
+            obuf_limit_disconnections: AtomicU64::new(0),
         }
     }
 
@@ -235,6 +238,7 @@ impl Stats {
         }
         self.total_connections.store(0, Ordering::Relaxed);
         self.rejected.store(0, Ordering::Relaxed);
+        self.obuf_limit_disconnections.store(0, Ordering::Relaxed);
     }
 }
 

@@ -22,9 +22,11 @@ use crate::client::{Client, ClientMeta};
 use crate::clock::Stamp;
 use crate::cmd::{self, Ctx};
 use crate::commit::Committer;
+use crate::config::ObufLimit;
 use crate::keyspace::Keyspace;
 use crate::server::Shared;
 use crate::stats::WorkerStats;
+use crate::tls::Conn;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use proto::{Codec, Limits, Parsed};
@@ -81,12 +83,23 @@ pub(crate) struct Settings {
     timeout: u64,
     pub(crate) hz: u64,
     busy_poll: Duration,
+    /// `client-output-buffer-limit normal`, and the pending output from
+    /// which a client is checked against it (the smaller limit set; `usize::MAX`
+    /// when there is none): one comparison per command when under it.
+    obuf: ObufLimit,
+    obuf_check: usize,
 }
 
 impl Settings {
     pub(crate) fn load(sh: &Shared) -> Settings {
         let epoch = sh.cfg_epoch.load(Ordering::Acquire);
         let c = sh.cfg();
+        let obuf = c.client_output_buffer_limit[0];
+        let obuf_check = [obuf.hard, obuf.soft]
+            .into_iter()
+            .filter(|&l| l > 0)
+            .min()
+            .map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
         let limits = Limits {
             max_bulk_len: c.proto_max_bulk_len as usize,
             max_query_buffer: c.client_query_buffer_limit as usize,
@@ -103,6 +116,8 @@ impl Settings {
             timeout: c.timeout,
             hz: c.hz,
             busy_poll: Duration::from_micros(c.busy_poll_us),
+            obuf,
+            obuf_check,
         }
     }
 }
@@ -426,14 +441,24 @@ impl Worker {
     }
 
     fn adopt_new(&mut self) {
-        while let Ok((s, peer)) = self.rx.try_recv() {
+        while let Ok((s, peer, tls)) = self.rx.try_recv() {
             let _ = s.set_nodelay(true);
             let laddr = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
             let fd = {
                 use std::os::fd::AsRawFd;
                 s.as_raw_fd()
             };
-            let mut sock = TcpStream::from_std(s);
+            let mut sock = match tls {
+                None => Conn::Plain(TcpStream::from_std(s)),
+                Some(cfg) => match Conn::tls(TcpStream::from_std(s), cfg) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        eprintln!("ember: TLS connection from {peer} refused: {e}");
+                        self.sh.connected.fetch_sub(1, Ordering::AcqRel);
+                        continue;
+                    }
+                },
+            };
             self.next_token += 1;
             let token = Token(self.next_token);
             if self
@@ -514,14 +539,22 @@ impl Worker {
                 Ok(0) => c.eof = true,
                 Ok(n) => {
                     c.inbuf.extend_from_slice(&self.rbuf[..n]);
-                    drained = n < self.rbuf.len() && !c.peer_closing;
+                    drained = n < self.rbuf.len() && !c.peer_closing && !c.sock.end_pending();
                     read_total += n;
                     self.ws.net_in.add(n as u64);
                     c.last_active = Instant::now();
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => {
+                Err(e) => {
+                    if c.sock.is_tls() && e.kind() == ErrorKind::InvalidData {
+                        // A failed handshake, or a peer that does not speak
+                        // TLS: this connection only is closed.
+                        eprintln!(
+                            "ember: closing TLS client id={} addr={}: {e}",
+                            c.id, c.meta.addr
+                        );
+                    }
                     c.kill = true;
                     break;
                 }
@@ -542,6 +575,43 @@ impl Worker {
         c.inbuf = Vec::new();
         c.inpos = 0;
         c.codec.reset();
+    }
+
+    /// `client-output-buffer-limit normal` (Redis's semantics): whether the
+    /// client's pending output is at its hard limit, or has been at its soft
+    /// limit for more than the soft seconds; such a client is closed without
+    /// the rest of its output being written, and logged. Called when the
+    /// pending output is above the smaller limit, and by the periodic tick
+    /// for clients that got no new output meanwhile.
+    fn output_limit_reached(&mut self, c: &mut Client) -> bool {
+        let pending = (c.out.len() - c.outpos) as u64;
+        let l = self.settings.obuf;
+        let hard = l.hard > 0 && pending >= l.hard;
+        let mut soft = false;
+        if l.soft > 0 && pending >= l.soft {
+            let since = *c.obuf_soft_since.get_or_insert_with(Instant::now);
+            soft = since.elapsed() > Duration::from_secs(l.soft_seconds);
+        } else {
+            c.obuf_soft_since = None;
+        }
+        if !(hard || soft) {
+            return false;
+        }
+        eprintln!(
+            "ember: Client {} closed for overcoming of output buffer limits ({pending} bytes pending; client-output-buffer-limit normal {} {} {})",
+            c.meta.line(),
+            l.hard,
+            l.soft,
+            l.soft_seconds
+        );
+        self.sh
+            .stats
+            .obuf_limit_disconnections
+            .fetch_add(1, Ordering::Relaxed);
+        c.kill = true;
+        c.out = Vec::new();
+        c.outpos = 0;
+        true
     }
 
     /// Runs buffered requests; false when stopped at the output high water.
@@ -606,7 +676,11 @@ impl Worker {
             if c.close_after || c.kill {
                 return true;
             }
-            if c.out.len() - c.outpos > OUT_HIGH_WATER {
+            let pending = c.out.len() - c.outpos;
+            if pending >= self.settings.obuf_check && self.output_limit_reached(c) {
+                return true;
+            }
+            if pending > OUT_HIGH_WATER {
                 return false;
             }
             if c.inpos == c.inbuf.len() {
@@ -699,6 +773,9 @@ impl Worker {
         };
         // What may be written: the replies whose commits are complete.
         let limit = (c.ready_to.saturating_sub(c.out_base) as usize).min(c.out.len());
+        if !c.kill && c.sock.push_pending().is_err() {
+            c.kill = true;
+        }
         if !c.kill {
             while c.outpos < limit {
                 match c.sock.write(&c.out[c.outpos..limit]) {
@@ -718,6 +795,12 @@ impl Worker {
                     }
                 }
             }
+        }
+        if c.obuf_soft_since.is_some()
+            && ((c.out.len() - c.outpos) as u64) < self.settings.obuf.soft
+        {
+            // Below the soft limit again: its clock starts over.
+            c.obuf_soft_since = None;
         }
         if c.outpos == c.out.len() {
             c.out_base += c.out.len() as u64;
@@ -746,7 +829,8 @@ impl Worker {
             self.pending.push(t);
         }
         // Writable events matter only for output that may be written.
-        let want = c.out_base + (c.outpos as u64) < c.ready_to.min(c.out_base + c.out.len() as u64);
+        let want = c.out_base + (c.outpos as u64) < c.ready_to.min(c.out_base + c.out.len() as u64)
+            || c.sock.wants_write();
         if want != c.want_write {
             c.want_write = want;
             let interest = if want {
@@ -760,6 +844,9 @@ impl Worker {
 
     fn drop_client(&mut self, t: Token) {
         if let Some(mut c) = self.clients.remove(&t) {
+            if !c.kill {
+                c.sock.close_notify();
+            }
             let _ = self.poll.registry().deregister(&mut c.sock);
             self.sh
                 .clients
@@ -812,6 +899,26 @@ impl Worker {
                 .collect();
             for t in idle {
                 self.drop_client(t);
+            }
+        }
+        // The soft output limit's seconds run out for clients that got no
+        // new output meanwhile (stalled, or not reading their last reply).
+        let check = self.settings.obuf_check;
+        if check != usize::MAX {
+            let over: Vec<Token> = self
+                .clients
+                .iter()
+                .filter(|(_, c)| c.out.len() - c.outpos >= check && !c.kill)
+                .map(|(t, _)| *t)
+                .collect();
+            for t in over {
+                if let Some(mut c) = self.clients.remove(&t) {
+                    let closed = self.output_limit_reached(&mut c);
+                    self.clients.insert(t, c);
+                    if closed {
+                        self.flush(t);
+                    }
+                }
             }
         }
         if self.id == 0 {

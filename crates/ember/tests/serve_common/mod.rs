@@ -34,7 +34,8 @@ pub const SMALL: &[&str] = &[
     "2",
 ];
 
-fn free_port() -> u16 {
+/// A loopback port free at the time of the call.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -236,4 +237,14 @@ pub fn roundtrip(s: &mut TcpStream, send: &[u8], want: usize) -> Vec<u8> {
         }
     }
     out
+}
+
+/// A field of an INFO section.
+pub fn info_field(con: &mut redis::Connection, section: &str, field: &str) -> String {
+    let info: String = redis::cmd("INFO").arg(section).query(con).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("INFO {section} has no {field}:\n{info}"))
+        .trim()
+        .to_string()
 }
