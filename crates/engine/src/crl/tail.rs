@@ -42,7 +42,8 @@ impl Pool {
         out
     }
 
-    /// The tail of log `i`: reads records from the head while they check.
+    /// The tail of log `i`: reads records from the head while they check, and
+    /// ends after the last whole batch (see [`super::OPC_MORE`]).
     fn find_tail(&self, i: usize) -> u64 {
         let l = &self.logs[i];
         if l.base.load(Ordering::Acquire) == 0 {
@@ -51,11 +52,15 @@ impl Pool {
         let head = l.head.load(Ordering::Acquire);
         let mut gen = self.floor(i, head);
         let mut pos = head;
+        // The end of the last whole unit (a record, or a batch: records with
+        // `more` up to one without): records after it belong to a batch that
+        // a crash cut short, never acknowledged, and are not live.
+        let mut end = head;
         let mut buf = Vec::new();
         loop {
             let p = self.skip_gap(pos);
             if p - head >= self.size {
-                return pos;
+                return end;
             }
             let ptr = RecPtr::new(i, p);
             match self.header(ptr) {
@@ -66,8 +71,11 @@ impl Pool {
                 {
                     gen = h.gen;
                     pos = p + h.len as u64;
+                    if !h.more {
+                        end = pos;
+                    }
                 }
-                _ => return pos,
+                _ => return end,
             }
         }
     }

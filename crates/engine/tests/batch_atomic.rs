@@ -1,0 +1,276 @@
+//! Batches of several operations (`Session::apply_batch`) are all-or-nothing
+//! across a crash, for the Bullet and direct stores.
+//!
+//! Simulated crashes: one session applies batches, each on one of a few key
+//! groups `g`: `a_g := n`, `b_g := tmp` then `b_g := n` (two operations on one
+//! key), `c_g += 1` (an increment), and `d_g := n` or removed (by the parity of
+//! `n`), in shuffled order. A crash image is taken at every fence (the
+//! cache-line simulator: what fences persisted plus any subset of the lines
+//! written since; or the power-loss simulator under msync: pages old, new or
+//! torn), and each image is recovered and checked: for every group, the keys
+//! hold one batch's values (`a_g = b_g = n`, `c_g` = the number of batches on
+//! the group up to `n`, `d_g` by the parity of `n`) or none, and that batch is
+//! not older than the last one acknowledged before the image. Every few
+//! images the store is drained and the frontend checked against the backend.
+//!
+//! Also: two sessions whose batches share keys (marks taken in one order, so
+//! they never deadlock, and the keys end with one batch's values); a batch
+//! with an error (nothing applied); a batch larger than a Bullet log can take
+//! (refused before anything is written).
+
+mod common;
+
+use common::*;
+use engine::bullet::Variant;
+use engine::direct::BackendKind;
+use engine::{Session, WriteBatch};
+use pmem::{CrashImage, CrashSim, Heap, HeapOptions, Strategy};
+use std::path::Path;
+use std::sync::Arc;
+
+const LOG: u64 = 16 << 10;
+const GROUPS: u64 = 3;
+
+fn key(k: &str, g: u64) -> Vec<u8> {
+    format!("{k}{g}").into_bytes()
+}
+
+/// The batch numbered `n` (on group `n % GROUPS`), its operations shuffled
+/// by `n` (the two on `b` keep their order).
+fn batch(n: u64, long: bool) -> WriteBatch {
+    let g = n % GROUPS;
+    // Long values: a batch spans several 512-byte sectors, which the
+    // power-loss simulator tears apart.
+    let len = if long { 300 + n % 200 } else { n % 40 };
+    let v = format!("{n:08}-{}", "x".repeat(len as usize));
+    let mut w = WriteBatch::new();
+    let mut parts: Vec<u8> = vec![0, 1, 2, 3];
+    let mut x = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for i in (1..parts.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        parts.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    for p in parts {
+        match p {
+            0 => w.put(&key("a", g), v.as_bytes()),
+            1 => {
+                w.put(&key("b", g), b"tmp");
+                w.put(&key("b", g), v.as_bytes());
+            }
+            2 => w.incr(&key("c", g), 1),
+            _ => {
+                if n % 2 == 0 {
+                    w.put(&key("d", g), v.as_bytes())
+                } else {
+                    w.remove(&key("d", g))
+                }
+            }
+        }
+    }
+    w
+}
+
+/// The batch number the keys of group `g` hold (None: no batch yet), or
+/// what is wrong with them.
+fn read_group(s: &mut dyn Session, g: u64) -> Result<Option<u64>, String> {
+    let mut get = |k: &str| {
+        let mut out = Vec::new();
+        s.get(&key(k, g), &mut out)
+            .map_err(|e| format!("get {k}{g}: {e}"))
+            .map(|f| f.then(|| String::from_utf8_lossy(&out).into_owned()))
+    };
+    let (a, b, c, d) = (get("a")?, get("b")?, get("c")?, get("d")?);
+    let Some(a) = a else {
+        if b.is_some() || c.is_some() || d.is_some() {
+            return Err(format!("group {g}: a absent, b {b:?} c {c:?} d {d:?}"));
+        }
+        return Ok(None);
+    };
+    let n: u64 = a[..8]
+        .parse()
+        .map_err(|_| format!("group {g}: a = {a:?}"))?;
+    let count = (n - g) / GROUPS + 1;
+    let want_d = (n % 2 == 0).then(|| a.clone());
+    if b.as_ref() != Some(&a) || c != Some(count.to_string()) || d != want_d {
+        return Err(format!(
+            "group {g}: a {a:?} b {b:?} c {c:?} (want {count}) d {d:?}: parts of different batches"
+        ));
+    }
+    Ok(Some(n))
+}
+
+#[derive(Clone, Copy)]
+struct Cfg {
+    kind: Kind,
+    /// The power-loss simulator under msync (else the cache-line one).
+    power: bool,
+    batches: u64,
+}
+
+fn heap_o(c: &Cfg) -> HeapOptions {
+    heap_opts(
+        4 << 20,
+        32 << 20,
+        if c.power {
+            Strategy::Msync
+        } else {
+            Strategy::FenceOnly
+        },
+    )
+}
+
+/// Recovers image `img` (written to `path`) and checks it against the
+/// acknowledgements: `acked[g]` = the last batch on group `g` acknowledged
+/// before the image's first tag.
+fn check_image(
+    c: &Cfg,
+    path: &Path,
+    img: &CrashImage,
+    acked: &[Vec<(u64, u64)>],
+    i: u64,
+) -> Result<(), String> {
+    pmem::sim::write_image(path, &img.bytes).unwrap();
+    let rec = Heap::open(path, &heap_opts(4 << 20, 32 << 20, Strategy::FenceOnly))
+        .map_err(|e| format!("open: {e}"))?;
+    let (store, _heap) = open(c.kind, rec, LOG).map_err(|e| format!("recover: {e}"))?;
+    let mut s = store.session();
+    for g in 0..GROUPS {
+        let got = read_group(&mut *s, g)?;
+        // The newest batch on `g` acknowledged before the image began.
+        let want = acked[g as usize]
+            .iter()
+            .filter(|(_, t)| *t <= img.tag_before)
+            .map(|(n, _)| *n)
+            .max();
+        if got < want {
+            return Err(format!(
+                "group {g}: batch {got:?} after recovery, {want:?} was acknowledged"
+            ));
+        }
+        if let Some(n) = got {
+            // Started before the image was complete.
+            if 2 * n > img.tag {
+                return Err(format!("group {g}: batch {n} from after the image"));
+            }
+        }
+    }
+    drop(s);
+    if i.is_multiple_of(8) {
+        if let Some(b) = store.bullet() {
+            if !drain_within(b, 60) {
+                return Err("drain failed".into());
+            }
+            b.verify().map_err(|e| format!("verify: {e}"))?;
+        }
+    }
+    store.close().map_err(|e| format!("close: {e}"))?;
+    Ok(())
+}
+
+fn run(c: Cfg) {
+    let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+    let path = dir.path().join("b.heap");
+    let check = dir.path().join("img.heap");
+    {
+        let heap = Heap::create(&path, &heap_o(&c)).unwrap();
+        create(c.kind, &heap, LOG).unwrap().close().unwrap();
+    }
+    let sim = Arc::new(if c.power {
+        let s = CrashSim::power_loss(7, 0);
+        // Most pages written since their sync come back torn.
+        s.set_tear(0.5, 0.8);
+        s
+    } else {
+        CrashSim::new(7, 0)
+    });
+    let rec = Heap::open_sim(&path, &heap_o(&c), sim.clone()).unwrap();
+    let (store, heap) = open(c.kind, rec, LOG).unwrap();
+    let mut s = store.session();
+    // From here on an image at every fence.
+    sim.set_capture_ppm(1_000_000);
+    let mut acked: Vec<Vec<(u64, u64)>> = vec![Vec::new(); GROUPS as usize];
+    let mut images = 0u64;
+    let mut bad = Vec::new();
+    let mut out = Vec::new();
+    for n in 0..c.batches {
+        sim.set_tag(2 * n);
+        out.clear();
+        s.apply_batch(&batch(n, c.power), &mut out).unwrap();
+        s.commit().unwrap();
+        assert_eq!(out.len(), batch(n, c.power).len());
+        sim.set_tag(2 * n + 1);
+        acked[(n % GROUPS) as usize].push((n, 2 * n + 1));
+        for img in sim.take_images() {
+            images += 1;
+            if let Err(e) = check_image(&c, &check, &img, &acked, images) {
+                bad.push(format!("image at fence {} (batch {n}): {e}", img.fence));
+            }
+        }
+    }
+    sim.set_capture_ppm(0);
+    let last = sim.capture_now(heap.region());
+    if let Err(e) = check_image(&c, &check, &last, &acked, 0) {
+        bad.push(format!("final image: {e}"));
+    }
+    drop(s);
+    store.close().unwrap();
+    eprintln!(
+        "batch-crash-sim {}{}: {images} images, {} inconsistent",
+        c.kind.name(),
+        if c.power { " (power loss, msync)" } else { "" },
+        bad.len()
+    );
+    assert!(images > c.batches / 2, "too few images: {images}");
+    assert!(bad.is_empty(), "{}", bad[..bad.len().min(5)].join("\n"));
+}
+
+#[test]
+fn bullet_batches_at_every_fence() {
+    for b in [BackendKind::LogFree, BackendKind::PHash] {
+        run(Cfg {
+            kind: Kind::Bullet(Variant::Full, b),
+            power: false,
+            batches: 60,
+        });
+    }
+}
+
+#[test]
+fn bullet_group_commit_batches_at_every_fence() {
+    run(Cfg {
+        kind: Kind::BulletGroup(Variant::Full, BackendKind::LogFree),
+        power: false,
+        batches: 60,
+    });
+}
+
+#[test]
+fn bullet_group_commit_batches_power_loss() {
+    run(Cfg {
+        kind: Kind::BulletGroup(Variant::Full, BackendKind::LogFree),
+        power: true,
+        batches: 60,
+    });
+}
+
+#[test]
+fn direct_batches_at_every_fence() {
+    for b in [BackendKind::LogFree, BackendKind::PHash] {
+        run(Cfg {
+            kind: Kind::Direct(b),
+            power: false,
+            batches: 40,
+        });
+    }
+}
+
+#[test]
+fn direct_batches_power_loss() {
+    run(Cfg {
+        kind: Kind::Direct(BackendKind::LogFree),
+        power: true,
+        batches: 40,
+    });
+}
