@@ -358,10 +358,7 @@ impl Session for DirectSession {
     /// operation is `apply`.
     fn apply_batch(&mut self, batch: &WriteBatch, out: &mut Vec<Outcome>) -> Result<()> {
         if batch.len() <= 1 {
-            for (key, op) in batch.iter() {
-                out.push(self.apply(key, op)?);
-            }
-            return Ok(());
+            return crate::apply_each(self, batch, out);
         }
         for (key, op) in batch.iter() {
             check_op(key, &op)?;
@@ -378,9 +375,11 @@ impl Session for DirectSession {
             .iter()
             .map(|&s| inner.stripes[s].lock().unwrap_or_else(|e| e.into_inner()))
             .collect();
-        // Each key's state as the batch goes (None: absent), first read from
-        // the index, in the order the keys are first touched.
-        let mut state: Vec<(&[u8], Option<Vec<u8>>, bool)> = Vec::new();
+        // Each key's state as the batch goes (None: absent) and whether the
+        // batch changed it, first read from the index, in the order the keys
+        // are first touched.
+        type KeyState<'k> = (&'k [u8], Option<Vec<u8>>, bool);
+        let mut state: Vec<KeyState<'_>> = Vec::new();
         let mut outcomes = Vec::with_capacity(batch.len());
         for (key, op) in batch.iter() {
             let i = match state.iter().position(|(k, _, _)| *k == key) {

@@ -179,10 +179,7 @@ pub trait Session {
     /// one by one: on an error, `out` holds the outcomes of those applied
     /// before it.
     fn apply_batch(&mut self, batch: &WriteBatch, out: &mut Vec<Outcome>) -> Result<()> {
-        for (key, op) in batch.iter() {
-            out.push(self.apply(key, op)?);
-        }
-        Ok(())
+        apply_each(self, batch, out)
     }
     /// One step of a cursor scan of the store's keys, Redis's `SCAN` (for `KEYS`,
     /// `SCAN`, `DBSIZE`, `FLUSHDB`, `RANDOMKEY`, active expiry): appends keys to
@@ -236,6 +233,21 @@ pub trait Session {
     fn prefetch(&mut self, keys: &[&[u8]]) {
         let _ = keys;
     }
+}
+
+/// Applies `batch`'s operations one by one with [`Session::apply`] (the
+/// default [`Session::apply_batch`], and the persistent stores' for a batch
+/// of one operation).
+#[inline]
+pub(crate) fn apply_each<S: Session + ?Sized>(
+    s: &mut S,
+    batch: &WriteBatch,
+    out: &mut Vec<Outcome>,
+) -> Result<()> {
+    for (key, op) in batch.iter() {
+        out.push(s.apply(key, op)?);
+    }
+    Ok(())
 }
 
 /// The durability work of a [`Session::commit_detached`]: once `complete`

@@ -61,7 +61,7 @@ fn batch(n: u64, long: bool) -> WriteBatch {
             }
             2 => w.incr(&key("c", g), 1),
             _ => {
-                if n % 2 == 0 {
+                if n.is_multiple_of(2) {
                     w.put(&key("d", g), v.as_bytes())
                 } else {
                     w.remove(&key("d", g))
@@ -92,7 +92,7 @@ fn read_group(s: &mut dyn Session, g: u64) -> Result<Option<u64>, String> {
         .parse()
         .map_err(|_| format!("group {g}: a = {a:?}"))?;
     let count = (n - g) / GROUPS + 1;
-    let want_d = (n % 2 == 0).then(|| a.clone());
+    let want_d = n.is_multiple_of(2).then(|| a.clone());
     if b.as_ref() != Some(&a) || c != Some(count.to_string()) || d != want_d {
         return Err(format!(
             "group {g}: a {a:?} b {b:?} c {c:?} (want {count}) d {d:?}: parts of different batches"
@@ -273,4 +273,182 @@ fn direct_batches_power_loss() {
         power: true,
         batches: 40,
     });
+}
+
+/// A store of `kind` in a fresh heap (not under a simulator).
+fn fresh(kind: Kind, dir: &Path) -> (AnyStore, Heap) {
+    let heap = Heap::create(&dir.join("f.heap"), &sim_opts()).unwrap();
+    let st = create(kind, &heap, LOG).unwrap();
+    (st, heap)
+}
+
+/// Drains a Bullet store and checks its frontend against its backend; closes.
+fn drain_verify_close(store: &AnyStore) {
+    if let Some(b) = store.bullet() {
+        b.drain().unwrap();
+        b.verify().unwrap();
+    }
+    store.close().unwrap();
+}
+
+const KINDS: [Kind; 4] = [
+    Kind::Bullet(Variant::Full, BackendKind::LogFree),
+    Kind::BulletGroup(Variant::Full, BackendKind::LogFree),
+    Kind::Direct(BackendKind::LogFree),
+    Kind::Direct(BackendKind::PHash),
+];
+
+/// Three sessions write batches over the same four keys, each batch in its
+/// own operation order, while a fourth reads them and increments a key of
+/// its own: no deadlock (batches mark their keys in one order), and at
+/// the end the four keys hold one batch's value.
+#[test]
+fn batches_sharing_keys_neither_deadlock_nor_mix() {
+    for kind in KINDS {
+        let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+        let (store, _heap) = fresh(kind, dir.path());
+        let keys: Vec<Vec<u8>> = (0..4).map(|i| format!("k{i}").into_bytes()).collect();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let mut writers = Vec::new();
+            for t in 0..3u64 {
+                let (store, keys) = (&store, &keys);
+                writers.push(s.spawn(move || {
+                    let mut sess = store.session();
+                    let mut out = Vec::new();
+                    for n in 0..300u64 {
+                        let v = format!("t{t}-{n}");
+                        let mut w = WriteBatch::new();
+                        for i in 0..4 {
+                            // A different order per batch.
+                            let k = &keys[((i + n + t) % 4) as usize];
+                            w.put(k, v.as_bytes());
+                        }
+                        w.incr(b"count", 1);
+                        out.clear();
+                        sess.apply_batch(&w, &mut out).unwrap();
+                        sess.commit().unwrap();
+                        let _ = sess.maintain();
+                    }
+                }));
+            }
+            let (store, keys, stop) = (&store, &keys, &stop);
+            s.spawn(move || {
+                let mut sess = store.session();
+                let mut out = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for k in keys {
+                        sess.get(k, &mut out).unwrap();
+                    }
+                    sess.apply(b"solo", engine::Op::Incr(1)).unwrap();
+                    sess.commit().unwrap();
+                }
+            });
+            for w in writers {
+                w.join().unwrap();
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        let mut sess = store.session();
+        let mut out = Vec::new();
+        let vals: Vec<Vec<u8>> = keys
+            .iter()
+            .map(|k| {
+                assert!(sess.get(k, &mut out).unwrap());
+                out.clone()
+            })
+            .collect();
+        assert!(
+            vals.iter().all(|v| *v == vals[0]),
+            "{}: {vals:?}",
+            kind.name()
+        );
+        assert!(sess.get(b"count", &mut out).unwrap());
+        assert_eq!(out, b"900", "{}", kind.name());
+        drop(sess);
+        drain_verify_close(&store);
+    }
+}
+
+/// A batch whose `Incr` finds a value that is not an integer fails whole:
+/// none of its operations is applied, and its keys stay usable.
+#[test]
+fn a_failing_batch_applies_nothing() {
+    for kind in KINDS {
+        let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+        let (store, _heap) = fresh(kind, dir.path());
+        let mut sess = store.session();
+        let mut out = Vec::new();
+        sess.apply(b"text", engine::Op::Put(b"abc")).unwrap();
+        sess.apply(b"gone", engine::Op::Put(b"g")).unwrap();
+        let mut w = WriteBatch::new();
+        w.put(b"x", b"1");
+        w.remove(b"gone");
+        w.put(b"new", b"2");
+        w.incr(b"text", 1);
+        let r = sess.apply_batch(&w, &mut out);
+        assert!(
+            matches!(r, Err(engine::Error::NotInteger)),
+            "{}: {r:?}",
+            kind.name()
+        );
+        assert!(out.is_empty(), "{}: {out:?}", kind.name());
+        let mut v = Vec::new();
+        assert!(!sess.get(b"x", &mut v).unwrap(), "{}", kind.name());
+        assert!(!sess.get(b"new", &mut v).unwrap(), "{}", kind.name());
+        assert!(sess.get(b"text", &mut v).unwrap() && v == b"abc");
+        assert!(sess.get(b"gone", &mut v).unwrap() && v == b"g");
+        // The keys stay usable (no batch mark left behind).
+        sess.apply(b"x", engine::Op::Put(b"ok")).unwrap();
+        assert!(sess.get(b"x", &mut v).unwrap() && v == b"ok");
+        let mut w = WriteBatch::new();
+        w.put(b"new", b"3");
+        w.incr(b"n", 5);
+        sess.apply_batch(&w, &mut out).unwrap();
+        assert_eq!(
+            out,
+            [
+                engine::Outcome::Put {
+                    created: true,
+                    old_first: None
+                },
+                engine::Outcome::Int(5)
+            ]
+        );
+        sess.commit().unwrap();
+        drop(sess);
+        drain_verify_close(&store);
+    }
+}
+
+/// A Bullet batch larger than half a log (what one log can always take,
+/// contiguous) is refused before anything is written.
+#[test]
+fn a_batch_too_large_for_a_log_is_refused() {
+    let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+    let (store, _heap) = fresh(
+        Kind::Bullet(Variant::Full, BackendKind::LogFree),
+        dir.path(),
+    );
+    let mut sess = store.session();
+    let big = vec![b'v'; 3000];
+    let mut w = WriteBatch::new();
+    for i in 0..4 {
+        w.put(format!("big{i}").as_bytes(), &big);
+    }
+    let mut out = Vec::new();
+    let r = sess.apply_batch(&w, &mut out);
+    assert!(matches!(r, Err(engine::Error::RecordTooLarge(..))), "{r:?}");
+    assert!(out.is_empty());
+    let mut v = Vec::new();
+    assert!(!sess.get(b"big0", &mut v).unwrap());
+    // Half of it fits.
+    let mut w = WriteBatch::new();
+    for i in 0..2 {
+        w.put(format!("big{i}").as_bytes(), &big);
+    }
+    sess.apply_batch(&w, &mut out).unwrap();
+    assert!(sess.get(b"big1", &mut v).unwrap() && v == big);
+    drop(sess);
+    store.close().unwrap();
 }

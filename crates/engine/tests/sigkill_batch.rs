@@ -23,10 +23,9 @@ use engine::direct::BackendKind;
 use engine::WriteBatch;
 use pmem::{Heap, HeapOptions, Strategy};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const ENV_HEAP: &str = "EMBER_ENGINE_SIGKILL_BATCH_HEAP";
 const ENV_KIND: &str = "EMBER_ENGINE_SIGKILL_BATCH_KIND";
@@ -56,25 +55,7 @@ fn opts(kind: Kind) -> HeapOptions {
 }
 
 fn open_store(kind: Kind, path: &Path) -> (AnyStore, Heap) {
-    let t0 = Instant::now();
-    loop {
-        let rec = if path.exists() {
-            Heap::open(path, &opts(kind))
-        } else {
-            let heap = Heap::create(path, &opts(kind)).unwrap();
-            create(kind, &heap, LOG).unwrap().close().unwrap();
-            drop(heap);
-            Heap::open(path, &opts(kind))
-        };
-        match rec {
-            Ok(rec) => return open(kind, rec, LOG).unwrap(),
-            // A child of another test may hold the lock for a moment.
-            Err(pmem::Error::InUse { .. }) if t0.elapsed() < Duration::from_secs(5) => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => panic!("open: {e}"),
-        }
-    }
+    open_or_create_store(kind, path, &opts(kind), LOG)
 }
 
 fn key(k: &str, g: u64) -> Vec<u8> {
@@ -165,34 +146,15 @@ fn run(kind: Kind, rounds: u32) {
     let mut before: State = (0..2 * GROUPS).map(|g| (g, (None, 0))).collect();
     let mut rng = std::process::id() as u64 ^ 0xba7c;
     for round in 0..rounds {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["child_batches", "--exact", "--ignored", "--nocapture"])
-            .env(ENV_HEAP, &path)
-            .env(ENV_KIND, kind.name())
-            .env(ENV_ROUND, round.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let run_for = Duration::from_millis(150 + rng % 250);
-        let reader = std::thread::spawn(move || {
-            let mut lines = Vec::new();
-            for l in BufReader::new(stdout).lines() {
-                match l {
-                    Ok(l) => lines.push(l),
-                    Err(_) => break,
-                }
-            }
-            lines
-        });
-        std::thread::sleep(run_for);
-        kill_9(child.id());
-        let _ = child.wait();
-        let lines = reader.join().unwrap();
+        let lines = run_and_kill(
+            "child_batches",
+            &[
+                (ENV_HEAP, path.display().to_string()),
+                (ENV_KIND, kind.name()),
+                (ENV_ROUND, round.to_string()),
+            ],
+            Duration::from_millis(150 + xorshift(&mut rng) % 250),
+        );
         // Per group: the batches started this round, and the last acknowledged.
         let mut started: HashMap<u64, Vec<String>> = HashMap::new();
         let mut acked: HashMap<u64, String> = HashMap::new();
@@ -251,20 +213,9 @@ fn run(kind: Kind, rounds: u32) {
     }
 }
 
-fn kill_9(pid: u32) {
-    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-}
-
-fn rounds() -> u32 {
-    std::env::var("EMBER_ENGINE_SIGKILL_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4)
-}
-
 #[test]
 fn sigkill_leaves_batches_whole() {
     for k in kinds() {
-        run(k, rounds());
+        run(k, sigkill_rounds());
     }
 }

@@ -536,13 +536,17 @@ impl BulletSession {
         // 4.
         let sh = &*self.sh;
         for k in &plan {
-            let l = sh.table.lock(k.hash);
+            let mut l = sh.table.lock(k.hash);
             let n = l
                 .find(k.key)
                 .ok_or_else(|| Error::Corrupt("a marked frontend entry vanished".into()))?;
             if k.rec == 0 {
                 // Nothing written (removes of an absent key): as it was.
-                lentry::publish(&n.meta().lentry, k.old);
+                if k.inserted {
+                    l.remove(k.key);
+                } else {
+                    lentry::publish(&n.meta().lentry, k.old);
+                }
                 continue;
             }
             let new = match k.fin {
@@ -961,10 +965,7 @@ impl Session for BulletSession {
     /// operation is `apply`.
     fn apply_batch(&mut self, batch: &WriteBatch, out: &mut Vec<Outcome>) -> Result<()> {
         if batch.len() <= 1 {
-            for (key, op) in batch.iter() {
-                out.push(self.apply(key, op)?);
-            }
-            return Ok(());
+            return crate::apply_each(self, batch, out);
         }
         self.apply_many(batch, out)
     }

@@ -27,8 +27,10 @@ const STAGED_KEEP: usize = 4 << 20;
 
 impl Pool {
     /// Group commit: makes log `p.log()` durable up to the end of the record at
-    /// `p` (the whole prefix, so that recovery, which reads each log from its
-    /// head while records check, reaches it). Called before appending a record
+    /// `p`, or of the batch it belongs to (the whole prefix, so that recovery,
+    /// which reads each log from its head while records check and takes a
+    /// batch whole, reaches it). `p` is published (no batch is marked
+    /// in progress on its key). Called before appending a record
     /// whose `prev` is `p`: a durable record's `prev` is then always durable and
     /// found by recovery, whichever writer's batch commits first.
     pub fn make_durable(&self, p: RecPtr) -> Result<()> {
@@ -49,7 +51,7 @@ impl Pool {
     /// durable watermark only rises to such ends: a watermark inside a batch
     /// would let a gleaner apply part of a batch that recovery could still
     /// drop whole.
-    fn unit_end(&self, p: RecPtr) -> Result<u64> {
+    pub(super) fn unit_end(&self, p: RecPtr) -> Result<u64> {
         let mut at = p;
         loop {
             let h = self.header(at)?;

@@ -31,7 +31,8 @@
 //! A record (Figure 3a), 8-byte aligned:
 //! ```text
 //! 0  u32 len (whole record, padded to 8)   4  u32 klen
-//! 8  u8 opcode   9  u8 gen bits 0-7   10 u8 tail padding (0..=7)   11 u8 gen bits 8-15
+//! 8  u8 opcode (bit 7: OPC_MORE, "the batch goes on"; never on a pad record)
+//!    9  u8 gen bits 0-7   10 u8 tail padding (0..=7)   11 u8 gen bits 8-15
 //! 12 u32 checksum (CRC-32 of the salt, then the record with the checksum
 //!        taken as 0: the generation bytes are covered)
 //! 16 u64 pos     (bits 0-55: its own position, so a pointer to a reclaimed
@@ -82,6 +83,29 @@
 //! span written, then fence ([`Pool::committing`]; [`Pool::make_durable_to`]
 //! for another thread). A flush before the write would let any fence of the
 //! thread in between sync the pages with their old bytes.
+//!
+//! ## Batches
+//! A session's batch of several operations (`BulletSession::apply_batch`) is
+//! appended as consecutive records of the one log it holds, contiguous in the
+//! ring ([`Pool::reserve`] pads to the buffer's end first when the batch would
+//! straddle it, so no pad record falls inside a batch; a batch is at most
+//! [`Pool::batch_limit`], half a log, which a drained log can always place).
+//! Every record but the batch's last carries [`OPC_MORE`] in its opcode byte,
+//! covered by the checksum. The records are written ([`Pool::put_record`])
+//! without publishing the tail, and published at once ([`Pool::publish`]:
+//! without group commit one fence for the whole batch, then the durable
+//! watermark and the tail), so no gleaner reads part of a batch.
+//!
+//! Recovery ([`Pool::find_tails`]) ends a log after the last record without
+//! the bit: a batch whose last record a crash lost (or tore) is not live,
+//! whichever of its records were kept. It was never acknowledged (a batch is
+//! acknowledged after its fence or its commit). Under group commit the
+//! durable watermark only ever rises to a unit's end (a published tail, a
+//! commit's end, or [`Pool::make_durable`]'s end of the unit holding a
+//! record), so a gleaner never applies part of a batch that could still be
+//! dropped. Old records have the bit clear (nothing to convert), and a build
+//! that does not know the bit refuses the opcode at replay rather than
+//! misreading the record.
 //!
 //! ## Reclamation
 //! Only the epoch advancer moves `head`: to the first record not yet applied. It

@@ -272,4 +272,76 @@ mod tests {
         let torn = Pool::attach(&heap, desc).unwrap();
         assert_eq!(torn.logs[0].tail.load(Ordering::Acquire), end(&pool, b));
     }
+
+    /// Appends a batch of `n` records to log 0 (unpublished until the
+    /// end) and returns them.
+    fn batch(pool: &Pool, n: usize, tag: u8) -> Vec<RecPtr> {
+        let len = record_len(1, 60) * n as u64;
+        let mut pos = pool.reserve(0, len).unwrap().unwrap();
+        let recs = (0..n)
+            .map(|i| {
+                pool.put_record(0, &mut pos, 1, i + 1 < n, &[tag], &[7; 60], RecPtr::NULL, 1)
+                    .unwrap()
+            })
+            .collect();
+        pool.publish(0, pos);
+        recs
+    }
+
+    /// Recovery takes a batch whole or not at all: the log ends after the
+    /// last record without the `more` bit, so a batch whose last record did
+    /// not check (a crash cut it short) is not live, wherever it was torn.
+    /// A head inside a whole batch reads on to its end. `make_durable` of a
+    /// batch's record covers the whole batch.
+    #[test]
+    fn a_batch_cut_short_is_not_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let heap = Heap::create(
+            &dir.path().join("h"),
+            &crate::test_heap_opts(8 << 20, 8 << 20),
+        )
+        .unwrap();
+        let (desc, pool) = pool(&heap);
+        let single = pool
+            .append(0, 1, b"s", &[1; 60], RecPtr::NULL, 1)
+            .unwrap()
+            .unwrap();
+        let whole = batch(&pool, 3, b'w');
+        let h = pool.header(whole[0]).unwrap();
+        assert!(h.more && h.opcode == 1, "the bit is read apart: {h:?}");
+        assert!(!pool.header(whole[2]).unwrap().more);
+        let after_whole = end(&pool, whole[2]);
+        assert_eq!(pool.unit_end(whole[0]).unwrap(), after_whole);
+        let torn = batch(&pool, 3, b't');
+        let again = Pool::attach(&heap, desc).unwrap();
+        assert_eq!(
+            again.logs[0].tail.load(Ordering::Acquire),
+            end(&pool, torn[2])
+        );
+        for (cut, &rec) in torn.iter().enumerate() {
+            // A byte of record `cut` of the last batch lost: a bad checksum.
+            let at = pool.at(rec) + REC_HDR;
+            let r = heap.region();
+            let b: u8 = r.read(at);
+            r.write(at, &(b ^ 0xff));
+            r.persist(at, 1);
+            let again = Pool::attach(&heap, desc).unwrap();
+            assert_eq!(
+                again.logs[0].tail.load(Ordering::Acquire),
+                after_whole,
+                "record {cut} of 3 torn"
+            );
+            r.write(at, &b);
+            r.persist(at, 1);
+        }
+        // A head in the middle of the whole batch (its first record applied).
+        pool.logs[0].head.store(whole[1].pos(), Ordering::Release);
+        pool.persist_heads(&[(0, whole[1].pos())]);
+        let again = Pool::attach(&heap, desc).unwrap();
+        assert_eq!(
+            again.logs[0].tail.load(Ordering::Acquire),
+            end(&pool, torn[2])
+        );
+        assert!(single.pos() < whole[0].pos());
+    }
 }
