@@ -26,10 +26,12 @@ use engine::direct::BackendKind;
 use engine::{Session, WriteBatch};
 use pmem::{CrashImage, CrashSim, Heap, HeapOptions, Strategy};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 const LOG: u64 = 16 << 10;
-const GROUPS: u64 = 3;
+/// A multiple of every `Cfg::threads`: a group is one thread's.
+const GROUPS: u64 = 4;
 
 fn key(k: &str, g: u64) -> Vec<u8> {
     format!("{k}{g}").into_bytes()
@@ -107,7 +109,18 @@ struct Cfg {
     /// The power-loss simulator under msync (else the cache-line one).
     power: bool,
     batches: u64,
+    /// Writer threads (each on groups of its own: thread `t` writes the
+    /// batches `n` with `n % threads == t`), plus, with more than one, a
+    /// thread reading every key (under group commit its gets make other
+    /// sessions' batches durable: `settle_read`).
+    threads: u64,
+    /// Per million fences, an image.
+    ppm: u64,
 }
+
+/// Per group, the batches started: (n, clock at its start, clock at its
+/// acknowledgement once acknowledged). The clock is the simulator's tag.
+type Hist = Vec<Vec<(u64, u64, Option<u64>)>>;
 
 fn heap_o(c: &Cfg) -> HeapOptions {
     heap_opts(
@@ -121,16 +134,10 @@ fn heap_o(c: &Cfg) -> HeapOptions {
     )
 }
 
-/// Recovers image `img` (written to `path`) and checks it against the
-/// acknowledgements: `acked[g]` = the last batch on group `g` acknowledged
-/// before the image's first tag.
-fn check_image(
-    c: &Cfg,
-    path: &Path,
-    img: &CrashImage,
-    acked: &[Vec<(u64, u64)>],
-    i: u64,
-) -> Result<(), String> {
+/// Recovers image `img` (written to `path`) and checks each group against
+/// the history: it holds a batch started before the image was complete, not
+/// older than any acknowledged before the image began.
+fn check_image(c: &Cfg, path: &Path, img: &CrashImage, hist: &Hist, i: u64) -> Result<(), String> {
     pmem::sim::write_image(path, &img.bytes).unwrap();
     let rec = Heap::open(path, &heap_opts(4 << 20, 32 << 20, Strategy::FenceOnly))
         .map_err(|e| format!("open: {e}"))?;
@@ -138,11 +145,11 @@ fn check_image(
     let mut s = store.session();
     for g in 0..GROUPS {
         let got = read_group(&mut *s, g)?;
-        // The newest batch on `g` acknowledged before the image began.
-        let want = acked[g as usize]
+        let h = &hist[g as usize];
+        let want = h
             .iter()
-            .filter(|(_, t)| *t <= img.tag_before)
-            .map(|(n, _)| *n)
+            .filter(|(_, _, a)| a.is_some_and(|a| a < img.tag_before))
+            .map(|(n, _, _)| *n)
             .max();
         if got < want {
             return Err(format!(
@@ -150,8 +157,7 @@ fn check_image(
             ));
         }
         if let Some(n) = got {
-            // Started before the image was complete.
-            if 2 * n > img.tag {
+            if !h.iter().any(|(m, start, _)| *m == n && *start < img.tag) {
                 return Err(format!("group {g}: batch {n} from after the image"));
             }
         }
@@ -187,92 +193,159 @@ fn run(c: Cfg) {
     });
     let rec = Heap::open_sim(&path, &heap_o(&c), sim.clone()).unwrap();
     let (store, heap) = open(c.kind, rec, LOG).unwrap();
-    let mut s = store.session();
-    // From here on an image at every fence.
-    sim.set_capture_ppm(1_000_000);
-    let mut acked: Vec<Vec<(u64, u64)>> = vec![Vec::new(); GROUPS as usize];
+    let hist: Mutex<Hist> = Mutex::new(vec![Vec::new(); GROUPS as usize]);
+    let done = AtomicU64::new(0);
     let mut images = 0u64;
     let mut bad = Vec::new();
-    let mut out = Vec::new();
-    for n in 0..c.batches {
-        sim.set_tag(2 * n);
-        out.clear();
-        s.apply_batch(&batch(n, c.power), &mut out).unwrap();
-        s.commit().unwrap();
-        assert_eq!(out.len(), batch(n, c.power).len());
-        sim.set_tag(2 * n + 1);
-        acked[(n % GROUPS) as usize].push((n, 2 * n + 1));
-        for img in sim.take_images() {
-            images += 1;
-            if let Err(e) = check_image(&c, &check, &img, &acked, images) {
-                bad.push(format!("image at fence {} (batch {n}): {e}", img.fence));
-            }
+    sim.set_capture_ppm(c.ppm);
+    std::thread::scope(|sc| {
+        for t in 0..c.threads {
+            let (store, sim, hist, done) = (&store, &sim, &hist, &done);
+            sc.spawn(move || {
+                let mut s = store.session();
+                let mut out = Vec::new();
+                for n in (t..c.batches).step_by(c.threads as usize) {
+                    let g = (n % GROUPS) as usize;
+                    {
+                        // The tick and its record together: a checker that
+                        // holds the lock sees every tick before it.
+                        let mut h = hist.lock().unwrap();
+                        let start = sim.tick();
+                        h[g].push((n, start, None));
+                    }
+                    out.clear();
+                    s.apply_batch(&batch(n, c.power), &mut out).unwrap();
+                    s.commit().unwrap();
+                    assert_eq!(out.len(), batch(n, c.power).len());
+                    let mut h = hist.lock().unwrap();
+                    let ack = sim.tick();
+                    h[g].last_mut().unwrap().2 = Some(ack);
+                }
+                done.fetch_add(1, Ordering::AcqRel);
+            });
         }
-    }
+        if c.threads > 1 {
+            let (store, done) = (&store, &done);
+            sc.spawn(move || {
+                let mut s = store.session();
+                let mut out = Vec::new();
+                // Gets one by one see batches land between them: only the
+                // images are checked.
+                while done.load(Ordering::Acquire) < c.threads {
+                    for g in 0..GROUPS {
+                        for k in ["a", "b", "c", "d"] {
+                            s.get(&key(k, g), &mut out).unwrap();
+                        }
+                    }
+                }
+            });
+        }
+        loop {
+            let finished = done.load(Ordering::Acquire) == c.threads;
+            for img in sim.take_images() {
+                images += 1;
+                let h = hist.lock().unwrap().clone();
+                if let Err(e) = check_image(&c, &check, &img, &h, images) {
+                    bad.push(format!("image at fence {}: {e}", img.fence));
+                }
+            }
+            if finished {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    });
     sim.set_capture_ppm(0);
     let last = sim.capture_now(heap.region());
-    if let Err(e) = check_image(&c, &check, &last, &acked, 0) {
+    let h = hist.lock().unwrap().clone();
+    if let Err(e) = check_image(&c, &check, &last, &h, 0) {
         bad.push(format!("final image: {e}"));
     }
-    drop(s);
     store.close().unwrap();
     eprintln!(
-        "batch-crash-sim {}{}: {images} images, {} inconsistent",
+        "batch-crash-sim {}{}, {} writers: {images} images, {} inconsistent",
         c.kind.name(),
         if c.power { " (power loss, msync)" } else { "" },
+        c.threads,
         bad.len()
     );
-    assert!(images > c.batches / 2, "too few images: {images}");
+    assert!(images > c.batches / 4, "too few images: {images}");
     assert!(bad.is_empty(), "{}", bad[..bad.len().min(5)].join("\n"));
+}
+
+/// One writer, an image at every fence.
+fn every_fence(kind: Kind, power: bool, batches: u64) {
+    run(Cfg {
+        kind,
+        power,
+        batches,
+        threads: 1,
+        ppm: 1_000_000,
+    });
+}
+
+/// Two writers and a reader; an image at every fence (Bullet), or at a
+/// quarter of them (direct, whose batches take several fences each).
+fn concurrent(kind: Kind, power: bool) {
+    let direct = matches!(kind, Kind::Direct(_));
+    run(Cfg {
+        kind,
+        power,
+        batches: if direct { 120 } else { 240 },
+        threads: 2,
+        ppm: if direct { 250_000 } else { 1_000_000 },
+    });
 }
 
 #[test]
 fn bullet_batches_at_every_fence() {
     for b in [BackendKind::LogFree, BackendKind::PHash] {
-        run(Cfg {
-            kind: Kind::Bullet(Variant::Full, b),
-            power: false,
-            batches: 60,
-        });
+        every_fence(Kind::Bullet(Variant::Full, b), false, 60);
     }
 }
 
 #[test]
 fn bullet_group_commit_batches_at_every_fence() {
-    run(Cfg {
-        kind: Kind::BulletGroup(Variant::Full, BackendKind::LogFree),
-        power: false,
-        batches: 60,
-    });
+    every_fence(
+        Kind::BulletGroup(Variant::Full, BackendKind::LogFree),
+        false,
+        60,
+    );
 }
 
 #[test]
 fn bullet_group_commit_batches_power_loss() {
-    run(Cfg {
-        kind: Kind::BulletGroup(Variant::Full, BackendKind::LogFree),
-        power: true,
-        batches: 60,
-    });
+    every_fence(
+        Kind::BulletGroup(Variant::Full, BackendKind::LogFree),
+        true,
+        60,
+    );
 }
 
 #[test]
 fn direct_batches_at_every_fence() {
     for b in [BackendKind::LogFree, BackendKind::PHash] {
-        run(Cfg {
-            kind: Kind::Direct(b),
-            power: false,
-            batches: 40,
-        });
+        every_fence(Kind::Direct(b), false, 40);
     }
 }
 
 #[test]
 fn direct_batches_power_loss() {
-    run(Cfg {
-        kind: Kind::Direct(BackendKind::LogFree),
-        power: true,
-        batches: 40,
-    });
+    every_fence(Kind::Direct(BackendKind::LogFree), true, 40);
+}
+
+/// Two writers in their own logs and a reader: under group commit the
+/// reader's gets make the other sessions' batches durable (`settle_read`,
+/// `Pool::make_durable` to the batch's end) while they run.
+#[test]
+fn concurrent_batches_under_crashes() {
+    concurrent(Kind::Bullet(Variant::Full, BackendKind::LogFree), false);
+    concurrent(
+        Kind::BulletGroup(Variant::Full, BackendKind::LogFree),
+        false,
+    );
+    concurrent(Kind::BulletGroup(Variant::Full, BackendKind::LogFree), true);
+    concurrent(Kind::Direct(BackendKind::LogFree), false);
 }
 
 /// A store of `kind` in a fresh heap (not under a simulator).

@@ -344,4 +344,31 @@ mod tests {
         );
         assert!(single.pos() < whole[0].pos());
     }
+
+    /// Group commit: making a batch's record durable (for a later record of
+    /// its key in another log, or a read) makes the whole batch durable, so
+    /// the watermark never lands inside a batch and no gleaner applies part
+    /// of one that recovery could still drop.
+    #[test]
+    fn make_durable_covers_the_whole_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let heap = Heap::create(
+            &dir.path().join("h"),
+            &crate::test_heap_opts(8 << 20, 8 << 20),
+        )
+        .unwrap();
+        let (_, pool) = pool(&heap);
+        pool.group_commit.store(true, Ordering::Relaxed);
+        let recs = batch(&pool, 3, b'g');
+        let l = &pool.logs[0];
+        assert!(l.durable.load(Ordering::Acquire) <= recs[0].pos());
+        pool.make_durable(recs[0]).unwrap();
+        assert_eq!(l.durable.load(Ordering::Acquire), end(&pool, recs[2]));
+        let single = pool
+            .append(0, 1, b"s", &[1; 60], RecPtr::NULL, 2)
+            .unwrap()
+            .unwrap();
+        pool.make_durable(single).unwrap();
+        assert_eq!(l.durable.load(Ordering::Acquire), end(&pool, single));
+    }
 }
