@@ -147,6 +147,19 @@ struct Inner {
     intents: Mutex<Vec<bool>>,
 }
 
+/// Applies the first `limit` operations (`Put` or `Remove`) of `b` to the
+/// index and syncs; on an error, how many were applied, and the error.
+fn apply_ops(h: &mut AnyHandle, b: &WriteBatch, limit: usize) -> Result<(), (usize, Error)> {
+    for (done, (key, op)) in b.iter().take(limit).enumerate() {
+        let r = match op {
+            Op::Put(v) => h.put(key, v).map(drop),
+            _ => h.remove(key).map(drop),
+        };
+        r.map_err(|e| (done, e.into()))?;
+    }
+    h.sync().map_err(|e| (limit.min(b.len()), e.into()))
+}
+
 impl Inner {
     /// The stripe lock of `key`.
     #[inline]
@@ -221,8 +234,7 @@ impl DirectStore {
 
     /// Opening: re-applies the batches whose intents a crash left (each
     /// whole: its operations are final values, so applying one again is
-    /// harmless), then removes the intents; one sync for the operations and
-    /// one for the removals.
+    /// harmless; a sync each), then removes the intents (one sync).
     fn redo_intents(&self) -> Result<()> {
         let n = self
             .inner
@@ -237,26 +249,16 @@ impl DirectStore {
             let k = intent_key(slot);
             if h.get(&k, &mut buf)? {
                 let b = WriteBatch::from_bytes(&buf)?;
-                for (key, op) in b.iter() {
-                    match op {
-                        Op::Put(v) => {
-                            h.put(key, v)?;
-                        }
-                        Op::Remove => {
-                            h.remove(key)?;
-                        }
-                        Op::Incr(_) => {
-                            return Err(Error::Corrupt("an increment in a batch intent".into()))
-                        }
-                    }
+                if b.iter().any(|(_, op)| matches!(op, Op::Incr(_))) {
+                    return Err(Error::Corrupt("an increment in a batch intent".into()));
                 }
+                apply_ops(&mut h, &b, usize::MAX).map_err(|(_, e)| e)?;
                 found.push(k);
             }
         }
         if found.is_empty() {
             return Ok(());
         }
-        h.sync()?;
         for k in found {
             h.remove(&k)?;
         }
@@ -375,22 +377,22 @@ impl Session for DirectSession {
             .iter()
             .map(|&s| inner.stripes[s].lock().unwrap_or_else(|e| e.into_inner()))
             .collect();
-        // Each key's state as the batch goes (None: absent) and whether the
-        // batch changed it, first read from the index, in the order the keys
-        // are first touched.
-        type KeyState<'k> = (&'k [u8], Option<Vec<u8>>, bool);
+        // Each key's state before the batch and as the batch goes (None:
+        // absent) and whether the batch changed it, first read from the
+        // index, in the order the keys are first touched.
+        type KeyState<'k> = (&'k [u8], Option<Vec<u8>>, Option<Vec<u8>>, bool);
         let mut state: Vec<KeyState<'_>> = Vec::new();
         let mut outcomes = Vec::with_capacity(batch.len());
         for (key, op) in batch.iter() {
-            let i = match state.iter().position(|(k, _, _)| *k == key) {
+            let i = match state.iter().position(|(k, ..)| *k == key) {
                 Some(i) => i,
                 None => {
                     let v = self.h.get(key, &mut self.buf)?.then(|| self.buf.clone());
-                    state.push((key, v, false));
+                    state.push((key, v.clone(), v, false));
                     state.len() - 1
                 }
             };
-            let (_, cur, changed) = &mut state[i];
+            let (_, _, cur, changed) = &mut state[i];
             outcomes.push(match op {
                 Op::Put(v) => {
                     let o = Outcome::Put {
@@ -417,12 +419,21 @@ impl Session for DirectSession {
                 }
             });
         }
+        // The batch's physical operations, and their undo (for a failure
+        // half way, below).
         let mut redo = WriteBatch::new();
-        for (key, cur, changed) in &state {
-            match (cur, changed) {
-                (_, false) => {}
-                (Some(v), true) => redo.put(key, v),
-                (None, true) => redo.remove(key),
+        let mut undo = WriteBatch::new();
+        for (key, orig, cur, changed) in &state {
+            if !changed {
+                continue;
+            }
+            match cur {
+                Some(v) => redo.put(key, v),
+                None => redo.remove(key),
+            }
+            match orig {
+                Some(v) => undo.put(key, v),
+                None => undo.remove(key),
             }
         }
         let logged = redo.len() > 1;
@@ -442,18 +453,18 @@ impl Session for DirectSession {
         } else {
             None
         };
-        // 2. The operations, durable.
-        for (key, op) in redo.iter() {
-            match op {
-                Op::Put(v) => {
-                    self.h.put(key, v)?;
-                }
-                _ => {
-                    self.h.remove(key)?;
+        // 2. The operations, durable. Each is failure-atomic; when one fails
+        // (a full heap) the ones before it are undone, and the intent goes
+        // only once they are: else it stays, and the next open applies the
+        // whole batch.
+        if let Err((done, e)) = apply_ops(&mut self.h, &redo, usize::MAX) {
+            if apply_ops(&mut self.h, &undo, done).is_ok() {
+                if let Some(k) = &ik {
+                    let _ = self.h.remove(k).and_then(|_| self.h.sync());
                 }
             }
+            return Err(e);
         }
-        self.h.sync()?;
         // 3. The intent gone, durable: a crash from here on finds none.
         if let Some(k) = ik {
             self.h.remove(&k)?;

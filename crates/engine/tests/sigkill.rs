@@ -53,13 +53,9 @@ fn open_store(kind: Kind, path: &Path) -> (AnyStore, Heap) {
 #[test]
 #[ignore]
 fn child_worker() {
-    let Ok(path) = std::env::var(ENV_HEAP) else {
+    let Some((path, kind)) = child_args(ENV_HEAP, ENV_KIND, &kinds()) else {
         return;
     };
-    let kind = kinds()
-        .into_iter()
-        .find(|k| k.name() == std::env::var(ENV_KIND).unwrap())
-        .unwrap();
     let (store, _heap) = open_store(kind, Path::new(&path));
     let round = std::process::id() as u64;
     std::thread::scope(|s| {

@@ -65,13 +65,9 @@ fn key(k: &str, g: u64) -> Vec<u8> {
 #[test]
 #[ignore]
 fn child_batches() {
-    let Ok(path) = std::env::var(ENV_HEAP) else {
+    let Some((path, kind)) = child_args(ENV_HEAP, ENV_KIND, &kinds()) else {
         return;
     };
-    let kind = kinds()
-        .into_iter()
-        .find(|k| k.name() == std::env::var(ENV_KIND).unwrap())
-        .unwrap();
     let round: u64 = std::env::var(ENV_ROUND).unwrap().parse().unwrap();
     let (store, _heap) = open_store(kind, Path::new(&path));
     std::thread::scope(|s| {

@@ -315,3 +315,13 @@ pub fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 17;
     *x
 }
+
+/// In a SIGKILL test's child: the heap path and the store kind the parent
+/// passed in `env_heap` and `env_kind` (one of `kinds`), or None when the
+/// test runs directly rather than as a child.
+pub fn child_args(env_heap: &str, env_kind: &str, kinds: &[Kind]) -> Option<(String, Kind)> {
+    let path = std::env::var(env_heap).ok()?;
+    let name = std::env::var(env_kind).unwrap();
+    let kind = *kinds.iter().find(|k| k.name() == name).unwrap();
+    Some((path, kind))
+}
