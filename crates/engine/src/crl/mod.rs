@@ -96,7 +96,7 @@
 //! without group commit one fence for the whole batch, then the durable
 //! watermark and the tail), so no gleaner reads part of a batch.
 //!
-//! Recovery ([`Pool::find_tails`]) ends a log after the last record without
+//! Recovery (`Pool::find_tails`) ends a log after the last record without
 //! the bit: a batch whose last record a crash lost (or tore) is not live,
 //! whichever of its records were kept. It was never acknowledged (a batch is
 //! acknowledged after its fence or its commit). Under group commit the
