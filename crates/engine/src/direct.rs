@@ -6,15 +6,55 @@
 //! Read-modify-write operations (`Incr`) must not interleave with other updates of
 //! the same key, so updates take one of 1024 striped DRAM locks by key hash; gets
 //! take none.
+//!
+//! ## Batches: a redo intent in the index
+//! A batch of several operations ([`Session::apply_batch`]) is all-or-nothing
+//! across a crash. Under the stripe locks of all its keys (taken in stripe
+//! order, so batches never deadlock), the session computes each key's final
+//! state (an `Incr` becomes the `Put` of its result; an error fails the batch
+//! before anything is written), then:
+//! 1. puts the batch's physical operations (a [`WriteBatch`] of `Put`/`Remove`,
+//!    its encoding) as the value of the session's **intent key** and syncs
+//!    (the index's put is failure-atomic: the intent is whole or absent);
+//! 2. applies them to the index and syncs;
+//! 3. removes the intent key and syncs.
+//!
+//! Opening the store re-applies every intent it finds (idempotent: puts and
+//! removes of final values), syncs, and removes it. The intent keys are
+//! [`INTENT_PREFIX`] followed by a 2-byte slot number below the heap's slot
+//! count (a session holds a heap slot, so there are never more sessions), so
+//! opening reads at most that many keys, not the index. They are not user keys:
+//! gets and scans do not show them and writes to them are refused
+//! ([`Error::ReservedKey`]). The intent lives in the index rather than in an
+//! area of its own because the heap's root is the index itself (servers and
+//! tools identify a direct store by it), and because an index value has no
+//! size limit short of the value limit: a batch of any size up to it logs one
+//! intent. A batch whose operations leave one key changed needs no intent.
 
 use crate::{
     check_op, incr_value, Durability, Error, KeyHasher, Op, Outcome, Result, Session, Store,
-    StoreStats,
+    StoreStats, WriteBatch,
 };
 use index::any::{attach_any, AnyHandle, AnyIndex};
 use index::{HashOptions, Index, LfHash, Ops, PHash, PHashOptions, RecoverStats};
 use pmem::{Heap, Recovery};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The first bytes of the direct store's intent keys (see "Batches").
+pub const INTENT_PREFIX: &[u8] = b"\xffember\x00batch-intent\x00";
+
+/// The intent key of slot `slot`.
+fn intent_key(slot: u16) -> Vec<u8> {
+    let mut k = INTENT_PREFIX.to_vec();
+    k.extend_from_slice(&slot.to_le_bytes());
+    k
+}
+
+/// Whether `key` is one of the store's intent keys.
+#[inline]
+fn is_intent_key(key: &[u8]) -> bool {
+    key.len() == INTENT_PREFIX.len() + 2 && key.starts_with(INTENT_PREFIX)
+}
 
 /// Which durable index a store keeps its keys in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +143,46 @@ struct Inner {
     /// The index's key hash (a random one for a skip list, which has none).
     hasher: KeyHasher,
     stripes: Box<[Mutex<()>]>,
+    /// Intent slots in use by sessions (see "Batches").
+    intents: Mutex<Vec<bool>>,
+}
+
+/// Applies the first `limit` operations (`Put` or `Remove`) of `b` to the
+/// index and syncs; on an error, how many were applied, and the error.
+fn apply_ops(h: &mut AnyHandle, b: &WriteBatch, limit: usize) -> Result<(), (usize, Error)> {
+    for (done, (key, op)) in b.iter().take(limit).enumerate() {
+        let r = match op {
+            Op::Put(v) => h.put(key, v).map(drop),
+            _ => h.remove(key).map(drop),
+        };
+        r.map_err(|e| (done, e.into()))?;
+    }
+    h.sync().map_err(|e| (limit.min(b.len()), e.into()))
+}
+
+impl Inner {
+    /// The stripe lock of `key`.
+    #[inline]
+    fn stripe(&self, key: &[u8]) -> usize {
+        (self.hasher.hash(key) >> 40) as usize % STRIPES
+    }
+}
+
+impl DirectSession {
+    /// This session's intent slot (claimed once, given back when it drops).
+    fn intent_slot(&mut self) -> Result<u16> {
+        if let Some(s) = self.intent {
+            return Ok(s);
+        }
+        let mut v = self.inner.intents.lock().unwrap_or_else(|e| e.into_inner());
+        let s = v
+            .iter()
+            .position(|used| !used)
+            .ok_or_else(|| Error::Config("more sessions than the heap has slots".into()))?;
+        v[s] = true;
+        self.intent = Some(s as u16);
+        Ok(s as u16)
+    }
 }
 
 /// The single-tier persistent store. Clone is cheap.
@@ -121,8 +201,10 @@ impl DirectStore {
 
     fn from_index(heap: Heap, index: AnyIndex) -> DirectStore {
         let stripes = (0..STRIPES).map(|_| Mutex::new(())).collect();
+        let slots = heap.region().geometry().nslots as usize;
         DirectStore {
             inner: Arc::new(Inner {
+                intents: Mutex::new(vec![false; slots.min(u16::MAX as usize)]),
                 heap,
                 hasher: index.hasher().unwrap_or_else(KeyHasher::random),
                 index,
@@ -143,7 +225,45 @@ impl DirectStore {
             ));
         }
         let (heap, stats) = index::recover(rec, &[index.recoverable()])?;
-        Ok((Self::from_index(heap, index), stats))
+        let st = Self::from_index(heap, index);
+        if st.inner.heap.region().access() == pmem::Access::ReadWrite {
+            st.redo_intents()?;
+        }
+        Ok((st, stats))
+    }
+
+    /// Opening: re-applies the batches whose intents a crash left (each
+    /// whole: its operations are final values, so applying one again is
+    /// harmless; a sync each), then removes the intents (one sync).
+    fn redo_intents(&self) -> Result<()> {
+        let n = self
+            .inner
+            .intents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len();
+        let mut h = self.inner.index.handle()?;
+        let mut buf = Vec::new();
+        let mut found = Vec::new();
+        for slot in 0..n as u16 {
+            let k = intent_key(slot);
+            if h.get(&k, &mut buf)? {
+                let b = WriteBatch::from_bytes(&buf)?;
+                if b.iter().any(|(_, op)| matches!(op, Op::Incr(_))) {
+                    return Err(Error::Corrupt("an increment in a batch intent".into()));
+                }
+                apply_ops(&mut h, &b, usize::MAX).map_err(|(_, e)| e)?;
+                found.push(k);
+            }
+        }
+        if found.is_empty() {
+            return Ok(());
+        }
+        for k in found {
+            h.remove(&k)?;
+        }
+        h.sync()?;
+        Ok(())
     }
 
     pub fn index(&self) -> &AnyIndex {
@@ -159,6 +279,16 @@ pub struct DirectSession {
     inner: Arc<Inner>,
     h: AnyHandle,
     buf: Vec<u8>,
+    /// This session's intent slot, claimed at its first batch.
+    intent: Option<u16>,
+}
+
+impl Drop for DirectSession {
+    fn drop(&mut self) {
+        if let Some(s) = self.intent {
+            self.inner.intents.lock().unwrap_or_else(|e| e.into_inner())[s as usize] = false;
+        }
+    }
 }
 
 impl Store for DirectStore {
@@ -169,6 +299,7 @@ impl Store for DirectStore {
             inner: self.inner.clone(),
             h: self.inner.index.handle()?,
             buf: Vec::new(),
+            intent: None,
         })
     }
 
@@ -202,18 +333,153 @@ impl Store for DirectStore {
 
 impl Session for DirectSession {
     fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        if is_intent_key(key) {
+            out.clear();
+            return Ok(false);
+        }
         Ok(self.h.get(key, out)?)
     }
 
     /// The index's scan (durable keys only: the index returns a key once its
-    /// insertion is durable).
+    /// insertion is durable), without the intent keys.
     fn scan(&mut self, cursor: u64, count: usize, out: &mut Vec<Vec<u8>>) -> Result<u64> {
-        Ok(self.h.scan(cursor, count, out)?)
+        let from = out.len();
+        let next = self.h.scan(cursor, count, out)?;
+        let mut i = from;
+        while i < out.len() {
+            if is_intent_key(&out[i]) {
+                out.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(next)
+    }
+
+    /// All-or-nothing across a crash (see "Batches"); a batch of one
+    /// operation is `apply`.
+    fn apply_batch(&mut self, batch: &WriteBatch, out: &mut Vec<Outcome>) -> Result<()> {
+        if batch.len() <= 1 {
+            return crate::apply_each(self, batch, out);
+        }
+        for (key, op) in batch.iter() {
+            check_op(key, &op)?;
+            if is_intent_key(key) {
+                return Err(Error::ReservedKey);
+            }
+        }
+        let inner = self.inner.clone();
+        let mut stripes: Vec<usize> = batch.iter().map(|(k, _)| inner.stripe(k)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        // In stripe order: two batches never wait for each other in a cycle.
+        let _g: Vec<MutexGuard<'_, ()>> = stripes
+            .iter()
+            .map(|&s| inner.stripes[s].lock().unwrap_or_else(|e| e.into_inner()))
+            .collect();
+        // Each key's state before the batch and as the batch goes (None:
+        // absent) and whether the batch changed it, first read from the
+        // index, in the order the keys are first touched.
+        type KeyState<'k> = (&'k [u8], Option<Vec<u8>>, Option<Vec<u8>>, bool);
+        let mut state: Vec<KeyState<'_>> = Vec::new();
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for (key, op) in batch.iter() {
+            let i = match state.iter().position(|(k, ..)| *k == key) {
+                Some(i) => i,
+                None => {
+                    let v = self.h.get(key, &mut self.buf)?.then(|| self.buf.clone());
+                    state.push((key, v.clone(), v, false));
+                    state.len() - 1
+                }
+            };
+            let (_, _, cur, changed) = &mut state[i];
+            outcomes.push(match op {
+                Op::Put(v) => {
+                    let o = Outcome::Put {
+                        created: cur.is_none(),
+                        old_first: cur.as_ref().and_then(|c| c.first().copied()),
+                    };
+                    *cur = Some(v.to_vec());
+                    *changed = true;
+                    o
+                }
+                Op::Remove => {
+                    let found = cur.is_some();
+                    if found {
+                        *cur = None;
+                        *changed = true;
+                    }
+                    Outcome::Removed(found)
+                }
+                Op::Incr(d) => {
+                    let n = incr_value(cur.as_deref(), d)?;
+                    *cur = Some(n.to_string().into_bytes());
+                    *changed = true;
+                    Outcome::Int(n)
+                }
+            });
+        }
+        // The batch's physical operations, and their undo (for a failure
+        // half way, below).
+        let mut redo = WriteBatch::new();
+        let mut undo = WriteBatch::new();
+        for (key, orig, cur, changed) in &state {
+            if !changed {
+                continue;
+            }
+            match cur {
+                Some(v) => redo.put(key, v),
+                None => redo.remove(key),
+            }
+            match orig {
+                Some(v) => undo.put(key, v),
+                None => undo.remove(key),
+            }
+        }
+        let logged = redo.len() > 1;
+        let ik = if logged {
+            let len = redo.as_bytes().len();
+            if len > index::MAX_VALUE - crate::value::STAMP_LEN {
+                return Err(Error::RecordTooLarge(
+                    len as u64,
+                    (index::MAX_VALUE - crate::value::STAMP_LEN) as u64,
+                ));
+            }
+            let k = intent_key(self.intent_slot()?);
+            // 1. The intent, durable.
+            self.h.put(&k, redo.as_bytes())?;
+            self.h.sync()?;
+            Some(k)
+        } else {
+            None
+        };
+        // 2. The operations, durable. Each is failure-atomic; when one fails
+        // (a full heap) the ones before it are undone, and the intent goes
+        // only once they are: else it stays, and the next open applies the
+        // whole batch.
+        if let Err((done, e)) = apply_ops(&mut self.h, &redo, usize::MAX) {
+            if apply_ops(&mut self.h, &undo, done).is_ok() {
+                if let Some(k) = &ik {
+                    let _ = self.h.remove(k).and_then(|_| self.h.sync());
+                }
+            }
+            return Err(e);
+        }
+        // 3. The intent gone, durable: a crash from here on finds none.
+        if let Some(k) = ik {
+            self.h.remove(&k)?;
+            self.h.sync()?;
+        }
+        out.extend(outcomes);
+        Ok(())
     }
 
     fn apply(&mut self, key: &[u8], op: Op<'_>) -> Result<Outcome> {
         check_op(key, &op)?;
-        let s = (self.inner.hasher.hash(key) >> 40) as usize % STRIPES;
+        if is_intent_key(key) {
+            return Err(Error::ReservedKey);
+        }
+        let s = self.inner.stripe(key);
         let _g = self.inner.stripes[s]
             .lock()
             .unwrap_or_else(|e| e.into_inner());

@@ -26,6 +26,9 @@ pub enum Error {
     Config(String),
     #[error("the store is closed")]
     Closed,
+    /// A key the store keeps for itself (the direct store's batch intents).
+    #[error("key is reserved by the store")]
+    ReservedKey,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -9,6 +9,14 @@
 //! since, and then the newer record's `prev` chain still leads to `newest`, whose
 //! `applied` flag stops the next gleaner's walk.
 //!
+//! A session applying a batch of several operations marks each key's
+//! `lentry` [`PENDING`] (still holding the older record) before it appends
+//! anything, and clears the mark once the whole batch is appended and
+//! published: until then no other writer or reader uses the key (they wait,
+//! see `BulletSession`), so nothing observes a value that recovery could drop
+//! with a batch cut short. The gleaner walks from the pointer without the
+//! mark ([`chain_start`]); its release fails while the mark is set.
+//!
 //! Invariant: every unapplied record of a key is reachable from the key's
 //! `lentry` through `prev` links, before any applied record of the chain. The loom
 //! model `tests/loom_lentry.rs` checks it, with the real functions below.
@@ -18,6 +26,22 @@ pub use loom::sync::atomic::AtomicU64;
 #[cfg(not(loom))]
 pub use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
+
+/// The mark of a key in a batch being applied (a position bit no log reaches:
+/// positions stay below 2^55).
+pub const PENDING: u64 = 1 << 55;
+
+/// Whether `lentry`'s value `v` carries the batch mark.
+#[inline]
+pub fn is_pending(v: u64) -> bool {
+    v & PENDING != 0
+}
+
+/// `lentry`'s value `v` without the batch mark: the record pointer.
+#[inline]
+pub fn record(v: u64) -> u64 {
+    v & !PENDING
+}
 
 /// Writer, holding the bucket lock: the `prev` of the record it is about to write.
 #[inline]
@@ -48,5 +72,5 @@ pub fn release(lentry: &AtomicU64, newest: u64) -> bool {
 /// Gleaner: where the walk over a key's unapplied records starts.
 #[inline]
 pub fn chain_start(lentry: &AtomicU64) -> u64 {
-    lentry.load(Ordering::Acquire)
+    record(lentry.load(Ordering::Acquire))
 }

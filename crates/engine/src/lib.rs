@@ -164,16 +164,23 @@ pub trait Session {
     /// Applies an update; durable (per [`Store::durability`]) when it returns.
     fn apply(&mut self, key: &[u8], op: Op<'_>) -> Result<Outcome>;
     /// Applies a command's [`WriteBatch`] in order, pushing each operation's
-    /// outcome to `out`; on an error, `out` holds the outcomes of the
-    /// operations applied before it. Each operation is durable as
-    /// [`Session::apply`]'s is. The default applies them one by one, so a
-    /// crash in the middle leaves a prefix of the batch applied; a store
-    /// that logs the batch as one record makes it all-or-nothing.
+    /// outcome to `out`; durable as [`Session::apply`]'s updates are (under
+    /// group commit: at the session's next commit).
+    ///
+    /// The persistent stores ([`bullet`], [`direct`]) apply a batch
+    /// **all-or-nothing across a crash** (a killed process, or an OS crash or
+    /// power loss in the heap's durability mode): after recovery either every
+    /// operation of the batch is there or none is, and an acknowledged batch
+    /// is whole. An error (an `Incr` on a value that is not an integer, a
+    /// batch too large for a Bullet log: [`Error::RecordTooLarge`]) fails the
+    /// whole batch before anything is written, leaving `out` as it was. A
+    /// batch of one operation costs what [`Session::apply`] costs.
+    ///
+    /// The default, kept by the `volatile` store only, applies the operations
+    /// one by one: on an error, `out` holds the outcomes of those applied
+    /// before it.
     fn apply_batch(&mut self, batch: &WriteBatch, out: &mut Vec<Outcome>) -> Result<()> {
-        for (key, op) in batch.iter() {
-            out.push(self.apply(key, op)?);
-        }
-        Ok(())
+        apply_each(self, batch, out)
     }
     /// One step of a cursor scan of the store's keys, Redis's `SCAN` (for `KEYS`,
     /// `SCAN`, `DBSIZE`, `FLUSHDB`, `RANDOMKEY`, active expiry): appends keys to
@@ -227,6 +234,21 @@ pub trait Session {
     fn prefetch(&mut self, keys: &[&[u8]]) {
         let _ = keys;
     }
+}
+
+/// Applies `batch`'s operations one by one with [`Session::apply`] (the
+/// default [`Session::apply_batch`], and the persistent stores' for a batch
+/// of one operation).
+#[inline]
+pub(crate) fn apply_each<S: Session + ?Sized>(
+    s: &mut S,
+    batch: &WriteBatch,
+    out: &mut Vec<Outcome>,
+) -> Result<()> {
+    for (key, op) in batch.iter() {
+        out.push(s.apply(key, op)?);
+    }
+    Ok(())
 }
 
 /// The durability work of a [`Session::commit_detached`]: once `complete`

@@ -10,7 +10,10 @@
 //! around, writers switch logs and wait for full logs (gleaning themselves), and
 //! the epoch advancer (1 ms epochs) reclaims log space concurrently with the test.
 //! `Drain` applies every record to the backend and then checks the frontend against
-//! the backend.
+//! the backend. `Batch` applies several of the writes as one `WriteBatch`: in
+//! the persistent stores all or nothing (an `Incr` on a non-integer fails the
+//! whole batch, and a crash right after it finds it whole), in the volatile
+//! store one by one (a failure leaves the prefix before it).
 //!
 //! `EMBER_ENGINE_MODEL_CASES=n` sets the cases per kind (default 16).
 
@@ -35,6 +38,8 @@ enum TOp {
     Remove(usize),
     Incr(usize, i64),
     Get(usize),
+    /// A `WriteBatch` of the operations above (keys may repeat).
+    Batch(Vec<TOp>),
     Drain,
     Restart,
     Crash(u64),
@@ -44,7 +49,14 @@ fn op_strategy(persistent: bool) -> BoxedStrategy<TOp> {
     let k = || 0..NKEYS;
     let restart = if persistent { 3 } else { 0 };
     let crash = if persistent { 5 } else { 0 };
+    let write = prop_oneof![
+        3 => (k(), any::<u32>()).prop_map(|(k, v)| TOp::Put(k, v)),
+        2 => (k(), -1000i64..1000).prop_map(|(k, v)| TOp::PutNum(k, v)),
+        2 => k().prop_map(TOp::Remove),
+        3 => (k(), -50i64..50).prop_map(|(k, d)| TOp::Incr(k, d)),
+    ];
     prop_oneof![
+        10 => proptest::collection::vec(write, 2..6).prop_map(TOp::Batch),
         25 => (k(), any::<u32>()).prop_map(|(k, v)| TOp::Put(k, v)),
         10 => (k(), -1000i64..1000).prop_map(|(k, v)| TOp::PutNum(k, v)),
         15 => k().prop_map(TOp::Remove),
@@ -187,6 +199,74 @@ fn run_model(kind: Kind, ops: &[TOp]) -> Result<(), String> {
                     }
                     (Err(Error::NotInteger), Err(Error::NotInteger)) => {}
                     (r, w) => return Err(format!("{what}: {r:?}, the model says {w:?}")),
+                }
+            }
+            TOp::Batch(ops) => {
+                let mut w = engine::WriteBatch::new();
+                let mut after = model.clone();
+                let mut want = Vec::new();
+                let mut fails = false;
+                for o in ops {
+                    match o {
+                        TOp::Put(k, v) => w.put(&key(*k), &text(*v)),
+                        TOp::PutNum(k, n) => w.put(&key(*k), n.to_string().as_bytes()),
+                        TOp::Remove(k) => w.remove(&key(*k)),
+                        TOp::Incr(k, d) => w.incr(&key(*k), *d),
+                        _ => unreachable!("batches hold writes"),
+                    }
+                    if fails {
+                        continue;
+                    }
+                    let o = match o {
+                        TOp::Put(k, _) | TOp::PutNum(k, _) => {
+                            let val = match o {
+                                TOp::PutNum(_, n) => n.to_string().into_bytes(),
+                                TOp::Put(_, v) => text(*v),
+                                _ => unreachable!(),
+                            };
+                            let old = after.insert(*k, val);
+                            Outcome::Put {
+                                created: old.is_none(),
+                                old_first: old.and_then(|v| v.first().copied()),
+                            }
+                        }
+                        TOp::Remove(k) => Outcome::Removed(after.remove(k).is_some()),
+                        TOp::Incr(k, d) => {
+                            match engine::incr_value(after.get(k).map(|v| v.as_slice()), *d) {
+                                Ok(n) => {
+                                    after.insert(*k, n.to_string().into_bytes());
+                                    Outcome::Int(n)
+                                }
+                                Err(_) => {
+                                    fails = true;
+                                    continue;
+                                }
+                            }
+                        }
+                        _ => unreachable!(),
+                    };
+                    if !fails {
+                        // Applied so far (what the volatile store leaves).
+                        want.push(o);
+                        if !persistent {
+                            model = after.clone();
+                        }
+                    }
+                }
+                let mut got = Vec::new();
+                let r = live.sess().apply_batch(&w, &mut got);
+                match (r, fails) {
+                    (Ok(()), false) if got == want => model = after,
+                    (Err(Error::NotInteger), true) if !persistent || got.is_empty() => {
+                        if !persistent && got != want {
+                            return Err(format!("{what}: applied {got:?}, the model {want:?}"));
+                        }
+                    }
+                    (r, f) => {
+                        return Err(format!(
+                            "{what}: {r:?} with {got:?}, the model {want:?} (fails: {f})"
+                        ))
+                    }
                 }
             }
             TOp::Get(k) => {

@@ -23,10 +23,9 @@ use engine::direct::BackendKind;
 use engine::Op;
 use pmem::{Heap, HeapOptions, Strategy};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const ENV_HEAP: &str = "EMBER_ENGINE_SIGKILL_HEAP";
 const ENV_KIND: &str = "EMBER_ENGINE_SIGKILL_KIND";
@@ -48,37 +47,15 @@ fn opts() -> HeapOptions {
 }
 
 fn open_store(kind: Kind, path: &Path) -> (AnyStore, Heap) {
-    let t0 = Instant::now();
-    loop {
-        let rec = if path.exists() {
-            Heap::open(path, &opts())
-        } else {
-            let heap = Heap::create(path, &opts()).unwrap();
-            create(kind, &heap, LOG).unwrap().close().unwrap();
-            drop(heap);
-            Heap::open(path, &opts())
-        };
-        match rec {
-            Ok(rec) => return open(kind, rec, LOG).unwrap(),
-            // A child of another test may hold the lock for a moment.
-            Err(pmem::Error::InUse { .. }) if t0.elapsed() < Duration::from_secs(5) => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => panic!("open: {e}"),
-        }
-    }
+    open_or_create_store(kind, path, &opts(), LOG)
 }
 
 #[test]
 #[ignore]
 fn child_worker() {
-    let Ok(path) = std::env::var(ENV_HEAP) else {
+    let Some((path, kind)) = child_args(ENV_HEAP, ENV_KIND, &kinds()) else {
         return;
     };
-    let kind = kinds()
-        .into_iter()
-        .find(|k| k.name() == std::env::var(ENV_KIND).unwrap())
-        .unwrap();
     let (store, _heap) = open_store(kind, Path::new(&path));
     let round = std::process::id() as u64;
     std::thread::scope(|s| {
@@ -179,34 +156,14 @@ fn run(kind: Kind, rounds: u32) {
     let mut exp = Expect::default();
     let mut rng = std::process::id() as u64 ^ 0x5eed;
     for round in 0..rounds {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["child_worker", "--exact", "--ignored", "--nocapture"])
-            .env(ENV_HEAP, &path)
-            .env(ENV_KIND, kind.name())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let run_for = Duration::from_millis(150 + rng % 250);
-        let reader = std::thread::spawn(move || {
-            let mut lines = Vec::new();
-            for l in BufReader::new(stdout).lines() {
-                match l {
-                    Ok(l) => lines.push(l),
-                    Err(_) => break,
-                }
-            }
-            lines
-        });
-        // Wait for the first acknowledgement (the child recovered), then a while.
-        std::thread::sleep(run_for);
-        kill_9(child.id());
-        let _ = child.wait();
-        let lines = reader.join().unwrap();
+        let lines = run_and_kill(
+            "child_worker",
+            &[
+                (ENV_HEAP, path.display().to_string()),
+                (ENV_KIND, kind.name()),
+            ],
+            Duration::from_millis(150 + xorshift(&mut rng) % 250),
+        );
         let acks = lines.iter().filter(|l| l.starts_with("@@ ack")).count();
         let mut inflight: Vec<Option<String>> = vec![None, None];
         for l in &lines {
@@ -266,20 +223,9 @@ fn run(kind: Kind, rounds: u32) {
     }
 }
 
-fn kill_9(pid: u32) {
-    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-}
-
-fn rounds() -> u32 {
-    std::env::var("EMBER_ENGINE_SIGKILL_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4)
-}
-
 #[test]
 fn sigkill_keeps_every_acknowledged_write() {
     for k in kinds() {
-        run(k, rounds());
+        run(k, sigkill_rounds());
     }
 }

@@ -32,10 +32,15 @@
 //! Gets take no lock. Every command that writes takes the stripe locks of its
 //! keys (sorted, so multi-key commands cannot deadlock) around its
 //! read-modify-write and applies its batch before it releases them, so
-//! commands on one key are linearizable as in Redis. Each store operation is
-//! durable on its own; a multi-key command (MSET, RENAME, FLUSHDB) is atomic
-//! for clients of this server but not across a crash: a crash in the middle
-//! of its batch leaves a prefix of it applied.
+//! commands on one key are linearizable as in Redis. A command's batch is
+//! also all-or-nothing across a crash (process kill, or OS crash or power
+//! loss in the heap's durability mode) with the `bullet` and `direct`
+//! engines ([`engine::Session::apply_batch`]): after a restart MSET, MSETNX,
+//! RENAME and every other command that applies one batch left all of its
+//! writes or none, and an acknowledged one all; a batch that fails (an
+//! increment of a non-integer) applies nothing. FLUSHDB and FLUSHALL delete
+//! key by key, one batch each, so a crash in the middle leaves some keys
+//! deleted. The `volatile` engine applies a batch operation by operation.
 
 use crate::counts::{Delta, KeyCounts};
 use engine::{Op, Outcome, Session, WriteBatch};

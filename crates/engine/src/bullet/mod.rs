@@ -517,8 +517,8 @@ impl Shared {
             return true;
         }
         let le = n.meta().lentry.load(Ordering::Acquire);
-        if le != 0 && !self.pool.reclaimed(RecPtr(le)) {
-            return true; // a newer remove is pending; its gleaner reaps
+        if le != 0 && (lentry::is_pending(le) || !self.pool.reclaimed(RecPtr(le))) {
+            return true; // a newer remove is pending (or a batch); its gleaner reaps
         }
         if n.meta().version.load(Ordering::Acquire) >= self.epoch_base() {
             return false;

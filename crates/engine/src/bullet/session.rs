@@ -7,6 +7,7 @@ use crate::crl::{self, RecPtr};
 use crate::table::{prefetch_keys, Blob, TOMB_TAG};
 use crate::{
     check_op, incr_value, lentry, min_cursor, Error, Op, Outcome, PendingCommit, Result, Session,
+    WriteBatch,
 };
 use index::phash::PHashHandle;
 use index::{Index, Ops};
@@ -40,6 +41,62 @@ fn load_backend(sh: &Shared, g: &mut Gleaner, key: &[u8]) -> Result<Option<(u64,
         sh.c.loads.fetch_add(1, Ordering::Relaxed);
         (s, v.into_boxed_slice())
     }))
+}
+
+/// A key's place in a batch being applied (`apply_many`).
+struct Planned<'b> {
+    hash: u64,
+    key: &'b [u8],
+    /// The entry's `lentry` before the batch marked it.
+    old: u64,
+    /// Whether the batch inserted the entry (the key was absent) for its mark.
+    inserted: bool,
+    /// The entry's version when marked; after the append, the newest record's.
+    version: u64,
+    /// The operations that write records, in batch order.
+    recs: Vec<Op<'b>>,
+    /// The value to publish.
+    fin: Fin<'b>,
+    /// The key's newest record once appended (0: none written).
+    rec: u64,
+}
+
+/// A key's value while a batch's operations on it are planned.
+enum Cur<'n, 'b> {
+    Old(Option<&'n [u8]>),
+    Batch(&'b [u8]),
+    Int(i64),
+    None,
+}
+
+impl Cur<'_, '_> {
+    fn with<R>(&self, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
+        match self {
+            Cur::Old(v) => f(*v),
+            Cur::Batch(v) => f(Some(v)),
+            Cur::Int(i) => f(Some(i.to_string().as_bytes())),
+            Cur::None => f(None),
+        }
+    }
+}
+
+/// The value a batch leaves a key with.
+#[derive(Clone, Copy)]
+enum Fin<'b> {
+    Unchanged,
+    Bytes(&'b [u8]),
+    Int(i64),
+    Tomb,
+}
+
+/// The payload length of `op`'s log record.
+#[inline]
+fn plen(op: &Op<'_>) -> usize {
+    match op {
+        Op::Put(v) => v.len(),
+        Op::Incr(_) => 8,
+        Op::Remove => 0,
+    }
 }
 
 /// One thread's session on a Bullet store.
@@ -226,6 +283,361 @@ impl BulletSession {
         self.rng
     }
 
+    /// Waits until no batch marks `key`: another session is applying a batch
+    /// that writes it, and clears the mark once the whole batch is appended
+    /// and published (see `apply_many`). Holds no lock meanwhile.
+    #[cold]
+    #[inline(never)]
+    fn wait_batch(&self, hash: u64, key: &[u8]) {
+        let mut spins = 0u32;
+        loop {
+            let marked = {
+                let g = crossbeam_epoch::pin();
+                self.sh
+                    .table
+                    .get(hash, key, &g)
+                    .is_some_and(|n| lentry::is_pending(n.meta().lentry.load(Ordering::Acquire)))
+            };
+            if !marked {
+                return;
+            }
+            spins += 1;
+            if spins < 100 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Takes this batch's marks off `plan`'s keys, leaving their entries as
+    /// they were (an entry inserted only to hold the mark is removed): the
+    /// batch failed before it published anything.
+    fn unmark(&self, plan: &[Planned<'_>]) {
+        for k in plan {
+            let mut l = self.sh.table.lock(k.hash);
+            let Some(n) = l.find(k.key) else {
+                continue;
+            };
+            if k.inserted {
+                l.remove(k.key);
+            } else {
+                lentry::publish(&n.meta().lentry, k.old);
+            }
+        }
+    }
+
+    /// Marks `key` for this batch (waiting while another batch marks it) and
+    /// plans its operations `ops` (batch index, operation; in batch order) on
+    /// the entry's value: their outcomes go to `outcomes` by batch index; the
+    /// plan holds the records to append and the value to publish. An `Incr`
+    /// on a value that is not an integer (or that overflows) fails here, and
+    /// the key is left unmarked.
+    fn plan_key<'b>(
+        &mut self,
+        hash: u64,
+        key: &'b [u8],
+        ops: &[(usize, Op<'b>)],
+        outcomes: &mut [Option<Outcome>],
+    ) -> Result<Planned<'b>> {
+        loop {
+            let sh = &*self.sh;
+            let mut l = sh.table.lock(hash);
+            let mut inserted = false;
+            if l.find(key).is_none() {
+                match load_backend(sh, &mut self.g, key)? {
+                    Some((stamp, v)) => {
+                        l.insert(hash, key, Blob::new(&v), FMeta::new(0, stamp));
+                    }
+                    None => {
+                        // An absent key gets an entry (a tombstone) to hold the
+                        // mark, inserted marked.
+                        l.insert(hash, key, Blob::tomb(), FMeta::new(lentry::PENDING, 0));
+                        inserted = true;
+                    }
+                }
+            }
+            let n = l.find(key).expect("the entry was just found or inserted");
+            let mut old = 0;
+            if !inserted {
+                let m = &n.meta().lentry;
+                let le = m.load(Ordering::Acquire);
+                // A compare-and-swap: a gleaner may release `lentry` meanwhile.
+                if lentry::is_pending(le)
+                    || m.compare_exchange(
+                        le,
+                        le | lentry::PENDING,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_err()
+                {
+                    drop(l);
+                    self.wait_batch(hash, key);
+                    continue;
+                }
+                old = le;
+            }
+            let g = l.guard();
+            let mut live = n.tagged(g) != TOMB_TAG;
+            let mut cur = if live {
+                Cur::Old(n.value(g).get())
+            } else {
+                Cur::None
+            };
+            let mut recs = Vec::with_capacity(ops.len());
+            let mut failed = None;
+            for &(idx, op) in ops {
+                let outcome = match op {
+                    Op::Put(v) => {
+                        let old_first = cur.with(|b| b.and_then(|b| b.first().copied()));
+                        let created = !live;
+                        cur = Cur::Batch(v);
+                        live = true;
+                        recs.push(op);
+                        Outcome::Put { created, old_first }
+                    }
+                    Op::Remove => {
+                        let found = live;
+                        if live {
+                            live = false;
+                            cur = Cur::None;
+                            recs.push(op);
+                        }
+                        Outcome::Removed(found)
+                    }
+                    Op::Incr(d) => match cur.with(|b| incr_value(b, d)) {
+                        Ok(v) => {
+                            cur = Cur::Int(v);
+                            live = true;
+                            recs.push(op);
+                            Outcome::Int(v)
+                        }
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
+                    },
+                };
+                outcomes[idx] = Some(outcome);
+            }
+            let fin = match cur {
+                Cur::Old(_) => Fin::Unchanged,
+                Cur::Batch(v) => Fin::Bytes(v),
+                Cur::Int(v) => Fin::Int(v),
+                Cur::None => Fin::Tomb,
+            };
+            let plan = Planned {
+                hash,
+                key,
+                old,
+                inserted,
+                version: n.meta().version.load(Ordering::Acquire),
+                recs,
+                fin,
+                rec: 0,
+            };
+            drop(l);
+            if let Some(e) = failed {
+                self.unmark(std::slice::from_ref(&plan));
+                return Err(e);
+            }
+            return Ok(plan);
+        }
+    }
+
+    /// `apply_batch` for a batch of several operations, all-or-nothing
+    /// across a crash (see "Batches" in the module note of `crl`):
+    /// 1. space for every record in one log (`ensure_space`), before any mark;
+    /// 2. each key, in the order of (hash, key), marked and planned
+    ///    (`plan_key`); a key marked by another batch is waited for, and as
+    ///    every batch marks in that order no two wait for each other;
+    /// 3. the records appended contiguously to the one log, every one but
+    ///    the last with the `more` bit, each key's chain through its records
+    ///    in batch order; then published at once (`Pool::publish`: one fence
+    ///    without group commit; under group commit the session's commit);
+    /// 4. each key's value, version and `lentry` set and its mark cleared.
+    ///
+    /// An error before step 4 (a planning error, a failed append) takes the
+    /// marks off and changes nothing: no record was published, and the bytes
+    /// written past the tail are overwritten by the next append (or, left
+    /// behind by a crash, belong to a batch without its last record).
+    fn apply_many(&mut self, batch: &WriteBatch, out: &mut Vec<Outcome>) -> Result<()> {
+        let ops: Vec<(&[u8], Op<'_>)> = batch.iter().collect();
+        let mut total = 0u64;
+        let mut remove_only = true;
+        for (key, op) in &ops {
+            check_op(key, op)?;
+            total += crl::record_len(key.len(), plen(op));
+            remove_only &= matches!(op, Op::Remove);
+        }
+        self.ops += ops.len() as u64 - 1;
+        self.tick();
+        if !remove_only {
+            if let Some(e) = self.sh.full_error() {
+                return Err(e);
+            }
+        }
+        let keep = if remove_only {
+            0
+        } else {
+            self.sh.pool.size / REMOVE_RESERVE
+        };
+        let limit = self.sh.pool.batch_limit(keep);
+        if total > limit {
+            return Err(Error::RecordTooLarge(total, limit));
+        }
+        // 1.
+        let log = self.ensure_space(total, remove_only)?;
+        // 2. Keys in (hash, key) order; a key's operations stay in batch order.
+        let hashes: Vec<u64> = ops.iter().map(|(k, _)| self.sh.hasher.hash(k)).collect();
+        let mut order: Vec<usize> = (0..ops.len()).collect();
+        order.sort_by(|&a, &b| (hashes[a], ops[a].0, a).cmp(&(hashes[b], ops[b].0, b)));
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; ops.len()];
+        let mut plan: Vec<Planned<'_>> = Vec::new();
+        let mut group: Vec<(usize, Op<'_>)> = Vec::new();
+        let mut at = 0;
+        while at < order.len() {
+            let first = order[at];
+            group.clear();
+            while at < order.len() && ops[order[at]].0 == ops[first].0 {
+                group.push((order[at], ops[order[at]].1));
+                at += 1;
+            }
+            match self.plan_key(hashes[first], ops[first].0, &group, &mut outcomes) {
+                Ok(p) => plan.push(p),
+                Err(e) => {
+                    self.unmark(&plan);
+                    return Err(e);
+                }
+            }
+        }
+        // 3.
+        let start = self.sh.pool.logs[log].tail.load(Ordering::Acquire);
+        let end = match self.append_planned(log, &mut plan) {
+            Ok(end) => end,
+            Err(e) => {
+                self.unmark(&plan);
+                return Err(e);
+            }
+        };
+        if let Some(end) = end {
+            self.sh.pool.publish(log, end);
+            if self.sh.pool.group_commit.load(Ordering::Relaxed) {
+                match self.uncommitted.iter_mut().find(|(i, _, _)| *i == log) {
+                    Some(e) => {
+                        e.1 = e.1.min(start);
+                        e.2 = e.2.max(end);
+                    }
+                    None => self.uncommitted.push((log, start, end)),
+                }
+            }
+        }
+        // 4.
+        let sh = &*self.sh;
+        for k in &plan {
+            let mut l = sh.table.lock(k.hash);
+            let n = l
+                .find(k.key)
+                .ok_or_else(|| Error::Corrupt("a marked frontend entry vanished".into()))?;
+            if k.rec == 0 {
+                // Nothing written (removes of an absent key): as it was.
+                if k.inserted {
+                    l.remove(k.key);
+                } else {
+                    lentry::publish(&n.meta().lentry, k.old);
+                }
+                continue;
+            }
+            let new = match k.fin {
+                Fin::Bytes(v) => Blob::new(v),
+                Fin::Int(v) => Blob::new(v.to_string().as_bytes()),
+                Fin::Tomb => Blob::tomb(),
+                Fin::Unchanged => unreachable!("a key with records has a new value"),
+            };
+            l.set_value(n, new);
+            n.meta().version.store(k.version, Ordering::Release);
+            lentry::publish(&n.meta().lentry, k.rec);
+        }
+        if let Some(side) = &mut self.side {
+            // As `apply`: after the records are durable and published.
+            for k in plan.iter().filter(|k| k.rec != 0) {
+                side.put(k.key, &k.rec.to_le_bytes())?;
+            }
+        }
+        out.extend(
+            outcomes
+                .into_iter()
+                .map(|o| o.expect("every operation planned")),
+        );
+        self.evict();
+        Ok(())
+    }
+
+    /// Step 3 of `apply_many`: appends the planned records to log `log`
+    /// (held, with room for them) without publishing them; sets each key's
+    /// newest record and version in its plan. Returns the position after the
+    /// last record (None when there is none to write).
+    fn append_planned(&mut self, log: usize, plan: &mut [Planned<'_>]) -> Result<Option<u64>> {
+        let sh = &*self.sh;
+        let pool = &sh.pool;
+        let group = pool.group_commit.load(Ordering::Relaxed);
+        let mut total = 0;
+        let mut nrecs = 0;
+        for k in plan.iter() {
+            for op in &k.recs {
+                total += crl::record_len(k.key.len(), plen(op));
+                nrecs += 1;
+            }
+            // As in `apply`: the chain's older record (or, for a remove that
+            // found the key gone, the tombstone read) durable first when it is
+            // in another writer's log.
+            let old = RecPtr(k.old);
+            if group && k.old != 0 && old.log() != log {
+                pool.make_durable(old)?;
+            }
+        }
+        if nrecs == 0 {
+            return Ok(None);
+        }
+        let mut pos = pool
+            .reserve(log, total)?
+            .ok_or_else(|| Error::Corrupt("log space reserved for a batch vanished".into()))?;
+        let base = sh.epoch_base();
+        let mut left = nrecs;
+        for k in plan.iter_mut() {
+            let mut prev = k.old;
+            let mut version = k.version;
+            for op in &k.recs {
+                version = (version + 1).max(base);
+                self.payload.clear();
+                match op {
+                    Op::Put(v) => self.payload.extend_from_slice(v),
+                    Op::Incr(d) => self.payload.extend_from_slice(&d.to_le_bytes()),
+                    Op::Remove => {}
+                }
+                left -= 1;
+                let rec = pool.put_record(
+                    log,
+                    &mut pos,
+                    op.code(),
+                    left > 0,
+                    k.key,
+                    &self.payload,
+                    RecPtr(prev),
+                    version,
+                )?;
+                prev = rec.0;
+                self.appended += 1;
+            }
+            if !k.recs.is_empty() {
+                k.rec = prev;
+                k.version = version;
+            }
+        }
+        Ok(Some(pos))
+    }
+
     /// Keeps a bounded frontend within its size: evicts entries with nothing
     /// pending from a few random buckets (§2.1: only entries whose records are all
     /// applied may go).
@@ -247,7 +659,8 @@ impl BulletSession {
             let pool = &self.sh.pool;
             let n = l.retain(|node| {
                 let le = node.meta().lentry.load(Ordering::Acquire);
-                let settled = le == 0 || pool.reclaimed(RecPtr(le));
+                // A key marked by a batch in progress is not settled.
+                let settled = le == 0 || (!lentry::is_pending(le) && pool.reclaimed(RecPtr(le)));
                 let recent = node.meta().version.load(Ordering::Acquire) >= base;
                 !settled || recent
             });
@@ -288,14 +701,18 @@ impl Session for BulletSession {
         let found = if self.sh.opts.variant.lockfree_gets() {
             let g = crossbeam_epoch::pin();
             self.sh.table.get(hash, key, &g).map(|n| {
-                seen = n.meta().lentry.load(Ordering::Acquire);
-                match n.value(&g).get() {
+                let found = match n.value(&g).get() {
                     Some(v) => {
                         out.extend_from_slice(v);
                         true
                     }
                     None => false,
-                }
+                };
+                // After the value: a batch marks the key before it changes
+                // the value, so a value from a batch in progress comes with
+                // its mark here.
+                seen = n.meta().lentry.load(Ordering::Acquire);
+                found
             })
         } else {
             self.sh.table.get_shared(hash, key, |n| {
@@ -312,6 +729,11 @@ impl Session for BulletSession {
                 })
             })
         };
+        if lentry::is_pending(seen) {
+            out.clear();
+            self.wait_batch(hash, key);
+            return self.get(key, out);
+        }
         if let Some(f) = found {
             self.settle_read(seen)?;
             return Ok(f);
@@ -345,6 +767,11 @@ impl Session for BulletSession {
             },
         };
         drop(l);
+        if lentry::is_pending(seen) {
+            out.clear();
+            self.wait_batch(hash, key);
+            return self.get(key, out);
+        }
         self.settle_read(seen)?;
         self.evict();
         Ok(found)
@@ -397,11 +824,7 @@ impl Session for BulletSession {
     fn apply(&mut self, key: &[u8], op: Op<'_>) -> Result<Outcome> {
         check_op(key, &op)?;
         self.tick();
-        let plen = match op {
-            Op::Put(v) => v.len(),
-            Op::Incr(_) => 8,
-            Op::Remove => 0,
-        };
+        let plen = plen(&op);
         let remove = matches!(op, Op::Remove);
         if !remove {
             // The backend has no room for records already logged: a put or
@@ -420,6 +843,12 @@ impl Session for BulletSession {
             }
         }
         let node = l.find(key);
+        if node.is_some_and(|n| lentry::is_pending(n.meta().lentry.load(Ordering::Relaxed))) {
+            // Another session's batch holds the key: its writes come first.
+            drop(l);
+            self.wait_batch(hash, key);
+            return self.apply(key, op);
+        }
         let g = l.guard();
         // Whether the key is live, from the value pointer's tag.
         let live = node.is_some_and(|n| n.tagged(g) != TOMB_TAG);
@@ -530,6 +959,15 @@ impl Session for BulletSession {
         drop(l);
         self.evict();
         Ok(outcome)
+    }
+
+    /// All-or-nothing across a crash (`apply_many`); a batch of one
+    /// operation is `apply`.
+    fn apply_batch(&mut self, batch: &WriteBatch, out: &mut Vec<Outcome>) -> Result<()> {
+        if batch.len() <= 1 {
+            return crate::apply_each(self, batch, out);
+        }
+        self.apply_many(batch, out)
     }
 
     fn awaits_commit(&self) -> bool {

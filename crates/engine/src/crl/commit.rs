@@ -27,21 +27,41 @@ const STAGED_KEEP: usize = 4 << 20;
 
 impl Pool {
     /// Group commit: makes log `p.log()` durable up to the end of the record at
-    /// `p` (the whole prefix, so that recovery, which reads each log from its
-    /// head while records check, reaches it). Called before appending a record
+    /// `p`, or of the batch it belongs to (the whole prefix, so that recovery,
+    /// which reads each log from its head while records check and takes a
+    /// batch whole, reaches it). `p` is published (no batch is marked
+    /// in progress on its key). Called before appending a record
     /// whose `prev` is `p`: a durable record's `prev` is then always durable and
     /// found by recovery, whichever writer's batch commits first.
     pub fn make_durable(&self, p: RecPtr) -> Result<()> {
         let l = &self.logs[p.log()];
         let from = l.durable.load(Ordering::Acquire);
-        // The watermark only ever lands on record ends (a published tail or a
-        // record's end), so one past the record's start means past its end:
-        // the common case costs no header read.
+        // The watermark only ever lands on unit ends (a published tail, a
+        // record's end, a batch's end), so one past the record's start means
+        // past the end of its unit: the common case costs no header read.
         if from > p.pos() {
             return Ok(());
         }
-        let h = self.header(p)?;
-        self.make_durable_to(p.log(), p.pos() + h.len as u64)
+        let end = self.unit_end(p)?;
+        self.make_durable_to(p.log(), end)
+    }
+
+    /// The end of the unit holding the published record at `p`: its own end,
+    /// or for a batch's record the end of the batch's last record. The
+    /// durable watermark only rises to such ends: a watermark inside a batch
+    /// would let a gleaner apply part of a batch that recovery could still
+    /// drop whole.
+    pub(super) fn unit_end(&self, p: RecPtr) -> Result<u64> {
+        let mut at = p;
+        loop {
+            let h = self.header(at)?;
+            let end = at.pos() + h.len as u64;
+            if !h.more {
+                return Ok(end);
+            }
+            // A batch is contiguous (no pad inside: `Pool::reserve`).
+            at = RecPtr::new(p.log(), end);
+        }
     }
 
     /// Group commit: makes log `i` durable up to `end` (a record end or the

@@ -31,7 +31,8 @@
 //! A record (Figure 3a), 8-byte aligned:
 //! ```text
 //! 0  u32 len (whole record, padded to 8)   4  u32 klen
-//! 8  u8 opcode   9  u8 gen bits 0-7   10 u8 tail padding (0..=7)   11 u8 gen bits 8-15
+//! 8  u8 opcode (bit 7: OPC_MORE, "the batch goes on"; never on a pad record)
+//!    9  u8 gen bits 0-7   10 u8 tail padding (0..=7)   11 u8 gen bits 8-15
 //! 12 u32 checksum (CRC-32 of the salt, then the record with the checksum
 //!        taken as 0: the generation bytes are covered)
 //! 16 u64 pos     (bits 0-55: its own position, so a pointer to a reclaimed
@@ -82,6 +83,29 @@
 //! span written, then fence ([`Pool::committing`]; [`Pool::make_durable_to`]
 //! for another thread). A flush before the write would let any fence of the
 //! thread in between sync the pages with their old bytes.
+//!
+//! ## Batches
+//! A session's batch of several operations (`BulletSession::apply_batch`) is
+//! appended as consecutive records of the one log it holds, contiguous in the
+//! ring ([`Pool::reserve`] pads to the buffer's end first when the batch would
+//! straddle it, so no pad record falls inside a batch; a batch is at most
+//! [`Pool::batch_limit`], half a log, which a drained log can always place).
+//! Every record but the batch's last carries [`OPC_MORE`] in its opcode byte,
+//! covered by the checksum. The records are written ([`Pool::put_record`])
+//! without publishing the tail, and published at once ([`Pool::publish`]:
+//! without group commit one fence for the whole batch, then the durable
+//! watermark and the tail), so no gleaner reads part of a batch.
+//!
+//! Recovery (`Pool::find_tails`) ends a log after the last record without
+//! the bit: a batch whose last record a crash lost (or tore) is not live,
+//! whichever of its records were kept. It was never acknowledged (a batch is
+//! acknowledged after its fence or its commit). Under group commit the
+//! durable watermark only ever rises to a unit's end (a published tail, a
+//! commit's end, or [`Pool::make_durable`]'s end of the unit holding a
+//! record), so a gleaner never applies part of a batch that could still be
+//! dropped. Old records have the bit clear (nothing to convert), and a build
+//! that does not know the bit refuses the opcode at replay rather than
+//! misreading the record.
 //!
 //! ## Reclamation
 //! Only the epoch advancer moves `head`: to the first record not yet applied. It
@@ -177,6 +201,12 @@ pub fn flags_len(size: u64) -> u64 {
     (size / 8).div_ceil(512) * 64
 }
 pub const OPC_PAD: u8 = 0xff;
+/// The opcode bit of a batch's records other than its last ("the batch goes
+/// on"): recovery ends a log after the last record without it, so a batch a
+/// crash cut short is not live (see "Batches"). Never set on a pad record.
+/// Records from before batches have it clear, and a build that does not know
+/// it refuses the opcode instead of misreading the record.
+pub const OPC_MORE: u8 = 0x80;
 
 /// A pointer to a record: `(log + 1) << 56 | pos`; 0 is null.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -207,7 +237,10 @@ impl RecPtr {
 pub struct Header {
     pub len: u32,
     pub klen: u32,
+    /// The operation (or [`OPC_PAD`]), without the [`OPC_MORE`] bit.
     pub opcode: u8,
+    /// A batch's record other than its last ([`OPC_MORE`]).
+    pub more: bool,
     pub applied: bool,
     pub pos: u64,
     pub prev: RecPtr,
@@ -630,7 +663,7 @@ impl Pool {
 
     /// Appends a record to log `i` (the caller holds it as writer) and returns where.
     /// `None` when the log has no room for it now.
-    #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn append(
         &self,
         i: usize,
@@ -641,12 +674,35 @@ impl Pool {
         version: u64,
     ) -> Result<Option<RecPtr>> {
         let len = record_len(key.len(), payload.len());
+        let Some(mut pos) = self.reserve(i, len)? else {
+            return Ok(None);
+        };
+        let rec = self.put_record(i, &mut pos, opcode, false, key, payload, prev, version)?;
+        self.publish(i, pos);
+        Ok(Some(rec))
+    }
+
+    /// The largest batch of records (`total` bytes, [`record_len`] each) that
+    /// [`Pool::reserve`] can always place in one log leaving `keep` bytes free:
+    /// a batch is contiguous in the ring, so a log whose tail is too near the
+    /// buffer's end pads to it first, and half of what is left after `keep`
+    /// always fits before the end or after the pad.
+    pub fn batch_limit(&self, keep: u64) -> u64 {
+        (self.size.saturating_sub(keep) / 2) & !7
+    }
+
+    /// Makes room at log `i`'s tail for `len` contiguous bytes (one record, or
+    /// a batch of records: see [`Pool::put_record`]): writes the pad record
+    /// when they would straddle the end of the buffer, and returns the position
+    /// of the first byte. Publishes nothing. `None` when the log has no room.
+    #[inline]
+    pub fn reserve(&self, i: usize, len: u64) -> Result<Option<u64>> {
         if len > self.size {
             return Err(Error::RecordTooLarge(len, self.size));
         }
         let l = &self.logs[i];
         let base = self.ensure_buffer(i)?;
-        let mut tail = l.tail.load(Ordering::Relaxed);
+        let tail = l.tail.load(Ordering::Relaxed);
         let free_to = l.free_to.load(Ordering::Acquire);
         let phys = tail % self.size;
         let pad = if phys + len > self.size {
@@ -657,7 +713,6 @@ impl Pool {
         if tail + pad + len - free_to > self.size {
             return Ok(None);
         }
-        let r = self.r();
         if pad >= REC_HDR {
             let mut hdr = [0u8; REC_HDR as usize];
             hdr[0..4].copy_from_slice(&(pad as u32).to_le_bytes());
@@ -671,18 +726,42 @@ impl Pool {
                 // Flushed by the commit, after it writes the run (`committing`).
                 self.stage(i, tail, base + phys, &[&hdr], 0, false)?;
             } else {
-                r.write_bytes(base + phys, &hdr);
-                r.flush(base + phys, REC_HDR as usize);
+                self.r().write_bytes(base + phys, &hdr);
+                self.r().flush(base + phys, REC_HDR as usize);
             }
         }
         // A gap too small for a header is skipped by readers (`skip_gap`).
-        tail += pad;
+        Ok(Some(tail + pad))
+    }
+
+    /// Writes a record at position `*pos` of log `i` (room made by
+    /// [`Pool::reserve`]) and moves `*pos` past it; returns where it is. It is
+    /// not published (see [`Pool::publish`]), and without group commit not
+    /// fenced either. `more`: a record of a batch other than its last (the
+    /// opcode's [`OPC_MORE`] bit): recovery takes a batch whole or not at all.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn put_record(
+        &self,
+        i: usize,
+        pos: &mut u64,
+        opcode: u8,
+        more: bool,
+        key: &[u8],
+        payload: &[u8],
+        prev: RecPtr,
+        version: u64,
+    ) -> Result<RecPtr> {
+        let len = record_len(key.len(), payload.len());
+        let tail = *pos;
+        let r = self.r();
+        let base = self.logs[i].base.load(Ordering::Acquire);
         let at = base + tail % self.size;
         let padb = (len - REC_HDR - key.len() as u64 - payload.len() as u64) as u8;
         let mut hdr = [0u8; REC_HDR as usize];
         hdr[0..4].copy_from_slice(&(len as u32).to_le_bytes());
         hdr[4..8].copy_from_slice(&(key.len() as u32).to_le_bytes());
-        hdr[8] = opcode;
+        hdr[8] = if more { opcode | OPC_MORE } else { opcode };
         hdr[10] = padb;
         hdr[16..24].copy_from_slice(&tail.to_le_bytes());
         hdr[24..32].copy_from_slice(&prev.0.to_le_bytes());
@@ -720,8 +799,8 @@ impl Pool {
             // The record is written once and read again only by a gleaner, much
             // later: streamed (non-temporal stores where the strategy writes
             // lines back), so the append does not first read its lines into the
-            // cache. The fence below makes it durable and visible before the
-            // tail or any frontend entry points at it.
+            // cache. The fence of `publish` makes it durable and visible before
+            // the tail or any frontend entry points at it.
             RECORD.with(|b| {
                 let mut b = b.borrow_mut();
                 b.clear();
@@ -731,11 +810,24 @@ impl Pool {
                 b.resize(len as usize, 0);
                 r.write_stream(at, &b);
             });
-            r.fence();
-            l.durable.store(tail + len, Ordering::Release);
         }
-        l.tail.store(tail + len, Ordering::Release);
-        Ok(Some(RecPtr::new(i, tail)))
+        *pos = tail + len;
+        Ok(RecPtr::new(i, tail))
+    }
+
+    /// Publishes log `i`'s records up to `end` (the position after the last
+    /// record [`Pool::put_record`] wrote): without group commit, one **fence**
+    /// for all of them, then the durable watermark; then the tail, which
+    /// gleaners read up to. A batch is published whole, so no gleaner applies
+    /// part of one.
+    #[inline]
+    pub fn publish(&self, i: usize, end: u64) {
+        let l = &self.logs[i];
+        if !self.group_commit.load(Ordering::Relaxed) {
+            self.r().fence();
+            l.durable.store(end, Ordering::Release);
+        }
+        l.tail.store(end, Ordering::Release);
     }
 
     /// Where the record at or after `pos` starts: a position with fewer than a
@@ -793,7 +885,12 @@ impl Pool {
         let h = Header {
             len,
             klen,
-            opcode: b[0],
+            opcode: if b[0] == OPC_PAD {
+                b[0]
+            } else {
+                b[0] & !OPC_MORE
+            },
+            more: b[0] != OPC_PAD && b[0] & OPC_MORE != 0,
             applied: flagged || b[0] == OPC_PAD,
             pos: pos & RecPtr::POS_MASK,
             prev: RecPtr(prev),

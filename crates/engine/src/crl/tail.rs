@@ -42,7 +42,8 @@ impl Pool {
         out
     }
 
-    /// The tail of log `i`: reads records from the head while they check.
+    /// The tail of log `i`: reads records from the head while they check, and
+    /// ends after the last whole batch (see [`super::OPC_MORE`]).
     fn find_tail(&self, i: usize) -> u64 {
         let l = &self.logs[i];
         if l.base.load(Ordering::Acquire) == 0 {
@@ -51,11 +52,15 @@ impl Pool {
         let head = l.head.load(Ordering::Acquire);
         let mut gen = self.floor(i, head);
         let mut pos = head;
+        // The end of the last whole unit (a record, or a batch: records with
+        // `more` up to one without): records after it belong to a batch that
+        // a crash cut short, never acknowledged, and are not live.
+        let mut end = head;
         let mut buf = Vec::new();
         loop {
             let p = self.skip_gap(pos);
             if p - head >= self.size {
-                return pos;
+                return end;
             }
             let ptr = RecPtr::new(i, p);
             match self.header(ptr) {
@@ -66,8 +71,11 @@ impl Pool {
                 {
                     gen = h.gen;
                     pos = p + h.len as u64;
+                    if !h.more {
+                        end = pos;
+                    }
                 }
-                _ => return pos,
+                _ => return end,
             }
         }
     }
@@ -263,5 +271,104 @@ mod tests {
         heap.region().persist(f, 8);
         let torn = Pool::attach(&heap, desc).unwrap();
         assert_eq!(torn.logs[0].tail.load(Ordering::Acquire), end(&pool, b));
+    }
+
+    /// Appends a batch of `n` records to log 0 (unpublished until the
+    /// end) and returns them.
+    fn batch(pool: &Pool, n: usize, tag: u8) -> Vec<RecPtr> {
+        let len = record_len(1, 60) * n as u64;
+        let mut pos = pool.reserve(0, len).unwrap().unwrap();
+        let recs = (0..n)
+            .map(|i| {
+                pool.put_record(0, &mut pos, 1, i + 1 < n, &[tag], &[7; 60], RecPtr::NULL, 1)
+                    .unwrap()
+            })
+            .collect();
+        pool.publish(0, pos);
+        recs
+    }
+
+    /// Recovery takes a batch whole or not at all: the log ends after the
+    /// last record without the `more` bit, so a batch whose last record did
+    /// not check (a crash cut it short) is not live, wherever it was torn.
+    /// A head inside a whole batch reads on to its end. `make_durable` of a
+    /// batch's record covers the whole batch.
+    #[test]
+    fn a_batch_cut_short_is_not_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let heap = Heap::create(
+            &dir.path().join("h"),
+            &crate::test_heap_opts(8 << 20, 8 << 20),
+        )
+        .unwrap();
+        let (desc, pool) = pool(&heap);
+        let single = pool
+            .append(0, 1, b"s", &[1; 60], RecPtr::NULL, 1)
+            .unwrap()
+            .unwrap();
+        let whole = batch(&pool, 3, b'w');
+        let h = pool.header(whole[0]).unwrap();
+        assert!(h.more && h.opcode == 1, "the bit is read apart: {h:?}");
+        assert!(!pool.header(whole[2]).unwrap().more);
+        let after_whole = end(&pool, whole[2]);
+        assert_eq!(pool.unit_end(whole[0]).unwrap(), after_whole);
+        let torn = batch(&pool, 3, b't');
+        let again = Pool::attach(&heap, desc).unwrap();
+        assert_eq!(
+            again.logs[0].tail.load(Ordering::Acquire),
+            end(&pool, torn[2])
+        );
+        for (cut, &rec) in torn.iter().enumerate() {
+            // A byte of record `cut` of the last batch lost: a bad checksum.
+            let at = pool.at(rec) + REC_HDR;
+            let r = heap.region();
+            let b: u8 = r.read(at);
+            r.write(at, &(b ^ 0xff));
+            r.persist(at, 1);
+            let again = Pool::attach(&heap, desc).unwrap();
+            assert_eq!(
+                again.logs[0].tail.load(Ordering::Acquire),
+                after_whole,
+                "record {cut} of 3 torn"
+            );
+            r.write(at, &b);
+            r.persist(at, 1);
+        }
+        // A head in the middle of the whole batch (its first record applied).
+        pool.logs[0].head.store(whole[1].pos(), Ordering::Release);
+        pool.persist_heads(&[(0, whole[1].pos())]);
+        let again = Pool::attach(&heap, desc).unwrap();
+        assert_eq!(
+            again.logs[0].tail.load(Ordering::Acquire),
+            end(&pool, torn[2])
+        );
+        assert!(single.pos() < whole[0].pos());
+    }
+
+    /// Group commit: making a batch's record durable (for a later record of
+    /// its key in another log, or a read) makes the whole batch durable, so
+    /// the watermark never lands inside a batch and no gleaner applies part
+    /// of one that recovery could still drop.
+    #[test]
+    fn make_durable_covers_the_whole_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let heap = Heap::create(
+            &dir.path().join("h"),
+            &crate::test_heap_opts(8 << 20, 8 << 20),
+        )
+        .unwrap();
+        let (_, pool) = pool(&heap);
+        pool.group_commit.store(true, Ordering::Relaxed);
+        let recs = batch(&pool, 3, b'g');
+        let l = &pool.logs[0];
+        assert!(l.durable.load(Ordering::Acquire) <= recs[0].pos());
+        pool.make_durable(recs[0]).unwrap();
+        assert_eq!(l.durable.load(Ordering::Acquire), end(&pool, recs[2]));
+        let single = pool
+            .append(0, 1, b"s", &[1; 60], RecPtr::NULL, 2)
+            .unwrap()
+            .unwrap();
+        pool.make_durable(single).unwrap();
+        assert_eq!(l.durable.load(Ordering::Acquire), end(&pool, single));
     }
 }

@@ -238,3 +238,90 @@ pub fn recover_bullet(
     pmem::sim::write_image(path, bytes).unwrap();
     open_bullet_under_sim(path, o, seed)
 }
+
+/// Runs this test binary's ignored test `child` as a child process with
+/// `envs`, SIGKILLs it after `run_for`, and returns the lines it printed.
+pub fn run_and_kill(child: &str, envs: &[(&str, String)], run_for: Duration) -> Vec<String> {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([child, "--exact", "--ignored", "--nocapture"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for l in std::io::BufReader::new(stdout).lines() {
+            match l {
+                Ok(l) => lines.push(l),
+                Err(_) => break,
+            }
+        }
+        lines
+    });
+    std::thread::sleep(run_for);
+    let _ = Command::new("kill")
+        .args(["-9", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    reader.join().unwrap()
+}
+
+/// Opens the heap at `path` with `opts` (creating it with the store of
+/// `kind` first when there is none) and the store in it, retrying for a
+/// moment while a killed child's lock is still held.
+pub fn open_or_create_store(
+    kind: Kind,
+    path: &Path,
+    opts: &HeapOptions,
+    log_size: u64,
+) -> (AnyStore, Heap) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let rec = if path.exists() {
+            Heap::open(path, opts)
+        } else {
+            let heap = Heap::create(path, opts).unwrap();
+            create(kind, &heap, log_size).unwrap().close().unwrap();
+            drop(heap);
+            Heap::open(path, opts)
+        };
+        match rec {
+            Ok(rec) => return open(kind, rec, log_size).unwrap(),
+            Err(pmem::Error::InUse { .. }) if t0.elapsed() < Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("open: {e}"),
+        }
+    }
+}
+
+/// Rounds of a SIGKILL test: `EMBER_ENGINE_SIGKILL_ROUNDS` (default 4).
+pub fn sigkill_rounds() -> u32 {
+    std::env::var("EMBER_ENGINE_SIGKILL_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4)
+}
+
+/// The next number of a xorshift generator.
+pub fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// In a SIGKILL test's child: the heap path and the store kind the parent
+/// passed in `env_heap` and `env_kind` (one of `kinds`), or None when the
+/// test runs directly rather than as a child.
+pub fn child_args(env_heap: &str, env_kind: &str, kinds: &[Kind]) -> Option<(String, Kind)> {
+    let path = std::env::var(env_heap).ok()?;
+    let name = std::env::var(env_kind).unwrap();
+    let kind = *kinds.iter().find(|k| k.name() == name).unwrap();
+    Some((path, kind))
+}
