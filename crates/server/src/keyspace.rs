@@ -29,7 +29,8 @@
 //! The batch is the unit a log, a replica or a transaction takes.
 //!
 //! # Atomicity
-//! Gets take no lock. Every command that writes takes the stripe locks of its
+//! String gets take no lock (collection reads take the key's stripe lock:
+//! see [`crate::coll`]). Every command that writes takes the stripe locks of its
 //! keys (sorted, so multi-key commands cannot deadlock) around its
 //! read-modify-write and applies its batch before it releases them, so
 //! commands on one key are linearizable as in Redis. A command's batch is
@@ -261,8 +262,9 @@ impl Keyspace {
     /// and adds what each operation did to the key counts (see
     /// [`crate::counts`]). A write command calls it before it releases its
     /// stripe locks; it does nothing when nothing is staged. On an error the
-    /// operations before the failing one stay applied (and counted) and the
-    /// rest are dropped.
+    /// `bullet` and `direct` stores applied nothing of the batch; the
+    /// `volatile` store keeps the operations before the failing one (counted
+    /// here from the outcomes it returned), and the rest are dropped.
     pub fn apply(&mut self) -> KsResult<()> {
         if self.staged.is_empty() {
             return Ok(());
