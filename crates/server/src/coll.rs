@@ -114,6 +114,29 @@ pub fn free_value(ks: &mut Keyspace, raw: &[u8]) -> Result<(), KsError> {
     }
 }
 
+/// A store entry present once any collection has had pieces: one byte, the
+/// piece prefix alone (no piece key is that short, no user key starts so).
+pub const PIECED_KEY: &[u8] = &[engine::types::head::PIECE_PREFIX];
+
+/// Whether the store holds the [`PIECED_KEY`] marker.
+pub fn has_pieced(store: &crate::store::AnyStore) -> engine::Result<bool> {
+    let mut sess = store.session()?;
+    let mut out = Vec::new();
+    sess.get(PIECED_KEY, &mut out)
+}
+
+/// Called by a command about to give a collection pieces: the first time,
+/// stages the [`PIECED_KEY`] marker in the same batch (so the marker is
+/// durable before, or with, the first piece) and sets the flag that makes
+/// blind overwrites read what they replace.
+pub fn mark_pieced(sh: &crate::server::Shared, ks: &mut Keyspace) {
+    use std::sync::atomic::Ordering;
+    if !sh.pieced.load(Ordering::Relaxed) {
+        ks.put_piece(PIECED_KEY, b"1");
+        sh.pieced.store(true, Ordering::Relaxed);
+    }
+}
+
 /// A new collection id: random, so that collections never share pieces and
 /// a client cannot predict the hash seed (the id seeds the table's hash).
 pub fn new_id() -> u64 {

@@ -227,6 +227,11 @@ pub struct Keyspace {
     kbuf: Vec<u8>,
     /// The running command's writes, not yet applied.
     staged: WriteBatch,
+    /// The running command's piece writes, newest only (None: removed): a
+    /// command may change one piece many times (3,000 pushes fill a leaf
+    /// 128 times), and its batch carries each piece once. Staged by
+    /// [`Keyspace::apply`].
+    pieces: std::collections::HashMap<Vec<u8>, Option<Vec<u8>>>,
     /// For each staged remove, the key's state its caller found (Some(has a
     /// TTL)); None for puts (a put learns what it replaced from its outcome).
     before: Vec<Option<bool>>,
@@ -250,6 +255,7 @@ impl Keyspace {
             raw: Vec::new(),
             kbuf: Vec::new(),
             staged: WriteBatch::new(),
+            pieces: std::collections::HashMap::new(),
             before: Vec::new(),
             outcomes: Vec::new(),
             expired: 0,
@@ -266,6 +272,18 @@ impl Keyspace {
     /// `volatile` store keeps the operations before the failing one (counted
     /// here from the outcomes it returned), and the rest are dropped.
     pub fn apply(&mut self) -> KsResult<()> {
+        for (k, v) in self.pieces.drain() {
+            match v {
+                Some(b) => {
+                    self.staged.put(&k, &b);
+                    self.before.push(None);
+                }
+                None => {
+                    self.staged.remove(&k);
+                    self.before.push(Some(false));
+                }
+            }
+        }
         if self.staged.is_empty() {
             return Ok(());
         }
@@ -311,7 +329,7 @@ impl Keyspace {
     /// True when writes are staged and not applied (a command must not
     /// return so).
     pub fn has_staged(&self) -> bool {
-        !self.staged.is_empty()
+        !self.staged.is_empty() || !self.pieces.is_empty()
     }
 
     fn stage_remove(&mut self, skey: &[u8], before: bool) {
@@ -322,6 +340,13 @@ impl Keyspace {
     /// Reads a piece (an internal key) as the running command's staged
     /// writes left it.
     pub fn get_piece(&mut self, pkey: &[u8], out: &mut Vec<u8>) -> KsResult<bool> {
+        if let Some(v) = self.pieces.get(pkey) {
+            out.clear();
+            if let Some(b) = v {
+                out.extend_from_slice(b);
+            }
+            return Ok(v.is_some());
+        }
         match self.staged.newest(pkey) {
             Some(Op::Put(v)) => {
                 out.clear();
@@ -335,14 +360,12 @@ impl Keyspace {
 
     /// Stages a piece's new bytes (the collection's stripe lock held).
     pub fn put_piece(&mut self, pkey: &[u8], bytes: &[u8]) {
-        self.staged.put(pkey, bytes);
-        self.before.push(None);
+        self.pieces.insert(pkey.to_vec(), Some(bytes.to_vec()));
     }
 
     /// Stages a piece's removal (the collection's stripe lock held).
     pub fn remove_piece(&mut self, pkey: &[u8]) {
-        self.staged.remove(pkey);
-        self.before.push(Some(false));
+        self.pieces.insert(pkey.to_vec(), None);
     }
 
     /// Stages a raw store value (RENAME's move; stripe lock held).

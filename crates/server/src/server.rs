@@ -35,6 +35,10 @@ pub struct Shared {
     pub startup: Startup,
     /// Keys per database (DBSIZE, INFO keyspace), kept by every write.
     pub counts: Arc<KeyCounts>,
+    /// Whether any collection in the store has pieces (read from
+    /// [`crate::coll::PIECED_KEY`] at start, set by the first one made): while
+    /// false, a blind overwrite (SET) need not read the key it replaces.
+    pub pieced: AtomicBool,
     pub stripes: Stripes,
     /// Set by [`Shared::begin_shutdown`] (SHUTDOWN, SIGTERM, SIGINT, a fatal
     /// error); every loop checks it.
@@ -66,6 +70,8 @@ impl Shared {
     ) -> Result<Shared, String> {
         let counts = crate::counts::load(&store, workers)
             .map_err(|e| format!("cannot read the key counts: {e}"))?;
+        let pieced = crate::coll::has_pieced(&store)
+            .map_err(|e| format!("cannot read the collections marker: {e}"))?;
         let acl = crate::acl::Acl::new(
             cfg.requirepass.as_deref(),
             &cfg.users,
@@ -78,6 +84,7 @@ impl Shared {
             store,
             startup,
             counts: Arc::new(counts),
+            pieced: AtomicBool::new(pieced),
             stripes: Stripes::new(4096),
             shutdown: AtomicBool::new(false),
             wakers: Mutex::new(Vec::new()),

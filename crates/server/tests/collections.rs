@@ -15,7 +15,8 @@ fn args(a: &[&str]) -> Vec<Vec<u8>> {
     a.iter().map(|x| x.as_bytes().to_vec()).collect()
 }
 
-/// Store keys with the piece prefix.
+/// Store keys with the piece prefix (the marker that pieces were ever made
+/// aside).
 fn pieces_left(sh: &server::server::Shared) -> usize {
     let mut sess = sh.store.session().unwrap();
     let (mut cursor, mut n) = (0, 0);
@@ -25,7 +26,9 @@ fn pieces_left(sh: &server::server::Shared) -> usize {
         cursor = sess.scan(cursor, 1024, &mut page).unwrap();
         let mut live = Vec::new();
         for k in page.drain(..) {
-            if k.first() == Some(&PIECE_PREFIX) && sess.get(&k, &mut live).unwrap() {
+            let piece =
+                k.first() == Some(&PIECE_PREFIX) && k.as_slice() != server::coll::PIECED_KEY;
+            if piece && sess.get(&k, &mut live).unwrap() {
                 n += 1;
             }
         }

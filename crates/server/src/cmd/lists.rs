@@ -78,6 +78,7 @@ fn grow(ctx: &mut Ctx, head: &mut ListHead) -> Result<(), CmdError> {
         return Ok(());
     }
     let items = std::mem::take(v);
+    coll::mark_pieced(ctx.sh, ctx.ks);
     let id = coll::new_id();
     let mut meta = Meta::new();
     with_tree(ctx, id, &mut meta, |t| {

@@ -114,6 +114,7 @@ pub(crate) fn table_set(
 /// which it never undoes).
 pub(crate) fn convert(ctx: &mut Ctx, head: &mut MapHead) -> Result<(), CmdError> {
     if let MapHead::Inline(b) = head {
+        coll::mark_pieced(ctx.sh, ctx.ks);
         *head = coll::to_table(ctx.ks, std::mem::take(b))?;
     }
     Ok(())

@@ -117,8 +117,11 @@ fn store(ctx: &mut Ctx, sk: &[u8], expire: Option<i64>, v: &[u8]) -> R {
             return Ok(());
         }
     }
-    // A collection it replaces leaves no pieces behind.
-    ctx.ks.free_pieces(sk, ctx.now)?;
+    // A collection it replaces leaves no pieces behind (a store where no
+    // collection ever had pieces needs no look).
+    if ctx.sh.pieced.load(std::sync::atomic::Ordering::Relaxed) {
+        ctx.ks.free_pieces(sk, ctx.now)?;
+    }
     ctx.ks.put(sk, KIND_STRING, expire, v);
     Ok(())
 }
