@@ -559,6 +559,13 @@ impl Config {
     /// Reads a redis.conf-syntax file on top of `self`.
     pub fn apply_file(&mut self, path: &std::path::Path) -> Result<(), String> {
         let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        self.apply_text(&text, path)
+    }
+
+    /// Applies the text of a redis.conf-syntax file read from `path` (which
+    /// errors name, and `include` directives are read relative to the
+    /// working directory as Redis does).
+    pub fn apply_text(&mut self, text: &[u8], path: &std::path::Path) -> Result<(), String> {
         for (i, line) in text.split(|&b| b == b'\n').enumerate() {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             let trimmed = line.trim_ascii();
