@@ -110,20 +110,27 @@ impl Harness {
 
     /// Back to the state every input starts from: the configuration as
     /// made, a fresh connection state (`RESET`), and no keys. The keys go
-    /// by deleting, in every database, every argument the input's commands
-    /// had (a key only comes into being under a name some argument gave):
-    /// FLUSHALL would do, but it walks the whole store once per database,
-    /// which Bullet makes slow. Then each database must be empty, which
-    /// checks the key counts too.
-    fn reset(&mut self, used: &[Vec<u8>]) {
+    /// by deleting every argument the input's commands had (a key only
+    /// comes into being under a name some argument gave) in database 0 and
+    /// in each database a SELECT named: FLUSHALL would do, but it walks the
+    /// whole store once per database, which Bullet makes slow. Then every
+    /// database must be empty, which checks the key counts too.
+    fn reset(&mut self, cmds: &[Vec<Vec<u8>>]) {
         *self.sh.cfg.write().unwrap_or_else(|p| p.into_inner()) = self.cfg.clone();
         self.sh.cfg_epoch.fetch_add(1, Ordering::AcqRel);
         self.exec_ok(&[b"RESET".to_vec()], b"+RESET");
-        let mut del = vec![b"DEL".to_vec()];
-        del.extend(used.iter().cloned());
+        let mut del: Vec<Vec<u8>> = cmds.iter().flatten().cloned().collect();
+        del.sort();
+        del.dedup();
+        del.insert(0, b"DEL".to_vec());
+        let selected: Vec<u64> = cmds
+            .iter()
+            .filter(|c| c.len() == 2 && c[0].eq_ignore_ascii_case(b"select"))
+            .filter_map(|c| std::str::from_utf8(&c[1]).ok()?.parse().ok())
+            .collect();
         for db in 0..self.cfg.databases {
             self.exec_ok(&[b"SELECT".to_vec(), db.to_string().into_bytes()], b"+OK");
-            if del.len() > 1 {
+            if del.len() > 1 && (db == 0 || selected.contains(&db)) {
                 self.exec_ok(&del, b":");
             }
             self.exec_ok(&[b"DBSIZE".to_vec()], b":0\r\n");
@@ -146,10 +153,7 @@ pub fn command(data: &[u8]) {
             })
         });
         run(h, &cmds);
-        let mut used: Vec<Vec<u8>> = cmds.into_iter().flatten().collect();
-        used.sort();
-        used.dedup();
-        h.reset(&used);
+        h.reset(&cmds);
     });
 }
 
@@ -187,12 +191,23 @@ fn commands(data: &[u8]) -> (Vec<Vec<Vec<u8>>>, bool) {
 
 fn run(h: &mut Harness, cmds: &[Vec<Vec<u8>>]) {
     let mut version = Version::Resp2;
+    // Prints each command and its reply (to see what a crashing input did).
+    let trace = std::env::var_os("EMBER_FUZZ_TRACE").is_some();
     for args in cmds {
         let name = args[0].to_ascii_lowercase();
         if skipped(&name, args) {
             continue;
         }
         let out = h.e.exec(args);
+        if trace {
+            eprintln!(
+                "{version:?} {:?} -> {:?}",
+                args.iter()
+                    .map(|a| String::from_utf8_lossy(a))
+                    .collect::<Vec<_>>(),
+                String::from_utf8_lossy(&out)
+            );
+        }
         if name == b"hello" {
             // A HELLO that succeeds replies in the protocol it switched to.
             match out.first() {
@@ -203,7 +218,7 @@ fn run(h: &mut Harness, cmds: &[Vec<Vec<u8>>]) {
         }
         check_reply(&out, version, args);
         match name.as_slice() {
-            b"reset" => version = Version::Resp2,
+            b"reset" if out == b"+RESET\r\n" => version = Version::Resp2,
             b"quit" => break,
             _ => {}
         }
