@@ -438,11 +438,18 @@ impl Config {
                 if args.is_empty() {
                     return Err("wrong number of arguments".into());
                 }
-                self.bind = args
+                let addrs: Vec<String> = args
                     .iter()
                     .flat_map(|a| a.split_whitespace())
                     .map(|a| a.trim_start_matches('-').to_string())
+                    .filter(|a| !a.is_empty())
                     .collect();
+                // Blank words or a lone "-" would leave an empty address (a
+                // startup error) or none at all (listening nowhere).
+                if addrs.is_empty() {
+                    return Err("bind needs at least one address".into());
+                }
+                self.bind = addrs;
             }
             "requirepass" => {
                 let p = one()?;
@@ -707,6 +714,21 @@ fn default_threads() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every bind address is non-empty, so the value CONFIG GET shows reads
+    /// back the same (the config fuzz target found `bind "x -"` showing a
+    /// trailing empty address).
+    #[test]
+    fn bind_addresses_are_never_empty() {
+        let mut c = Config::default();
+        c.apply("bind", &["127.0.0.1 -".into(), "-::1".into()])
+            .unwrap();
+        assert_eq!(c.bind, ["127.0.0.1", "::1"]);
+        for blank in [" ", "-", " - -- "] {
+            assert!(c.apply("bind", &[blank.into()]).is_err(), "{blank:?}");
+        }
+        assert_eq!(c.bind, ["127.0.0.1", "::1"]);
+    }
 
     #[test]
     fn sizes_like_redis() {
