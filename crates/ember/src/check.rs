@@ -302,8 +302,8 @@ impl Facts {
 /// every failure to open it).
 pub fn run(args: &CheckArgs) -> ExitCode {
     let path = &args.path;
-    let rec = match open(path) {
-        Ok(r) => r,
+    let facts = match examine(path, args.require_index) {
+        Ok(f) => f,
         Err(e) => {
             // The pmem error's Display already names the file.
             eprintln!("ember check: {e}");
@@ -319,8 +319,6 @@ pub fn run(args: &CheckArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut facts = Facts::gather(path, &rec);
-    facts.structure = check_structure(rec, facts.report.ok(), args.require_index);
     if args.json {
         println!("{}", facts.to_json());
     } else {
@@ -334,6 +332,22 @@ pub fn run(args: &CheckArgs) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// Opens the heap at `path` and checks it (the heap, then the structure at
+/// its root), printing nothing.
+fn examine(path: &Path, require_index: bool) -> pmem::Result<Facts> {
+    let rec = open(path)?;
+    let mut facts = Facts::gather(path, &rec);
+    facts.structure = check_structure(rec, facts.report.ok(), require_index);
+    Ok(facts)
+}
+
+/// What `ember check PATH` finds, without printing it: the problems (none
+/// when the heap is consistent), or the error that kept the heap from
+/// opening. For callers other than the command line (the fuzz targets).
+pub fn problems(path: &Path, require_index: bool) -> pmem::Result<Vec<String>> {
+    examine(path, require_index).map(|f| f.problems())
 }
 
 /// Runs `f`, turning a panic into an error message (printed nowhere): a check

@@ -4,8 +4,8 @@
 #![forbid(unsafe_code)]
 
 mod bench;
-mod check;
-mod util;
+
+use ember::check;
 
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;

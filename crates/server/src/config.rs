@@ -586,11 +586,18 @@ impl Config {
                 if args.is_empty() {
                     return Err("wrong number of arguments".into());
                 }
-                self.bind = args
+                let addrs: Vec<String> = args
                     .iter()
                     .flat_map(|a| a.split_whitespace())
                     .map(|a| a.trim_start_matches('-').to_string())
+                    .filter(|a| !a.is_empty())
                     .collect();
+                // Blank words or a lone "-" would leave an empty address (a
+                // startup error) or none at all (listening nowhere).
+                if addrs.is_empty() {
+                    return Err("bind needs at least one address".into());
+                }
+                self.bind = addrs;
             }
             "requirepass" => {
                 let p = one()?;
@@ -751,6 +758,13 @@ impl Config {
     /// Reads a redis.conf-syntax file on top of `self`.
     pub fn apply_file(&mut self, path: &std::path::Path) -> Result<(), String> {
         let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        self.apply_text(&text, path)
+    }
+
+    /// Applies the text of a redis.conf-syntax file read from `path` (which
+    /// errors name, and `include` directives are read relative to the
+    /// working directory as Redis does).
+    pub fn apply_text(&mut self, text: &[u8], path: &std::path::Path) -> Result<(), String> {
         for (i, line) in text.split(|&b| b == b'\n').enumerate() {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             let trimmed = line.trim_ascii();
@@ -926,6 +940,21 @@ fn default_threads() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every bind address is non-empty, so the value CONFIG GET shows reads
+    /// back the same (the config fuzz target found `bind "x -"` showing a
+    /// trailing empty address).
+    #[test]
+    fn bind_addresses_are_never_empty() {
+        let mut c = Config::default();
+        c.apply("bind", &["127.0.0.1 -".into(), "-::1".into()])
+            .unwrap();
+        assert_eq!(c.bind, ["127.0.0.1", "::1"]);
+        for blank in [" ", "-", " - -- "] {
+            assert!(c.apply("bind", &[blank.into()]).is_err(), "{blank:?}");
+        }
+        assert_eq!(c.bind, ["127.0.0.1", "::1"]);
+    }
 
     #[test]
     fn sizes_like_redis() {

@@ -426,6 +426,14 @@ impl Pool {
                 if !r.contains(base, size + flags_len(size)) {
                     return Err(Error::Corrupt(format!("log {i} buffer outside the heap")));
                 }
+                // Records are read with 8-byte atomics at base + pos (pos a
+                // multiple of 8 from the head on): a corrupt offset must be
+                // refused here, not panic at the first read.
+                if !base.is_multiple_of(8) || !head.is_multiple_of(8) {
+                    return Err(Error::Corrupt(format!(
+                        "log {i}: buffer at {base:#x}, head {head}: not 8-byte aligned"
+                    )));
+                }
                 if head > RecPtr::POS_MASK / 2 || cleared > head {
                     return Err(Error::Corrupt(format!(
                         "log {i}: head {head}, flags cleared to {cleared}"
@@ -1263,6 +1271,28 @@ mod flag_tests {
                 p.pos()
             );
         }
+    }
+
+    /// A descriptor whose log buffer offset or head is not 8-byte aligned is
+    /// refused as corrupt (records are read with 8-byte atomics; `ember
+    /// check` panicked on such a heap, found by the `heap` fuzz target).
+    #[test]
+    fn unaligned_log_buffer_or_head_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let (heap, pool) = pool(dir.path(), 4096);
+        let f = pool.desc + LOGS_OFF;
+        let base: u64 = heap.region().read(f);
+        for (off, v) in [(f, base + 2), (f + LOG_HEAD, 4)] {
+            let old: u64 = heap.region().read(off);
+            heap.region().write(off, &v);
+            match Pool::attach(&heap, pool.desc) {
+                Err(Error::Corrupt(m)) => assert!(m.contains("aligned"), "{m}"),
+                Err(e) => panic!("{e}"),
+                Ok(_) => panic!("attached with {v:#x} at {off:#x}"),
+            }
+            heap.region().write(off, &old);
+        }
+        assert!(Pool::attach(&heap, pool.desc).is_ok());
     }
 
     /// A header reads `applied` from the flags; a pad record always reads as

@@ -1006,12 +1006,19 @@ impl LfHash {
             if s == 0 {
                 continue;
             }
-            let n = if i == 0 {
-                1 << s0
-            } else {
-                1u64 << (s0 + i - 1)
+            let shift = if i == 0 { s0 } else { s0 + i - 1 };
+            // A corrupt directory can name a segment too large for its byte
+            // length to be a u64 (s0 up to 30, i up to 47): refused, not an
+            // overflow.
+            let Some(len) = 1u64
+                .checked_shl(shift as u32)
+                .and_then(|n| n.checked_mul(8))
+                .and_then(|b| b.checked_add(S_HDR))
+            else {
+                return bad(&format!("bad segment {i}"));
             };
-            if !r.contains(s, S_HDR + 8 * n)
+            let n = 1u64 << shift;
+            if !r.contains(s, len)
                 || r.read::<u32>(s) != SEG_TAG
                 || r.read::<u32>(s + 4) as u64 != i
                 || r.read::<u64>(s + 8) != n
@@ -1471,6 +1478,30 @@ mod lc_retire_tests {
 
     fn k(i: u32) -> Vec<u8> {
         format!("key{i:04}").into_bytes()
+    }
+
+    /// A directory naming a segment whose size overflows (a large first
+    /// segment and a late directory slot) is corrupt, not a panic (`ember
+    /// check` panicked on such a heap; found by the heap fuzz target).
+    #[test]
+    fn oversized_segment_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let heap = Heap::create(&dir.path().join("h"), &opts()).unwrap();
+        let t = LfHash::create(&heap, &HashOptions::default()).unwrap();
+        let root = t.inner.root;
+        drop(t);
+        let r = heap.region();
+        for (s0, i) in [(30, MAX_SEGS - 1), (20, MAX_SEGS - 6)] {
+            r.write(root + R_SEG0, &s0);
+            r.write(root + R_SIZE, &s0);
+            r.write(root + R_DIR + 8 * i, &root);
+            match LfHash::attach(&heap, PPtr::from_raw(root), &HashOptions::default()) {
+                Err(Error::Corrupt(m)) => assert!(m.contains("bad segment"), "{m}"),
+                Err(e) => panic!("{e}"),
+                Ok(_) => panic!("attached with segment {i} at s0 {s0}"),
+            }
+            r.write(root + R_DIR + 8 * i, &0u64);
+        }
     }
 
     #[test]
