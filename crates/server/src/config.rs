@@ -565,6 +565,9 @@ fn parse_u64(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("argument couldn't be parsed into an integer: '{s}'"))
 }
 
+/// How deep `include` directives may nest.
+const MAX_INCLUDE_DEPTH: usize = 16;
+
 impl Config {
     /// Applies one directive (file line, flag, or CONFIG SET at startup-only
     /// parameters). `args` are the directive's arguments.
@@ -757,14 +760,35 @@ impl Config {
 
     /// Reads a redis.conf-syntax file on top of `self`.
     pub fn apply_file(&mut self, path: &std::path::Path) -> Result<(), String> {
+        self.apply_file_nested(path, 0)
+    }
+
+    /// [`Config::apply_file`] at `depth` includes deep: a file that includes
+    /// itself (or a longer cycle) is an error, not a stack overflow.
+    fn apply_file_nested(&mut self, path: &std::path::Path, depth: usize) -> Result<(), String> {
+        if depth > MAX_INCLUDE_DEPTH {
+            return Err(format!(
+                "{}: includes nested more than {MAX_INCLUDE_DEPTH} deep (a file that includes itself?)",
+                path.display()
+            ));
+        }
         let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        self.apply_text(&text, path)
+        self.apply_text_nested(&text, path, depth)
     }
 
     /// Applies the text of a redis.conf-syntax file read from `path` (which
     /// errors name, and `include` directives are read relative to the
     /// working directory as Redis does).
     pub fn apply_text(&mut self, text: &[u8], path: &std::path::Path) -> Result<(), String> {
+        self.apply_text_nested(text, path, 0)
+    }
+
+    fn apply_text_nested(
+        &mut self,
+        text: &[u8],
+        path: &std::path::Path,
+        depth: usize,
+    ) -> Result<(), String> {
         for (i, line) in text.split(|&b| b == b'\n').enumerate() {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             let trimmed = line.trim_ascii();
@@ -788,7 +812,7 @@ impl Config {
                 .collect();
             if name.eq_ignore_ascii_case("include") {
                 for f in &rest {
-                    self.apply_file(std::path::Path::new(f))?;
+                    self.apply_file_nested(std::path::Path::new(f), depth + 1)?;
                 }
                 continue;
             }
@@ -1161,6 +1185,15 @@ mod tests {
         let c = Config::load(&a).unwrap();
         assert_eq!(c.aclfile, a.aclfile);
         assert!(c.get("aclfile").unwrap().ends_with("users.acl"));
+    }
+
+    #[test]
+    fn an_include_cycle_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("self.conf");
+        std::fs::write(&f, format!("port 7000\ninclude {}\n", f.display())).unwrap();
+        let e = Config::default().apply_file(&f).unwrap_err();
+        assert!(e.contains("nested more than"), "{e}");
     }
 
     #[test]
