@@ -352,6 +352,10 @@ impl Selector {
     }
 
     fn apply(&mut self, op: &[u8]) -> Result<(), RuleError> {
+        // An empty rule inside a selector (`('' +get)`): Redis's syntax error.
+        if op.is_empty() {
+            return Err(RuleError::Syntax);
+        }
         let is = |w: &str| op.eq_ignore_ascii_case(w.as_bytes());
         if is("allkeys") || is("~*") {
             self.allkeys = true;
@@ -1555,6 +1559,10 @@ mod tests {
         assert_eq!(v.check(set, &a("set b1 v")), Err(Denied::Command(set)));
         // A selector's rules are split as redis.conf lines are.
         assert_eq!(user("(\"~a\" +get)").selectors_text()[0].1, b"~a");
+        // An empty rule in a selector is a syntax error (found by the acl
+        // fuzz target: it indexed an empty rule), as in Redis.
+        assert!(parse_rules(b"u", b"('' +get)").is_err());
+        assert!(parse_rules(b"u", b"(\r'' Hn)").is_err());
     }
 
     #[test]
