@@ -399,7 +399,9 @@ impl Pool {
                 "Bullet descriptor: {nlogs} logs, backend kind {kind}"
             )));
         }
-        if size < MIN_LOG_SIZE || !size.is_multiple_of(64) {
+        // A log larger than the heap is corrupt (and its size plus its
+        // flags' would overflow for a size near 2^64).
+        if size < MIN_LOG_SIZE || !size.is_multiple_of(64) || size > r.size() {
             return Err(Error::Corrupt(format!(
                 "Bullet descriptor: log size {size}"
             )));
@@ -423,7 +425,10 @@ impl Pool {
             let head: u64 = r.read(f + LOG_HEAD);
             let cleared: u64 = r.read(f + LOG_CLEARED);
             if base != 0 {
-                if !r.contains(base, size + flags_len(size)) {
+                if !size
+                    .checked_add(flags_len(size))
+                    .is_some_and(|len| r.contains(base, len))
+                {
                     return Err(Error::Corrupt(format!("log {i} buffer outside the heap")));
                 }
                 // Records are read with 8-byte atomics at base + pos (pos a
@@ -1292,6 +1297,27 @@ mod flag_tests {
             }
             heap.region().write(off, &old);
         }
+        assert!(Pool::attach(&heap, pool.desc).is_ok());
+    }
+
+    /// A descriptor whose log size is larger than the heap (near 2^64, its
+    /// size plus its flags' overflowed: `ember check` panicked, found by the
+    /// `heap` fuzz target) is refused as corrupt.
+    #[test]
+    fn a_log_size_beyond_the_heap_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let (heap, pool) = pool(dir.path(), 4096);
+        let off = pool.desc + 16;
+        let old: u64 = heap.region().read(off);
+        for v in [u64::MAX - 63, 1u64 << 62, heap.region().size() + 64] {
+            heap.region().write(off, &v);
+            match Pool::attach(&heap, pool.desc) {
+                Err(Error::Corrupt(m)) => assert!(m.contains("log size"), "{m}"),
+                Err(e) => panic!("{e}"),
+                Ok(_) => panic!("attached with log size {v:#x}"),
+            }
+        }
+        heap.region().write(off, &old);
         assert!(Pool::attach(&heap, pool.desc).is_ok());
     }
 
