@@ -24,28 +24,15 @@ struct List {
 }
 
 fn load(ctx: &mut Ctx, sk: &[u8]) -> Result<Option<List>, CmdError> {
-    let Some(h) = ctx.ks.lookup_locked(sk, ctx.now)? else {
-        return Ok(None);
-    };
-    if h.kind != KIND_LIST {
-        return Err(CmdError::WrongType);
-    }
-    let head = ListHead::decode(&ctx.ks.raw[h.off..])?;
-    Ok(Some(List {
-        expire: h.expire,
-        head,
-    }))
+    Ok(super::load_head(ctx, sk, KIND_LIST, ListHead::decode)?
+        .map(|(expire, head)| List { expire, head }))
 }
 
 /// Stages the list's new head; an emptied list is deleted.
 fn save(ctx: &mut Ctx, sk: &[u8], l: &List) {
-    if l.head.is_empty() {
-        ctx.ks.remove_known(sk, l.expire.is_some());
-    } else {
-        let mut payload = Vec::new();
-        l.head.encode(&mut payload);
-        ctx.ks.put(sk, KIND_LIST, l.expire, &payload);
-    }
+    super::save_head(ctx, sk, KIND_LIST, l.expire, l.head.is_empty(), |out| {
+        l.head.encode(out)
+    });
 }
 
 fn new_list() -> List {

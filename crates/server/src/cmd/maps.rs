@@ -20,29 +20,17 @@ pub(crate) struct Map {
 /// The map of type `kind` at `sk` (stripe lock held): None when absent;
 /// WRONGTYPE for another type.
 pub(crate) fn load(ctx: &mut Ctx, sk: &[u8], kind: u8) -> Result<Option<Map>, CmdError> {
-    let Some(h) = ctx.ks.lookup_locked(sk, ctx.now)? else {
-        return Ok(None);
-    };
-    if h.kind != kind {
-        return Err(CmdError::WrongType);
-    }
-    let head = MapHead::decode(&ctx.ks.raw[h.off..])?;
-    Ok(Some(Map {
-        expire: h.expire,
-        head,
-    }))
+    Ok(
+        super::load_head(ctx, sk, kind, MapHead::decode)?
+            .map(|(expire, head)| Map { expire, head }),
+    )
 }
 
-/// Stages the map's new head; an emptied map is deleted (Redis keeps no
-/// empty collection).
+/// Stages the map's new head; an emptied map is deleted.
 pub(crate) fn save(ctx: &mut Ctx, sk: &[u8], kind: u8, m: &Map) {
-    if m.head.is_empty() {
-        ctx.ks.remove_known(sk, m.expire.is_some());
-    } else {
-        let mut payload = Vec::new();
-        m.head.encode(&mut payload);
-        ctx.ks.put(sk, kind, m.expire, &payload);
-    }
+    super::save_head(ctx, sk, kind, m.expire, m.head.is_empty(), |out| {
+        m.head.encode(out)
+    });
 }
 
 /// Runs `f` on the map of type `kind` at `key` (created empty when absent)

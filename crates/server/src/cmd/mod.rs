@@ -70,6 +70,43 @@ pub fn locked<T>(
     r
 }
 
+/// The collection of type `kind` at `sk` (stripe lock held), its head
+/// decoded by `decode`, with its expiry: None when absent, WRONGTYPE for
+/// another type. A key found expired is staged for removal on the way.
+pub(crate) fn load_head<H>(
+    ctx: &mut Ctx,
+    sk: &[u8],
+    kind: u8,
+    decode: fn(&[u8]) -> engine::Result<H>,
+) -> Result<Option<(Option<i64>, H)>, CmdError> {
+    let Some(h) = ctx.ks.lookup_locked(sk, ctx.now)? else {
+        return Ok(None);
+    };
+    if h.kind != kind {
+        return Err(CmdError::WrongType);
+    }
+    Ok(Some((h.expire, decode(&ctx.ks.raw[h.off..])?)))
+}
+
+/// Stages a collection's new head (`encode` writes it); an emptied
+/// collection is deleted instead (Redis keeps no empty collection).
+pub(crate) fn save_head(
+    ctx: &mut Ctx,
+    sk: &[u8],
+    kind: u8,
+    expire: Option<i64>,
+    empty: bool,
+    encode: impl FnOnce(&mut Vec<u8>),
+) {
+    if empty {
+        ctx.ks.remove_known(sk, expire.is_some());
+    } else {
+        let mut payload = Vec::new();
+        encode(&mut payload);
+        ctx.ks.put(sk, kind, expire, &payload);
+    }
+}
+
 /// The arity error of a command or subcommand (`name` as Redis prints it).
 pub fn arity_error(name: impl Into<std::borrow::Cow<'static, str>>) -> CmdError {
     CmdError::Arity(name.into())
