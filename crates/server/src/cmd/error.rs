@@ -165,6 +165,20 @@ pub enum CmdError {
     AclNoUser(Vec<u8>),
     /// ACL DRYRUN of an unknown command.
     AclNoCommand(Vec<u8>),
+    /// A blocking command's timeout that is not a number.
+    TimeoutNotFloat,
+    /// A blocking command's negative timeout.
+    TimeoutNegative,
+    /// CLIENT UNBLOCK's reason other than TIMEOUT or ERROR.
+    UnblockReason,
+    /// The reply of a client that CLIENT UNBLOCK ... ERROR unblocked.
+    UnblockedByClient,
+    /// A container's subcommand with an argument count it refuses, where
+    /// Redis checks it in the subcommand (`sub` as given).
+    SubcommandArgs {
+        cmd: &'static str,
+        sub: Vec<u8>,
+    },
 }
 
 impl From<KsError> for CmdError {
@@ -318,6 +332,16 @@ impl CmdError {
             E::AclGenpassBits => return "ERR ACL GENPASS argument must be the number of bits for the output password, a positive number up to 4096".into(),
             E::AclNoUser(u) => format!("ERR User '{}' not found", lossy(until_nul(u))),
             E::AclNoCommand(c) => format!("ERR Command '{}' not found", lossy(until_nul(c))),
+            E::TimeoutNotFloat => return "ERR timeout is not a float or out of range".into(),
+            E::TimeoutNegative => return "ERR timeout is negative".into(),
+            E::UnblockReason => {
+                return "ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR".into()
+            }
+            E::UnblockedByClient => return "UNBLOCKED client unblocked via CLIENT UNBLOCK".into(),
+            E::SubcommandArgs { cmd, sub } => format!(
+                "ERR unknown subcommand or wrong number of arguments for '{}'. Try {cmd} HELP.",
+                c_str(sub)
+            ),
         })
     }
 }

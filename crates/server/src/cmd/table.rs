@@ -125,10 +125,20 @@ pub struct KeyPos {
 
 /// The key indexes of a request of a MOVABLEKEYS command, whose keys its
 /// arguments locate: `numkeys` at index 1 and that many keys after it
-/// (SINTERCARD, LMPOP). Empty for other commands and for a `numkeys` that
-/// is not a positive number (the command itself then refuses the request).
+/// (SINTERCARD, LMPOP; at index 2 for BLMPOP, after its timeout). Empty for
+/// other commands and for a `numkeys` that is not a positive number (the
+/// command itself then refuses the request).
 pub fn movable_keys(name: &str, args: &[Vec<u8>]) -> Vec<usize> {
     match name {
+        // BLMPOP: the timeout, then numkeys.
+        "blmpop" => {
+            let n = args
+                .get(2)
+                .and_then(|a| proto::int::parse_i64(a))
+                .filter(|&n| n > 0)
+                .unwrap_or(0) as usize;
+            (3..args.len()).take(n).collect()
+        }
         "sintercard" | "lmpop" => {
             let n = args
                 .get(1)
@@ -291,6 +301,11 @@ pub static TABLE: &[Spec] = &[
     spec!("lmove", 5, [WRITE, DENYOOM], [LIST], (1, 2, 1), "list", "6.2.0", "Returns an element after popping it from one list and pushing it to another. Deletes the list if the last element was moved.", lists::lmove),
     spec!("rpoplpush", 3, [WRITE, DENYOOM], [LIST], (1, 2, 1), "list", "1.2.0", "Returns the last element of a list after removing and pushing it to another list. Deletes the list if the last element was popped.", lists::rpoplpush),
     spec!("lmpop", -4, [WRITE, MOVABLEKEYS], [LIST], (0, 0, 0), "list", "7.0.0", "Returns multiple elements from a list after removing them. Deletes the list if the last element was popped.", lists::lmpop),
+    spec!("blpop", -3, [WRITE, NOSCRIPT, BLOCKING], [LIST], (1, -2, 1), "list", "2.0.0", "Removes and returns the first element in a list. Blocks until an element is available otherwise. Deletes the list if the last element was popped.", lists::blpop),
+    spec!("brpop", -3, [WRITE, NOSCRIPT, BLOCKING], [LIST], (1, -2, 1), "list", "2.0.0", "Removes and returns the last element in a list. Blocks until an element is available otherwise. Deletes the list if the last element was popped.", lists::brpop),
+    spec!("brpoplpush", 4, [WRITE, DENYOOM, NOSCRIPT, BLOCKING], [LIST], (1, 2, 1), "list", "2.2.0", "Pops an element from a list, pushes it to another list and returns it. Block until an element is available otherwise. Deletes the list if the last element was popped.", lists::brpoplpush),
+    spec!("blmove", 6, [WRITE, DENYOOM, NOSCRIPT, BLOCKING], [LIST], (1, 2, 1), "list", "6.2.0", "Pops an element from a list, pushes it to another list and returns it. Blocks until an element is available otherwise. Deletes the list if the last element was moved.", lists::blmove),
+    spec!("blmpop", -5, [WRITE, BLOCKING, MOVABLEKEYS], [LIST], (0, 0, 0), "list", "7.0.0", "Pops the first element from one of multiple lists. Blocks until an element is available otherwise. Deletes the list if the last element was popped.", lists::blmpop),
     // hashes
     spec!("hset", -4, [WRITE, DENYOOM, FAST], [HASH], (1, 1, 1), "hash", "2.0.0", "Creates or modifies the value of a field in a hash.", hashes::hset),
     spec!("hmset", -4, [WRITE, DENYOOM, FAST], [HASH], (1, 1, 1), "hash", "2.0.0", "Sets the values of multiple fields.", hashes::hset),
@@ -493,6 +508,11 @@ pub static KEY_ACCESS: &[(&str, &str, &str)] = &[
     ("lmove", "RW", "W"),
     ("rpoplpush", "RW", "W"),
     ("lmpop", "RW", "RW"),
+    ("blpop", "RW", "RW"),
+    ("brpop", "RW", "RW"),
+    ("blmove", "RW", "W"),
+    ("brpoplpush", "RW", "W"),
+    ("blmpop", "RW", "RW"),
     ("llen", "-", "-"),
     ("hincrby", "RW", "RW"),
     ("hincrbyfloat", "RW", "RW"),
