@@ -150,11 +150,12 @@ pub fn wait(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], w: Wait) -> R {
         }
     }
     let bl = &ctx.sh.blocking;
+    // Registered busy: CLIENT UNBLOCK waits for the second try's outcome.
     bl.register(c.id, seq, worker, token, w.kind, keys);
     // A write between the first try and the registration did not see the
     // registration: the second try sees the write.
     match try_keys(ctx, c, a, &w.keys, &w.also_lock, w.serve) {
-        Ok(false) => {}
+        Ok(false) => bl.settle(c.id),
         r => {
             bl.remove(c.id, seq);
             return r.map(|_| ());
@@ -342,7 +343,8 @@ impl Blocking {
     }
 
     /// Registers client `id`'s wait number `seq` on `keys` (store keys, no
-    /// repeats), at the end of each key's queue.
+    /// repeats), at the end of each key's queue, busy until
+    /// [`Blocking::settle`].
     fn register(
         &self,
         id: u64,
@@ -364,11 +366,19 @@ impl Blocking {
                 seq,
                 kind,
                 keys,
-                busy: false,
+                busy: true,
             },
         );
         debug_assert!(old.is_none(), "client {id} registered twice");
         self.count.store(r.clients.len(), Ordering::Release);
+    }
+
+    /// A registration made by `register` is no longer busy.
+    fn settle(&self, id: u64) {
+        if let Some(w) = self.lock().clients.get_mut(&id) {
+            w.busy = false;
+        }
+        self.idle.notify_all();
     }
 
     /// Keys a command wrote (store keys): each that has clients waiting
@@ -443,7 +453,11 @@ impl Blocking {
         if r.clients.get(&id).is_none_or(|w| w.seq != seq) {
             return false;
         }
-        self.remove_locked(&mut r, id).is_some()
+        let removed = self.remove_locked(&mut r, id).is_some();
+        drop(r);
+        // A CLIENT UNBLOCK may wait for it to stop being busy.
+        self.idle.notify_all();
+        removed
     }
 
     /// Whether client `id` (wait `seq`) holds `key`'s turn; if so it is
@@ -564,9 +578,9 @@ impl Worker {
     /// try, CLIENT UNBLOCKs. Clients that got a reply are added to `ready`
     /// (their replies go out with the batch's commit).
     pub(crate) fn serve_blocked(&mut self, ready: &mut Vec<Token>) {
-        let now = Instant::now();
+        let mut now = None;
         while let Some(&(d, id, seq, token)) = self.block_timers.first() {
-            if d > now {
+            if d > *now.get_or_insert_with(Instant::now) {
                 break;
             }
             self.block_timers.pop_first();
@@ -622,7 +636,11 @@ impl Worker {
             return;
         };
         let mine = c.id == id && c.blocked.as_ref().is_some_and(|b| b.seq == seq);
-        if mine && self.sh.blocking.begin(id, seq, key) {
+        if mine && (c.kill || c.close_after) {
+            // Closing: its turn goes to the next client, nothing is popped
+            // for a reply that would not be sent.
+            self.forget_blocked(&mut c, token);
+        } else if mine && self.sh.blocking.begin(id, seq, key) {
             let b = c.blocked.take();
             let outcome = match b.as_deref() {
                 // The first of its keys (in argument order) that is the
@@ -668,5 +686,165 @@ impl Worker {
             }
         }
         self.clients.insert(token, c);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keyspace::{KIND_LIST, KIND_ZSET};
+
+    /// (worker, kind of message, client id) of every message sent, worker 0 first.
+    fn msgs(b: &Blocking) -> Vec<(usize, &'static str, u64)> {
+        let mut out = Vec::new();
+        for w in 0..b.inboxes.len() {
+            for m in b.take_msgs(w) {
+                out.push(match m {
+                    Msg::Try { id, .. } => (w, "try", id),
+                    Msg::Unblock { id, .. } => (w, "unblock", id),
+                });
+            }
+        }
+        out
+    }
+
+    fn reg(b: &Blocking, id: u64, worker: usize, kind: u8, keys: &[&[u8]]) {
+        let keys = keys.iter().map(|k| k.to_vec()).collect();
+        b.register(id, 1, worker, Token(id as usize), kind, keys);
+        b.settle(id);
+    }
+
+    #[test]
+    fn turns_go_in_arrival_order_across_workers() {
+        let b = Blocking::new(2);
+        assert!(!b.any());
+        reg(&b, 1, 0, KIND_LIST, &[b"k"]);
+        reg(&b, 2, 1, KIND_LIST, &[b"k"]);
+        reg(&b, 3, 0, KIND_LIST, &[b"k", b"j"]);
+        assert_eq!(b.blocked_clients(), 3);
+        b.signal(&[b"k"]);
+        // One turn at a time: signalling again while it is out sends nothing.
+        b.signal(&[b"k"]);
+        assert_eq!(msgs(&b), [(0, "try", 1)]);
+        // Only the turn holder may try.
+        assert!(!b.begin(2, 1, b"k"));
+        assert!(b.begin(1, 1, b"k"));
+        b.finish(1, b"k", Some(Try::Served));
+        assert_eq!(msgs(&b), [(1, "try", 2)]);
+        assert!(b.begin(2, 1, b"k"));
+        // Signalled while client 2 tried: "empty" hands the turn back.
+        b.signal(&[b"k"]);
+        b.finish(2, b"k", Some(Try::Empty));
+        assert_eq!(msgs(&b), [(1, "try", 2)]);
+        assert!(b.begin(2, 1, b"k"));
+        b.finish(2, b"k", Some(Try::Empty));
+        assert_eq!(msgs(&b), []);
+        // A failed serve (its error was the reply) ends the wait too.
+        b.signal(&[b"k"]);
+        assert_eq!(msgs(&b), [(1, "try", 2)]);
+        assert!(b.begin(2, 1, b"k"));
+        b.finish(2, b"k", None);
+        assert_eq!(msgs(&b), [(0, "try", 3)]);
+        assert_eq!(b.blocked_clients(), 1);
+        // Served on another key: the turn on `k` has nobody to go to.
+        b.signal(&[b"j"]);
+        assert_eq!(msgs(&b), [(0, "try", 3)]);
+        assert!(b.begin(3, 1, b"j"));
+        b.finish(3, b"j", Some(Try::Served));
+        assert_eq!(msgs(&b), []);
+        assert!(!b.any());
+        assert!(b.lock().keys.is_empty());
+    }
+
+    #[test]
+    fn a_type_that_does_not_fit_passes_the_turn_to_another_kind() {
+        let b = Blocking::new(1);
+        reg(&b, 1, 0, KIND_LIST, &[b"k"]);
+        reg(&b, 2, 0, KIND_LIST, &[b"k"]);
+        reg(&b, 3, 0, KIND_ZSET, &[b"k"]);
+        b.signal(&[b"k"]);
+        assert_eq!(msgs(&b), [(0, "try", 1)]);
+        assert!(b.begin(1, 1, b"k"));
+        b.finish(1, b"k", Some(Try::Mismatch));
+        assert_eq!(msgs(&b), [(0, "try", 3)]);
+        assert!(b.begin(3, 1, b"k"));
+        b.finish(3, b"k", Some(Try::Mismatch));
+        assert_eq!(msgs(&b), [(0, "try", 1)]);
+        assert!(b.begin(1, 1, b"k"));
+        b.finish(1, b"k", Some(Try::Mismatch));
+        // Back to the zset waiter, which finds nothing it can use either.
+        assert_eq!(msgs(&b), [(0, "try", 3)]);
+        assert!(b.begin(3, 1, b"k"));
+        b.finish(3, b"k", Some(Try::Empty));
+        assert_eq!(msgs(&b), []);
+        assert_eq!(b.blocked_clients(), 3);
+    }
+
+    #[test]
+    fn leaving_passes_the_turn_and_unblock_claims_once() {
+        let b = Blocking::new(2);
+        reg(&b, 1, 0, KIND_LIST, &[b"k"]);
+        reg(&b, 2, 1, KIND_LIST, &[b"k"]);
+        b.signal(&[b"k"]);
+        assert_eq!(msgs(&b), [(0, "try", 1)]);
+        // Client 1 times out (or disconnects) before it tries.
+        assert!(b.remove(1, 1));
+        assert!(!b.remove(1, 1));
+        assert_eq!(msgs(&b), [(1, "try", 2)]);
+        assert!(!b.begin(1, 1, b"k"));
+        // CLIENT UNBLOCK takes client 2: its worker is told; a second one
+        // finds nothing, and neither does the worker's own timeout.
+        assert!(b.unblock(2, true));
+        assert!(!b.unblock(2, false));
+        assert!(!b.remove(2, 1));
+        assert_eq!(msgs(&b), [(1, "unblock", 2)]);
+        assert!(!b.any());
+        assert!(b.lock().keys.is_empty());
+    }
+
+    #[test]
+    fn unblock_waits_for_a_try_in_progress() {
+        let b = Arc::new(Blocking::new(1));
+        // Registered busy, as `wait` does before its second try.
+        b.register(7, 1, 0, Token(7), KIND_LIST, vec![b"k".to_vec()]);
+        let b2 = b.clone();
+        let h = std::thread::spawn(move || b2.unblock(7, false));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!h.is_finished());
+        // The try served: the unblock finds nothing to unblock.
+        assert!(b.remove(7, 1));
+        assert!(!h.join().unwrap());
+        // Another wait whose try found nothing: the unblock takes it.
+        b.register(7, 2, 0, Token(7), KIND_LIST, vec![b"k".to_vec()]);
+        let b2 = b.clone();
+        let h = std::thread::spawn(move || b2.unblock(7, true));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!h.is_finished());
+        b.settle(7);
+        assert!(h.join().unwrap());
+        assert_eq!(msgs(&b), [(0, "unblock", 7)]);
+    }
+
+    #[test]
+    fn timeouts_parse_as_redis_does() {
+        assert_eq!(timeout_arg(b"0").unwrap(), 0);
+        assert_eq!(timeout_arg(b"1.5").unwrap(), 1500);
+        assert_eq!(timeout_arg(b"0.0001").unwrap(), 1);
+        assert_eq!(timeout_arg(b"-0.0001").unwrap(), 0);
+        assert_eq!(timeout_arg(b"-0").unwrap(), 0);
+        assert_eq!(timeout_arg(b"0x10").unwrap(), 16_000);
+        assert_eq!(timeout_arg(b"9.2e15").unwrap(), 9_200_000_000_000_000_000);
+        for neg in ["-1", "-0.5", "inf", "-inf", "1e16", "1e300"] {
+            assert!(
+                matches!(timeout_arg(neg.as_bytes()), Err(CmdError::TimeoutNegative)),
+                "{neg}"
+            );
+        }
+        for bad in ["", "abc", " 1", "1 ", "nan", "1e5000"] {
+            assert!(
+                matches!(timeout_arg(bad.as_bytes()), Err(CmdError::TimeoutNotFloat)),
+                "{bad}"
+            );
+        }
     }
 }

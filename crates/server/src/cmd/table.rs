@@ -129,26 +129,18 @@ pub struct KeyPos {
 /// other commands and for a `numkeys` that is not a positive number (the
 /// command itself then refuses the request).
 pub fn movable_keys(name: &str, args: &[Vec<u8>]) -> Vec<usize> {
-    match name {
-        // BLMPOP: the timeout, then numkeys.
-        "blmpop" => {
-            let n = args
-                .get(2)
-                .and_then(|a| proto::int::parse_i64(a))
-                .filter(|&n| n > 0)
-                .unwrap_or(0) as usize;
-            (3..args.len()).take(n).collect()
-        }
-        "sintercard" | "lmpop" => {
-            let n = args
-                .get(1)
-                .and_then(|a| proto::int::parse_i64(a))
-                .filter(|&n| n > 0)
-                .unwrap_or(0) as usize;
-            (2..args.len()).take(n).collect()
-        }
-        _ => Vec::new(),
-    }
+    // Where `numkeys` is.
+    let at = match name {
+        "sintercard" | "lmpop" => 1,
+        "blmpop" => 2,
+        _ => return Vec::new(),
+    };
+    let n = args
+        .get(at)
+        .and_then(|a| proto::int::parse_i64(a))
+        .filter(|&n| n > 0)
+        .unwrap_or(0) as usize;
+    (at + 1..args.len()).take(n).collect()
 }
 
 impl KeyPos {
