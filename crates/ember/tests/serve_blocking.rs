@@ -12,8 +12,8 @@
 //!   behind a blocked one, disconnects, INFO `blocked_clients` and CLIENT
 //!   LIST's `b` flag;
 //! - a key that became another type keeps its clients waiting; FLUSHALL
-//!   wakes nobody; BLMOVE onto a key of another type is the woken client's
-//!   WRONGTYPE;
+//!   wakes nobody; RENAME of a list onto the key wakes; BLMOVE onto a key
+//!   of another type is the woken client's WRONGTYPE;
 //! - the pop done for a woken client is durable once its reply arrives
 //!   (SIGKILL right after, then restart);
 //! - the `redis` crate's BLPOP with a timeout.
@@ -477,6 +477,12 @@ fn other_types_and_flushes_wake_nobody() {
     assert_eq!(blocked_clients(&mut admin), 1);
     admin.int("RPUSH k v");
     assert_eq!(c.read(), kv("k", "v"));
+    wait_blocked(&mut admin, 0);
+    // A list that arrives by RENAME wakes its waiters as a push does.
+    let mut r = block(s.port, &mut admin, "BRPOP dest 0", 1);
+    admin.int("RPUSH tmp 1 2");
+    admin.call("RENAME tmp dest");
+    assert_eq!(r.read(), kv("dest", "2"));
     wait_blocked(&mut admin, 0);
 }
 
