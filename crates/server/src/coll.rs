@@ -13,7 +13,8 @@ use crate::keyspace::{Keyspace, KsError};
 use engine::types::edit::Edit;
 use engine::types::head::{piece_key, ListHead, MapHead};
 use engine::types::lhash::{Bucket, Pair, Table};
-use engine::types::tree::{Pieces, Tree};
+use engine::types::node::Node;
+use engine::types::tree::{Meta as TreeMeta, Pieces, Tree};
 
 /// The pieces of collection `id`, read and written through a keyspace's
 /// staged batch.
@@ -88,31 +89,223 @@ pub fn free_map(ks: &mut Keyspace, head: &MapHead) -> engine::Result<()> {
     Ok(())
 }
 
-/// Stages the removal of the pieces of the collection whose raw store value
-/// is `raw` (tag, expiry, payload), if it has any; a string has none.
-pub fn free_value(ks: &mut Keyspace, raw: &[u8]) -> Result<(), KsError> {
-    let h = crate::keyspace::decode(raw).ok_or(KsError::Corrupt)?;
-    match h.kind {
-        crate::keyspace::KIND_HASH | crate::keyspace::KIND_SET => {
-            let head = MapHead::decode(&raw[h.off..]).map_err(KsError::Store)?;
-            free_map(ks, &head).map_err(KsError::Store)
-        }
-        crate::keyspace::KIND_LIST => {
-            let head = ListHead::decode(&raw[h.off..]).map_err(KsError::Store)?;
-            if let ListHead::Tree { id, mut meta } = head {
-                let mut p = KsPieces::new(ks, id);
-                let ids = Tree::new(&mut p, &mut meta, false)
-                    .pieces()
-                    .map_err(KsError::Store)?;
-                for piece in ids {
-                    p.remove(piece).map_err(KsError::Store)?;
-                }
-            }
-            Ok(())
-        }
-        _ => Ok(()),
+/// One structure of a pieced collection, under its id.
+#[derive(Clone, Copy, Debug)]
+pub enum Part {
+    /// A counted B+-tree (a list's positions: `ordered` false; a sorted
+    /// set's order: true).
+    Tree(TreeMeta, bool),
+    /// A linear-hashing table (a hash, a set, a sorted set's scores).
+    Table(engine::types::lhash::Meta),
+}
+
+/// A pieced collection's id and structures, from its kind and head payload;
+/// None when the value has no pieces (a string, an inline collection).
+///
+/// The one place that knows which kinds have pieces: freeing, copying and
+/// MEMORY USAGE walk what this returns, so a new kind is one arm here (and
+/// one in [`copy_value`] if its head must be rewritten for a new id).
+pub fn parts(kind: u8, payload: &[u8]) -> Result<Option<(u64, Vec<Part>)>, KsError> {
+    use crate::keyspace::{KIND_HASH, KIND_LIST, KIND_SET, KIND_STRING};
+    match kind {
+        KIND_STRING => Ok(None),
+        KIND_HASH | KIND_SET => match MapHead::decode(payload)? {
+            MapHead::Table { id, meta } => Ok(Some((id, vec![Part::Table(meta)]))),
+            MapHead::Inline(_) => Ok(None),
+        },
+        KIND_LIST => match ListHead::decode(payload)? {
+            ListHead::Tree { id, meta } => Ok(Some((id, vec![Part::Tree(meta, false)]))),
+            ListHead::Inline(_) => Ok(None),
+        },
+        _ => Err(KsError::Store(engine::Error::Corrupt(format!(
+            "a value of kind {kind}, whose pieces this version cannot walk"
+        )))),
     }
 }
+
+/// A cheap bound on a collection's piece count (at most one piece read):
+/// whether it is small enough to free in its command's batch.
+fn piece_estimate(ks: &mut Keyspace, id: u64, parts: &[Part]) -> Result<u64, KsError> {
+    let mut n = 0u64;
+    for part in parts {
+        n = n.saturating_add(match part {
+            Part::Table(meta) => meta.buckets(),
+            Part::Tree(meta, ordered) => match meta.height {
+                0 | 1 => u64::from(meta.height),
+                2 => match KsPieces::new(ks, id).get(meta.root)? {
+                    Some(b) => match Node::decode(&b, *ordered)? {
+                        Node::Inner(c) => c.len() as u64 + 1,
+                        Node::Leaf(_) => 1,
+                    },
+                    None => 0,
+                },
+                _ => u64::MAX,
+            },
+        });
+    }
+    Ok(n)
+}
+
+/// The pieces of a collection still in the store, children before their
+/// parents: removing them in this order keeps what is left walkable, so a
+/// walk after a crash in the middle lists exactly the pieces not yet
+/// removed (a missing inner node's children are gone too). Leaves and
+/// table buckets are listed unread (some may be gone already: removing an
+/// absent key does nothing).
+pub fn pieces_left(ks: &mut Keyspace, kind: u8, payload: &[u8]) -> Result<Vec<u64>, KsError> {
+    let Some((id, parts)) = parts(kind, payload)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for part in parts {
+        match part {
+            Part::Table(meta) => {
+                out.extend((0..meta.buckets()).map(|b| engine::types::lhash::BUCKET_ID | b))
+            }
+            Part::Tree(meta, ordered) => {
+                if meta.root == 0 {
+                    continue;
+                }
+                let mut p = KsPieces::new(ks, id);
+                let mut inner: Vec<u64> = Vec::new();
+                let mut level = vec![meta.root];
+                for _ in 1..meta.height {
+                    let mut next = Vec::new();
+                    for &pid in &level {
+                        let Some(b) = p.get(pid)? else { continue };
+                        match Node::decode(&b, ordered)? {
+                            Node::Inner(children) => next.extend(children.iter().map(|c| c.id)),
+                            Node::Leaf(_) => return Err(KsError::Corrupt),
+                        }
+                        inner.push(pid);
+                    }
+                    level = next;
+                }
+                out.extend_from_slice(&level);
+                out.extend(inner.iter().rev());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Stages what deleting or overwriting the collection whose raw store
+/// value is `raw` (tag, expiry, payload) does to its pieces: a small one
+/// (fewer than [`crate::housekeep::LAZY_MIN_PIECES`]) has them removed in
+/// the same batch; a larger one gets a free-list entry holding its kind and
+/// head, and the lazy free removes them later in bounded batches. A string
+/// or an inline collection has none.
+pub fn free_value(ks: &mut Keyspace, raw: &[u8]) -> Result<(), KsError> {
+    let h = crate::keyspace::decode(raw).ok_or(KsError::Corrupt)?;
+    let payload = &raw[h.off..];
+    let Some((id, parts)) = parts(h.kind, payload)? else {
+        return Ok(());
+    };
+    if piece_estimate(ks, id, &parts)? < crate::housekeep::LAZY_MIN_PIECES {
+        let mut p = KsPieces::new(ks, id);
+        for part in parts {
+            let ids = match part {
+                Part::Table(mut meta) => Table::new(&mut p, &mut meta).pieces()?,
+                Part::Tree(mut meta, ordered) => Tree::new(&mut p, &mut meta, ordered).pieces()?,
+            };
+            for piece in ids {
+                p.remove(piece)?;
+            }
+        }
+    } else {
+        let mut v = Vec::with_capacity(payload.len() + 1);
+        v.push(h.kind);
+        v.extend_from_slice(payload);
+        ks.put_piece(&crate::housekeep::gc_key(id), &v);
+    }
+    Ok(())
+}
+
+/// A copy of a collection's head payload whose pieces (if any) are copied
+/// under a new collection id, staged in the running command's batch (COPY).
+/// O(n) in the collection, as Redis's COPY.
+pub fn copy_value(
+    sh: &crate::server::Shared,
+    ks: &mut Keyspace,
+    kind: u8,
+    payload: &[u8],
+) -> Result<Vec<u8>, KsError> {
+    use crate::keyspace::{KIND_HASH, KIND_LIST, KIND_SET};
+    if parts(kind, payload)?.is_none() {
+        return Ok(payload.to_vec());
+    }
+    mark_pieced(sh, ks);
+    let mut out = Vec::new();
+    match kind {
+        // A table's hash is seeded by its id: the pairs go into a new table.
+        KIND_HASH | KIND_SET => {
+            let head = MapHead::decode(payload)?;
+            let pairs = map_pairs(ks, &head)?;
+            to_table(ks, Bucket(pairs))?.encode(&mut out);
+        }
+        // A tree's pieces are positional: each is copied as it is under
+        // the new id.
+        KIND_LIST => {
+            let ListHead::Tree { id, meta } = ListHead::decode(payload)? else {
+                return Ok(payload.to_vec());
+            };
+            let new = new_id();
+            let ids = Tree::new(&mut KsPieces::new(ks, id), &mut { meta }, false).pieces()?;
+            for pid in ids {
+                let b = KsPieces::new(ks, id)
+                    .get(pid)?
+                    .ok_or_else(|| engine::Error::Corrupt(format!("piece {pid} is missing")))?;
+                KsPieces::new(ks, new).put(pid, b)?;
+            }
+            ListHead::Tree { id: new, meta }.encode(&mut out);
+        }
+        _ => {
+            return Err(KsError::Store(engine::Error::Corrupt(format!(
+                "a value of kind {kind}, whose pieces this version cannot copy"
+            ))))
+        }
+    }
+    Ok(out)
+}
+
+/// MEMORY USAGE's estimate of a pieced collection's pieces: every piece's
+/// bytes plus [`PIECE_OVERHEAD`], measured on `samples` pieces spread over
+/// the collection (all when 0) and scaled to the piece count.
+pub fn pieces_usage(
+    ks: &mut Keyspace,
+    kind: u8,
+    payload: &[u8],
+    samples: usize,
+) -> Result<u64, KsError> {
+    let Some((id, _)) = parts(kind, payload)? else {
+        return Ok(0);
+    };
+    let ids = pieces_left(ks, kind, payload)?;
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let step = if samples == 0 || samples >= ids.len() {
+        1
+    } else {
+        ids.len() / samples
+    };
+    let mut p = KsPieces::new(ks, id);
+    let (mut seen, mut bytes) = (0u64, 0u64);
+    for &pid in ids.iter().step_by(step) {
+        seen += 1;
+        if let Some(b) = p.get(pid)? {
+            bytes += b.len() as u64 + 17 + PIECE_OVERHEAD;
+        }
+    }
+    // Scaled to every piece listed (empty table buckets, which have no
+    // piece, scale as such).
+    Ok(bytes.saturating_mul(ids.len() as u64) / seen.max(1))
+}
+
+/// Store bytes per entry beyond its key and value (the index entry and the
+/// value block's header, ~64 B; Bullet's frontend copy of a hot entry is not
+/// counted).
+pub const PIECE_OVERHEAD: u64 = 64;
 
 /// A store entry present once any collection has had pieces: one byte, the
 /// piece prefix alone (no piece key is that short, no user key starts so).

@@ -242,6 +242,8 @@ pub struct Keyspace {
     counts: Arc<KeyCounts>,
     /// This worker's shard of them.
     shard: usize,
+    /// The TTL index and the lazy-free queue, which applied writes feed.
+    hk: Arc<crate::housekeep::Housekeeping>,
 }
 
 /// A live value found by [`Keyspace::get`] or [`Keyspace::lookup_locked`]; the payload is
@@ -249,7 +251,12 @@ pub struct Keyspace {
 pub type Found = Option<Header>;
 
 impl Keyspace {
-    pub fn new(sess: Box<dyn Session>, counts: Arc<KeyCounts>, shard: usize) -> Keyspace {
+    pub fn new(
+        sess: Box<dyn Session>,
+        counts: Arc<KeyCounts>,
+        shard: usize,
+        hk: Arc<crate::housekeep::Housekeeping>,
+    ) -> Keyspace {
         Keyspace {
             sess,
             raw: Vec::new(),
@@ -261,6 +268,7 @@ impl Keyspace {
             expired: 0,
             counts,
             shard,
+            hk,
         }
     }
 
@@ -296,12 +304,20 @@ impl Keyspace {
         for (((skey, op), out), before) in self.staged.iter().zip(&self.outcomes).zip(&self.before)
         {
             if skey.first() == Some(&PIECE_PREFIX) {
+                // A free-list entry: the lazy free may take it (one that a
+                // failed batch did not apply is found missing and skipped).
+                if let (Op::Put(_), Some(id)) = (op, crate::housekeep::parse_gc_key(skey)) {
+                    self.hk.enqueue(id);
+                }
                 continue;
             }
             let after = match op {
                 Op::Put(v) => Some(v.first().is_some_and(|t| t & EXPIRY_BIT != 0)),
                 _ => None,
             };
+            if after == Some(true) {
+                self.hk.note_ttl(skey);
+            }
             let before = match *out {
                 Outcome::Put {
                     created: false,
@@ -449,7 +465,7 @@ impl Keyspace {
     /// deleted or overwritten. A string costs one byte's test.
     fn free_pieces_of_raw(&mut self) -> KsResult<()> {
         let kind = self.raw.first().map(|t| t & !EXPIRY_BIT);
-        if matches!(kind, Some(KIND_LIST | KIND_HASH | KIND_SET)) {
+        if kind.is_some_and(|k| k != KIND_STRING) {
             let raw = std::mem::take(&mut self.raw);
             let r = crate::coll::free_value(self, &raw);
             self.raw = raw;
@@ -589,7 +605,12 @@ mod tests {
         use engine::Store as _;
         let store = Arc::new(VolatileStore::new(64));
         let counts = Arc::new(KeyCounts::new(1, store.key_hasher()));
-        let mut ks = Keyspace::new(Box::new(store.session().unwrap()), counts.clone(), 0);
+        let mut ks = Keyspace::new(
+            Box::new(store.session().unwrap()),
+            counts.clone(),
+            0,
+            Arc::new(crate::housekeep::Housekeeping::new(false)),
+        );
         let mut probe = store.session().unwrap();
         counts.finish(&mut probe).unwrap();
         let (a, b) = (skey(0, b"a"), skey(0, b"b"));

@@ -108,6 +108,10 @@ fn run(cfg: Config, seed: u64) {
     }
     assert_eq!(e.exec(&args(&["FLUSHALL"])), b"+OK\r\n");
     e.commit().unwrap();
+    // Large collections' pieces go to the lazy free, which a worker's tick
+    // runs; here it runs to its end.
+    e.run_background().unwrap();
+    e.commit().unwrap();
     assert_eq!(
         pieces_left(e.shared()),
         0,
@@ -145,4 +149,178 @@ fn no_piece_outlives_its_collection_direct() {
         },
         7,
     );
+}
+
+fn direct_cfg(dir: &std::path::Path) -> Config {
+    Config {
+        heap: dir.join("heap"),
+        heap_size: 128 << 20,
+        heap_max_size: 512 << 20,
+        engine: EngineChoice::Direct(engine::direct::BackendKind::LogFree),
+        threads: 1,
+        ..Config::default()
+    }
+}
+
+fn push_big(e: &mut Embedded, key: &str, n: usize) {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
+        let mut cmd = vec!["RPUSH".to_string(), key.to_string()];
+        cmd.extend(chunk.iter().map(|i| format!("element-{i}")));
+        let refs: Vec<&str> = cmd.iter().map(|s| s.as_str()).collect();
+        assert!(e.exec(&args(&refs)).starts_with(b":"));
+        e.commit().unwrap();
+    }
+}
+
+fn hset_big(e: &mut Embedded, key: &str, n: usize) {
+    let mut cmd = vec!["HSET".to_string(), key.to_string()];
+    for i in 0..n {
+        cmd.push(format!("field-{i}"));
+        cmd.push(format!("value-{i}"));
+    }
+    let refs: Vec<&str> = cmd.iter().map(|s| s.as_str()).collect();
+    assert!(e.exec(&args(&refs)).starts_with(b":"));
+    e.commit().unwrap();
+}
+
+/// DEL of a 200,000-element list removes its head at once and queues its
+/// pieces for the lazy free (the command's batch stays small); running the
+/// lazy free leaves no piece, and the other keys are untouched.
+#[test]
+fn large_collections_are_freed_lazily() {
+    let dir = tempfile::tempdir().unwrap();
+    let (st, startup) = store::open(&direct_cfg(dir.path())).unwrap();
+    let sh = Embedded::start(direct_cfg(dir.path()), st, startup, 1).unwrap();
+    let mut e = Embedded::new(sh.clone(), 0).unwrap();
+    push_big(&mut e, "big", 200_000);
+    hset_big(&mut e, "h", 20_000);
+    push_big(&mut e, "keep", 50_000);
+    let all = pieces_left(e.shared());
+    let t = std::time::Instant::now();
+    assert_eq!(e.exec(&args(&["DEL", "big", "h"])), b":2\r\n");
+    e.commit().unwrap();
+    assert!(t.elapsed() < std::time::Duration::from_secs(2));
+    assert_eq!(e.shared().hk.pending(), 2, "two collections queued");
+    assert_eq!(e.exec(&args(&["EXISTS", "big", "h"])), b":0\r\n");
+    // One batch frees at most FREE_BATCH pieces.
+    e.lazy_free_once().unwrap();
+    let after_one = pieces_left(e.shared());
+    assert!(after_one < all && all - after_one <= server::housekeep::FREE_BATCH + 1);
+    e.run_background().unwrap();
+    assert_eq!(e.shared().hk.pending(), 0);
+    assert_eq!(e.exec(&args(&["LLEN", "keep"])), b":50000\r\n");
+    assert_eq!(e.exec(&args(&["DEL", "keep"])), b":1\r\n");
+    e.commit().unwrap();
+    e.run_background().unwrap();
+    assert_eq!(
+        pieces_left(e.shared()),
+        0,
+        "pieces left after the lazy free"
+    );
+    drop(e);
+    Embedded::shutdown(sh).unwrap();
+}
+
+/// A lazy free interrupted by a restart resumes: the start pass finds the
+/// free-list entries in the store and the freeing picks up where the pieces
+/// left off (children were removed before their parents).
+#[test]
+fn lazy_free_resumes_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = direct_cfg(dir.path());
+    let (st, startup) = store::open(&cfg).unwrap();
+    let sh = Embedded::start(cfg.clone(), st, startup, 1).unwrap();
+    let mut e = Embedded::new(sh.clone(), 0).unwrap();
+    push_big(&mut e, "big", 200_000);
+    hset_big(&mut e, "h", 20_000);
+    push_big(&mut e, "keep", 30_000);
+    assert_eq!(e.exec(&args(&["DEL", "big"])), b":1\r\n");
+    assert_eq!(e.exec(&args(&["SET", "h", "now a string"])), b"+OK\r\n");
+    e.commit().unwrap();
+    e.lazy_free_once().unwrap();
+    e.lazy_free_once().unwrap();
+    drop(e);
+    Embedded::shutdown(sh).unwrap();
+
+    let (st, startup) = store::open(&cfg).unwrap();
+    let sh = Embedded::start(cfg.clone(), st, startup, 1).unwrap();
+    let mut e = Embedded::new(sh.clone(), 0).unwrap();
+    assert!(pieces_left(e.shared()) > 0);
+    e.run_background().unwrap();
+    assert_eq!(e.shared().hk.pending(), 0);
+    assert_eq!(e.exec(&args(&["LLEN", "keep"])), b":30000\r\n");
+    assert_eq!(
+        e.exec(&args(&["LINDEX", "keep", "29999"])),
+        b"$13\r\nelement-29999\r\n"
+    );
+    assert_eq!(e.exec(&args(&["GET", "h"])), b"$12\r\nnow a string\r\n");
+    assert_eq!(e.exec(&args(&["DBSIZE"])), b":2\r\n");
+    assert_eq!(e.exec(&args(&["FLUSHALL"])), b"+OK\r\n");
+    e.commit().unwrap();
+    e.run_background().unwrap();
+    assert_eq!(
+        pieces_left(e.shared()),
+        0,
+        "pieces left after the resumed free"
+    );
+    drop(e);
+    Embedded::shutdown(sh).unwrap();
+}
+
+/// COPY of pieced collections makes independent copies (new collection
+/// ids): changing or deleting one leaves the other whole; MOVE and RENAME
+/// move the head and keep the pieces.
+#[test]
+fn copy_move_rename_of_pieced_collections() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = direct_cfg(dir.path());
+    let (st, startup) = store::open(&cfg).unwrap();
+    let sh = Embedded::start(cfg, st, startup, 1).unwrap();
+    let mut e = Embedded::new(sh.clone(), 0).unwrap();
+    push_big(&mut e, "l", 20_000);
+    hset_big(&mut e, "h", 3_000);
+    let mut sadd = vec!["SADD".to_string(), "s".into()];
+    sadd.extend((0..3000).map(|i| format!("m{i}")));
+    let refs: Vec<&str> = sadd.iter().map(|s| s.as_str()).collect();
+    assert_eq!(e.exec(&args(&refs)), b":3000\r\n");
+    for (k, len) in [("l", "LLEN"), ("h", "HLEN"), ("s", "SCARD")] {
+        let c = format!("{k}2");
+        assert_eq!(e.exec(&args(&["COPY", k, &c, "DB", "1"])), b":1\r\n");
+        assert_eq!(e.exec(&args(&["COPY", k, &c])), b":1\r\n");
+        assert_eq!(e.exec(&args(&["COPY", k, &c])), b":0\r\n");
+        assert_eq!(e.exec(&args(&["COPY", k, &c, "REPLACE"])), b":1\r\n");
+        assert_eq!(e.exec(&args(&["DEL", k])), b":1\r\n");
+        let want = match k {
+            "l" => b":20000\r\n".to_vec(),
+            _ => b":3000\r\n".to_vec(),
+        };
+        assert_eq!(e.exec(&args(&[len, &c])), want, "{k}");
+        assert_eq!(e.exec(&args(&["MOVE", &c, "2"])), b":1\r\n");
+        assert_eq!(e.exec(&args(&["RENAME", &c, k])), b"-ERR no such key\r\n");
+        assert_eq!(e.exec(&args(&["SELECT", "2"])), b"+OK\r\n");
+        assert_eq!(e.exec(&args(&["RENAME", &c, k])), b"+OK\r\n");
+        assert_eq!(e.exec(&args(&["RENAMENX", k, "x"])), b":1\r\n");
+        assert_eq!(e.exec(&args(&[len, "x"])), want, "{k}");
+        assert_eq!(e.exec(&args(&["DEL", "x"])), b":1\r\n");
+        assert_eq!(e.exec(&args(&["SELECT", "1"])), b"+OK\r\n");
+        assert_eq!(e.exec(&args(&[len, &c])), want, "{k}");
+        assert_eq!(e.exec(&args(&["SELECT", "0"])), b"+OK\r\n");
+        e.commit().unwrap();
+    }
+    assert_eq!(e.exec(&args(&["SELECT", "1"])), b"+OK\r\n");
+    assert_eq!(
+        e.exec(&args(&["LINDEX", "l2", "12345"])),
+        b"$13\r\nelement-12345\r\n"
+    );
+    assert_eq!(
+        e.exec(&args(&["HGET", "h2", "field-2999"])),
+        b"$10\r\nvalue-2999\r\n"
+    );
+    assert_eq!(e.exec(&args(&["SISMEMBER", "s2", "m2999"])), b":1\r\n");
+    assert_eq!(e.exec(&args(&["FLUSHALL"])), b"+OK\r\n");
+    e.commit().unwrap();
+    e.run_background().unwrap();
+    assert_eq!(pieces_left(e.shared()), 0, "pieces left after FLUSHALL");
+    drop(e);
+    Embedded::shutdown(sh).unwrap();
 }

@@ -20,6 +20,7 @@ pub use table::{
 
 pub use conn::REDIS_COMPAT_VERSION;
 pub use error::CmdError;
+pub use keys::finish_flushes;
 
 use crate::clock::Stamp;
 use crate::keyspace::Keyspace;
