@@ -39,9 +39,10 @@
 //! engines ([`engine::Session::apply_batch`]): after a restart MSET, MSETNX,
 //! RENAME and every other command that applies one batch left all of its
 //! writes or none, and an acknowledged one all; a batch that fails (an
-//! increment of a non-integer) applies nothing. FLUSHDB and FLUSHALL delete
-//! key by key, one batch each, so a crash in the middle leaves some keys
-//! deleted. The `volatile` engine applies a batch operation by operation.
+//! increment of a non-integer) applies nothing. FLUSHDB and FLUSHALL are
+//! several batches behind a flush marker that a restart completes
+//! (`cmd::finish_flushes`). The `volatile` engine applies a batch operation
+//! by operation.
 
 use crate::counts::{Delta, KeyCounts};
 use engine::{Op, Outcome, Session, WriteBatch};
