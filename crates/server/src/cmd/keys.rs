@@ -246,6 +246,7 @@ pub fn finish_flushes(sh: &Shared) -> Result<(), KsError> {
     if marked.is_empty() {
         return Ok(());
     }
+    eprintln!("ember: finishing a flush that a crash interrupted (databases {marked:?})");
     delete_all(sh, &mut ks, &marked)?;
     for &db in &marked {
         ks.remove_piece(&flush_key(db));
