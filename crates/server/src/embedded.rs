@@ -104,8 +104,8 @@ impl Embedded {
     }
 
     /// Runs the background work a worker's tick does in bounded steps, to
-    /// its end: the start pass (keys with a TTL, pending lazy frees) and the
-    /// lazy free of every queued collection.
+    /// its end: the start pass (keys with a TTL, pending lazy frees), an
+    /// active-expiry cycle and the lazy free of every queued collection.
     pub fn run_background(&mut self) -> Result<(), String> {
         crate::housekeep::run_all(&self.sh, &mut self.ks).map_err(|e| format!("{e:?}"))
     }

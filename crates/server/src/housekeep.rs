@@ -355,10 +355,12 @@ pub fn lazy_free_step(
     }
 }
 
-/// Runs the start pass to its end and frees every queued collection now
-/// (tests and the fuzz harness, which have no worker tick).
+/// Runs the start pass to its end, one expiry cycle, and frees every
+/// queued collection now (tests and the fuzz harness, which have no worker
+/// tick).
 pub fn run_all(sh: &Shared, ks: &mut Keyspace) -> Result<(), KsError> {
     let mut cursor = 0;
     start_pass(sh, ks, &mut cursor, None)?;
+    expire_cycle(sh, ks, Instant::now() + Duration::from_millis(100));
     lazy_free_step(sh, ks, None, Duration::ZERO)
 }

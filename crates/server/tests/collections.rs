@@ -324,3 +324,27 @@ fn copy_move_rename_of_pieced_collections() {
     drop(e);
     Embedded::shutdown(sh).unwrap();
 }
+
+/// A large collection that expires unread is deleted by the active-expiry
+/// cycle and its pieces freed.
+#[test]
+fn expired_collections_lose_their_pieces() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = direct_cfg(dir.path());
+    let (st, startup) = store::open(&cfg).unwrap();
+    let sh = Embedded::start(cfg, st, startup, 1).unwrap();
+    let mut e = Embedded::new(sh.clone(), 0).unwrap();
+    hset_big(&mut e, "h", 20_000);
+    push_big(&mut e, "l", 20_000);
+    assert_eq!(e.exec(&args(&["PEXPIRE", "h", "30"])), b":1\r\n");
+    assert_eq!(e.exec(&args(&["PEXPIRE", "l", "30"])), b":1\r\n");
+    e.commit().unwrap();
+    assert!(pieces_left(e.shared()) > 0);
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    e.run_background().unwrap();
+    // Deleted by the cycle, not by a read.
+    assert_eq!(e.exec(&args(&["DBSIZE"])), b":0\r\n");
+    assert_eq!(pieces_left(e.shared()), 0);
+    drop(e);
+    Embedded::shutdown(sh).unwrap();
+}
