@@ -162,6 +162,14 @@ fn direct_cfg(dir: &std::path::Path) -> Config {
     }
 }
 
+/// Opens (or reopens) the store `cfg` names with one in-process worker.
+fn open_direct(cfg: &Config) -> (std::sync::Arc<server::server::Shared>, Embedded) {
+    let (st, startup) = store::open(cfg).unwrap();
+    let sh = Embedded::start(cfg.clone(), st, startup, 1).unwrap();
+    let e = Embedded::new(sh.clone(), 0).unwrap();
+    (sh, e)
+}
+
 fn push_big(e: &mut Embedded, key: &str, n: usize) {
     for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
         let mut cmd = vec!["RPUSH".to_string(), key.to_string()];
@@ -189,9 +197,7 @@ fn hset_big(e: &mut Embedded, key: &str, n: usize) {
 #[test]
 fn large_collections_are_freed_lazily() {
     let dir = tempfile::tempdir().unwrap();
-    let (st, startup) = store::open(&direct_cfg(dir.path())).unwrap();
-    let sh = Embedded::start(direct_cfg(dir.path()), st, startup, 1).unwrap();
-    let mut e = Embedded::new(sh.clone(), 0).unwrap();
+    let (sh, mut e) = open_direct(&direct_cfg(dir.path()));
     push_big(&mut e, "big", 200_000);
     hset_big(&mut e, "h", 20_000);
     push_big(&mut e, "keep", 50_000);
@@ -228,9 +234,7 @@ fn large_collections_are_freed_lazily() {
 fn lazy_free_resumes_after_restart() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = direct_cfg(dir.path());
-    let (st, startup) = store::open(&cfg).unwrap();
-    let sh = Embedded::start(cfg.clone(), st, startup, 1).unwrap();
-    let mut e = Embedded::new(sh.clone(), 0).unwrap();
+    let (sh, mut e) = open_direct(&cfg);
     push_big(&mut e, "big", 200_000);
     hset_big(&mut e, "h", 20_000);
     push_big(&mut e, "keep", 30_000);
@@ -242,9 +246,7 @@ fn lazy_free_resumes_after_restart() {
     drop(e);
     Embedded::shutdown(sh).unwrap();
 
-    let (st, startup) = store::open(&cfg).unwrap();
-    let sh = Embedded::start(cfg.clone(), st, startup, 1).unwrap();
-    let mut e = Embedded::new(sh.clone(), 0).unwrap();
+    let (sh, mut e) = open_direct(&cfg);
     assert!(pieces_left(e.shared()) > 0);
     e.run_background().unwrap();
     assert_eq!(e.shared().hk.pending(), 0);
@@ -273,10 +275,7 @@ fn lazy_free_resumes_after_restart() {
 #[test]
 fn copy_move_rename_of_pieced_collections() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = direct_cfg(dir.path());
-    let (st, startup) = store::open(&cfg).unwrap();
-    let sh = Embedded::start(cfg, st, startup, 1).unwrap();
-    let mut e = Embedded::new(sh.clone(), 0).unwrap();
+    let (sh, mut e) = open_direct(&direct_cfg(dir.path()));
     push_big(&mut e, "l", 20_000);
     hset_big(&mut e, "h", 3_000);
     let mut sadd = vec!["SADD".to_string(), "s".into()];
@@ -330,10 +329,7 @@ fn copy_move_rename_of_pieced_collections() {
 #[test]
 fn expired_collections_lose_their_pieces() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = direct_cfg(dir.path());
-    let (st, startup) = store::open(&cfg).unwrap();
-    let sh = Embedded::start(cfg, st, startup, 1).unwrap();
-    let mut e = Embedded::new(sh.clone(), 0).unwrap();
+    let (sh, mut e) = open_direct(&direct_cfg(dir.path()));
     hset_big(&mut e, "h", 20_000);
     push_big(&mut e, "l", 20_000);
     assert_eq!(e.exec(&args(&["PEXPIRE", "h", "30"])), b":1\r\n");
