@@ -378,3 +378,86 @@ fn flushall_is_all_or_nothing_across_sigkill() {
          ({finished} finished at the restart), {acked_n} acknowledged"
     );
 }
+
+/// COPY of collections larger than one batch may be (half of a 4 MiB log):
+/// the pieces go in batches of their own, the copy appears whole; a SIGKILL
+/// in the middle of such a COPY leaves no copy and its pieces are freed at
+/// the restart.
+#[test]
+fn copy_of_collections_larger_than_a_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut srv = Server::start(dir.path(), &["--log-size", "4mb"]);
+    let mut con = srv.client();
+    push_big(&mut con, "l", 300_000);
+    // In HSETs of 2,000 fields: one HSET writes every bucket it touches
+    // whole, and its batch too must fit in half a log.
+    for c in 0..50 {
+        let pairs: Vec<(String, String)> = (c * 2_000..(c + 1) * 2_000)
+            .map(|i| (format!("field-{i}"), format!("value-{i}")))
+            .collect();
+        let _: i64 = con.hset_multiple("h", &pairs).map(|()| 0).unwrap();
+    }
+    let n: i64 = redis::cmd("COPY")
+        .arg("l")
+        .arg("l2")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(n, 1);
+    let n: i64 = redis::cmd("COPY")
+        .arg("h")
+        .arg("h2")
+        .arg("DB")
+        .arg(1)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(n, 1);
+    let a: Vec<String> = con.lrange("l", 0, -1).unwrap();
+    let b: Vec<String> = con.lrange("l2", 0, -1).unwrap();
+    assert_eq!(a.len(), 300_000);
+    assert!(a == b, "the copy differs");
+    let _: () = redis::cmd("SELECT").arg(1).query(&mut con).unwrap();
+    let n: i64 = con.hlen("h2").unwrap();
+    assert_eq!(n, 100_000);
+    let v: String = con.hget("h2", "field-99999").unwrap();
+    assert_eq!(v, "value-99999");
+    let _: () = redis::cmd("SELECT").arg(0).query(&mut con).unwrap();
+    // Copies with REPLACE, killed at random moments.
+    let mut rng = SmallRng::seed_from_u64(9);
+    for cycle in 0..4 {
+        let port = srv.port;
+        let copier = std::thread::spawn(move || {
+            let c = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+            c.get_connection().is_ok_and(|mut c| {
+                redis::cmd("COPY")
+                    .arg("l")
+                    .arg("l3")
+                    .arg("REPLACE")
+                    .query::<i64>(&mut c)
+                    .is_ok()
+            })
+        });
+        std::thread::sleep(Duration::from_millis(rng.random_range(5..150u64)));
+        srv.kill9();
+        let acked = copier.join().unwrap();
+        srv.restart();
+        let mut con = srv.client();
+        let len: i64 = con.llen("l3").unwrap();
+        assert!(
+            len == 0 || len == 300_000,
+            "cycle {cycle}: a partial copy of {len} elements"
+        );
+        assert!(
+            !acked || len == 300_000,
+            "cycle {cycle}: acknowledged copy lost"
+        );
+        println!("copy cycle {cycle}: acknowledged {acked}, {len} elements after the restart");
+        let n: i64 = con.llen("l").unwrap();
+        assert_eq!(n, 300_000);
+        let _: i64 = con.del("l3").unwrap();
+    }
+    let mut con = srv.client();
+    let pending = || info_field(&mut srv.client(), "memory", "lazyfree_pending_objects");
+    wait_until(Duration::from_secs(20), || pending() == "0").expect("lazy free never drained");
+    let _: i64 = con.del(&["l", "l2", "h"]).unwrap();
+    assert_eq!(dbsize(&mut con), 0);
+}

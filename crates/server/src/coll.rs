@@ -221,9 +221,75 @@ pub fn free_value(ks: &mut Keyspace, raw: &[u8]) -> Result<(), KsError> {
     Ok(())
 }
 
+/// Pieces a large COPY writes per batch.
+const COPY_PIECES: usize = 256;
+
+/// A large COPY under way: its pieces go in batches of their own, each with
+/// an in-progress free-list entry for the new id saying what exists so far
+/// (see [`crate::housekeep`]), so a crash or a failure in the middle leaves
+/// pieces that the lazy free removes, never a leak.
+struct Copying {
+    new: u64,
+    kind: u8,
+    run: u64,
+    /// Whether the copy goes in batches of its own (else all of it is in
+    /// the command's batch).
+    large: bool,
+}
+
+impl Copying {
+    /// After piece `i` was copied (`r`: how that went), with `head`
+    /// covering what is copied: a checkpoint every [`COPY_PIECES`] pieces of
+    /// a large copy; on a failure, what was copied goes to the lazy free.
+    fn step(
+        &self,
+        ks: &mut Keyspace,
+        i: usize,
+        r: engine::Result<()>,
+        head: &[u8],
+    ) -> Result<(), KsError> {
+        let r = r.map_err(KsError::from).and_then(|_| {
+            if self.large && (i + 1).is_multiple_of(COPY_PIECES) {
+                self.checkpoint(ks, head)
+            } else {
+                Ok(())
+            }
+        });
+        if r.is_err() {
+            self.abandon(ks, head);
+        }
+        r
+    }
+
+    /// Applies what is staged with an in-progress entry covering `head`.
+    fn checkpoint(&self, ks: &mut Keyspace, head: &[u8]) -> Result<(), KsError> {
+        let mut v = Vec::with_capacity(head.len() + 9);
+        v.push(self.kind | crate::housekeep::IN_PROGRESS);
+        v.extend_from_slice(&self.run.to_le_bytes());
+        v.extend_from_slice(head);
+        ks.put_piece(&crate::housekeep::gc_key(self.new), &v);
+        ks.apply()
+    }
+
+    /// Hands what was copied to the lazy free (the copy failed: the
+    /// command's batch, applied all the same, carries this entry; if that
+    /// fails too, an in-progress entry left by a checkpoint is freed at the
+    /// next start).
+    fn abandon(&self, ks: &mut Keyspace, head: &[u8]) {
+        let mut v = Vec::with_capacity(head.len() + 1);
+        v.push(self.kind);
+        v.extend_from_slice(head);
+        ks.put_piece(&crate::housekeep::gc_key(self.new), &v);
+    }
+}
+
 /// A copy of a collection's head payload whose pieces (if any) are copied
-/// under a new collection id, staged in the running command's batch (COPY).
-/// O(n) in the collection, as Redis's COPY.
+/// under a new collection id (COPY). O(n) in the collection, as Redis's
+/// COPY. A small collection's copy is staged in the running command's
+/// batch; a large one's pieces are applied in batches of their own first
+/// (the caller's locks held throughout), and its last pieces and the
+/// in-progress entry's removal are staged for the command's batch, which
+/// writes the new head: so the copy appears whole or not at all.
 pub fn copy_value(
     sh: &crate::server::Shared,
     ks: &mut Keyspace,
@@ -231,39 +297,76 @@ pub fn copy_value(
     payload: &[u8],
 ) -> Result<Vec<u8>, KsError> {
     use crate::keyspace::{KIND_HASH, KIND_LIST, KIND_SET};
-    if parts(kind, payload)?.is_none() {
+    let Some((id, parts)) = parts(kind, payload)? else {
         return Ok(payload.to_vec());
-    }
+    };
     mark_pieced(sh, ks);
+    let large = piece_estimate(ks, id, &parts)? >= crate::housekeep::LAZY_MIN_PIECES;
+    let cp = Copying {
+        new: new_id(),
+        kind,
+        run: sh.hk.run,
+        large,
+    };
+    let new = cp.new;
     let mut out = Vec::new();
     match kind {
-        // A table's hash is seeded by its id: the pairs go into a new table.
+        // A table's hash is seeded by its id: the pairs are dealt into the
+        // buckets of a new table of the size the inserts would have grown
+        // (a load of at most GROW_LOAD per bucket), written bucket by
+        // bucket.
         KIND_HASH | KIND_SET => {
-            let head = MapHead::decode(payload)?;
-            let pairs = map_pairs(ks, &head)?;
-            to_table(ks, Bucket(pairs))?.encode(&mut out);
+            use engine::types::lhash::{Meta, BUCKET_ID, GROW_LOAD};
+            let pairs = map_pairs(ks, &MapHead::decode(payload)?)?;
+            let count = pairs.len() as u64;
+            let buckets = count.div_ceil(GROW_LOAD).max(1);
+            let level = buckets.ilog2();
+            let meta = Meta {
+                level,
+                split: buckets - (1u64 << level),
+                count,
+                seed: new,
+            };
+            let mut dealt = vec![Bucket::default(); buckets as usize];
+            for (f, v) in pairs {
+                let b = meta.bucket_of(meta.hash(&f));
+                dealt[b as usize].0.push((f, v));
+            }
+            MapHead::Table { id: new, meta }.encode(&mut out);
+            for (b, bucket) in dealt.iter().enumerate() {
+                let r = match bucket.0.is_empty() {
+                    true => Ok(()),
+                    false => KsPieces::new(ks, new).put(BUCKET_ID | b as u64, bucket.encode()),
+                };
+                cp.step(ks, b, r, &out)?;
+            }
         }
         // A tree's pieces are positional: each is copied as it is under
-        // the new id.
+        // the new id, parents before children (so that the walk of a
+        // partial copy finds every piece it made).
         KIND_LIST => {
             let ListHead::Tree { id, meta } = ListHead::decode(payload)? else {
                 return Ok(payload.to_vec());
             };
-            let new = new_id();
-            let ids = Tree::new(&mut KsPieces::new(ks, id), &mut { meta }, false).pieces()?;
-            for pid in ids {
-                let b = KsPieces::new(ks, id)
-                    .get(pid)?
-                    .ok_or_else(|| engine::Error::Corrupt(format!("piece {pid} is missing")))?;
-                KsPieces::new(ks, new).put(pid, b)?;
-            }
             ListHead::Tree { id: new, meta }.encode(&mut out);
+            let ids = Tree::new(&mut KsPieces::new(ks, id), &mut { meta }, false).pieces()?;
+            for (i, &pid) in ids.iter().enumerate() {
+                let r = KsPieces::new(ks, id).get(pid).and_then(|b| {
+                    let b =
+                        b.ok_or_else(|| engine::Error::Corrupt(format!("piece {pid} is missing")))?;
+                    KsPieces::new(ks, new).put(pid, b)
+                });
+                cp.step(ks, i, r, &out)?;
+            }
         }
         _ => {
             return Err(KsError::Store(engine::Error::Corrupt(format!(
                 "a value of kind {kind}, whose pieces this version cannot copy"
             ))))
         }
+    }
+    if cp.large {
+        ks.remove_piece(&crate::housekeep::gc_key(new));
     }
     Ok(out)
 }

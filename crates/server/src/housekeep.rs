@@ -46,6 +46,14 @@ pub const GC_PREFIX: &[u8] = &[PIECE_PREFIX, PIECE_PREFIX, b'g', b'c'];
 /// The prefix of the flush markers' keys (`0xFF 0xFF "flush" ‖ db`, 8 bytes).
 pub const FLUSH_PREFIX: &[u8] = &[PIECE_PREFIX, PIECE_PREFIX, b'f', b'l', b'u', b's', b'h'];
 
+/// Set in a free-list entry's first byte (with the kind) while a COPY is
+/// still writing the collection: the entry is then followed by the
+/// writing run's [`Housekeeping::run`] (u64 LE) and the head so far. The
+/// lazy free leaves such an entry alone while its run is this one (the
+/// COPY ends by removing it, or by turning it into a plain entry when it
+/// fails); one from an earlier run is a copy a crash cut short, freed as any.
+pub const IN_PROGRESS: u8 = 0x80;
+
 /// The free-list entry of collection `id`.
 pub fn gc_key(id: u64) -> Vec<u8> {
     let mut k = GC_PREFIX.to_vec();
@@ -96,6 +104,8 @@ pub struct Housekeeping {
     job: Mutex<Option<Job>>,
     /// Collections freed by the lazy free (INFO `lazyfreed_objects`).
     pub freed: AtomicU64,
+    /// This run's random number (see [`IN_PROGRESS`]).
+    pub run: u64,
 }
 
 impl Housekeeping {
@@ -110,6 +120,7 @@ impl Housekeeping {
             queue: Mutex::new(Queue::default()),
             job: Mutex::new(None),
             freed: AtomicU64::new(0),
+            run: crate::coll::new_id(),
         }
     }
 
@@ -316,12 +327,17 @@ pub fn lazy_free_step(
             };
             let mut v = Vec::new();
             let found = ks.get_piece(&gc_key(id), &mut v);
-            let pieces = match (found, v.split_first()) {
+            let pieces = match (found, entry(&v)) {
                 (Ok(false), _) => {
                     hk.done(id);
                     continue;
                 }
-                (Ok(true), Some((&kind, head))) => crate::coll::pieces_left(ks, kind, head),
+                // A COPY of this run is still writing it.
+                (Ok(true), Some((_, _, Some(run)))) if run == hk.run => {
+                    hk.done(id);
+                    continue;
+                }
+                (Ok(true), Some((kind, head, _))) => crate::coll::pieces_left(ks, kind, head),
                 (Ok(true), None) => Err(KsError::Corrupt),
                 (Err(e), _) => Err(e),
             };
@@ -353,6 +369,17 @@ pub fn lazy_free_step(
             return Ok(());
         }
     }
+}
+
+/// A free-list entry's kind, head, and the run of the COPY still writing
+/// it (see [`IN_PROGRESS`]).
+fn entry(v: &[u8]) -> Option<(u8, &[u8], Option<u64>)> {
+    let (&first, rest) = v.split_first()?;
+    if first & IN_PROGRESS == 0 {
+        return Some((first, rest, None));
+    }
+    let run = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
+    Some((first & !IN_PROGRESS, &rest[8..], Some(run)))
 }
 
 /// Runs the start pass to its end, one expiry cycle, and frees every

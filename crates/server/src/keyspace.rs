@@ -307,8 +307,13 @@ impl Keyspace {
             if skey.first() == Some(&PIECE_PREFIX) {
                 // A free-list entry: the lazy free may take it (one that a
                 // failed batch did not apply is found missing and skipped).
-                if let (Op::Put(_), Some(id)) = (op, crate::housekeep::parse_gc_key(skey)) {
-                    self.hk.enqueue(id);
+                // A COPY's in-progress entry is not (its COPY removes it).
+                if let (Op::Put(v), Some(id)) = (op, crate::housekeep::parse_gc_key(skey)) {
+                    if v.first()
+                        .is_some_and(|b| b & crate::housekeep::IN_PROGRESS == 0)
+                    {
+                        self.hk.enqueue(id);
+                    }
                 }
                 continue;
             }

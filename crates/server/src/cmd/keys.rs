@@ -294,8 +294,8 @@ fn db_arg(ctx: &Ctx, a: &[u8]) -> Result<u8, CmdError> {
 
 /// COPY source destination [DB destination-db] [REPLACE]: the copy keeps
 /// the TTL; a pieced collection's pieces are copied under a new collection
-/// id in the command's batch (O(n), and refused with the store's
-/// record-too-large error when the batch would not fit in a log).
+/// id (O(n); a large collection in batches of its own before the command's,
+/// see [`crate::coll::copy_value`]).
 pub fn copy(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let (mut db, mut replace) = (c.db, false);
     let mut i = 3;
@@ -321,14 +321,18 @@ pub fn copy(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             return Ok(());
         };
         let raw = ctx.ks.raw.clone();
-        if ctx.ks.lookup_locked(&dst, ctx.now)?.is_some() {
-            if !replace {
-                c.int(0);
-                return Ok(());
-            }
+        let exists = ctx.ks.lookup_locked(&dst, ctx.now)?.is_some();
+        if exists && !replace {
+            c.int(0);
+            return Ok(());
+        }
+        // The copy first (a large one applies batches of pieces before the
+        // command's own), then the replaced value's removal and the new head
+        // in the command's batch.
+        let payload = crate::coll::copy_value(ctx.sh, ctx.ks, h.kind, &raw[h.off..])?;
+        if exists {
             ctx.ks.delete(&dst, ctx.now)?;
         }
-        let payload = crate::coll::copy_value(ctx.sh, ctx.ks, h.kind, &raw[h.off..])?;
         ctx.ks.put(&dst, h.kind, h.expire, &payload);
         c.int(1);
         Ok(())
