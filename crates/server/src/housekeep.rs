@@ -36,6 +36,9 @@ const SHARDS: usize = 16;
 /// Keys the expiry cycle samples per round (Redis's
 /// `ACTIVE_EXPIRE_CYCLE_KEYS_PER_LOOP`).
 pub const SAMPLE: usize = 20;
+/// Another round of expiry follows while more than this percentage of a
+/// round was reclaimed (Redis 7's `ACTIVE_EXPIRE_CYCLE_ACCEPTABLE_STALE`).
+pub const ACCEPTABLE_STALE: usize = 10;
 /// Pieces removed per lazy-free batch.
 pub const FREE_BATCH: usize = 256;
 /// A collection with fewer pieces is freed in its command's batch.
@@ -200,7 +203,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// One active-expiry cycle (Redis's `activeExpireCycle`, slow kind): rounds
 /// of [`SAMPLE`] keys from the TTL index; expired keys are deleted, keys no
 /// longer holding a TTL are dropped from the index; another round follows
-/// while a quarter or more of a round was reclaimed, until `deadline`.
+/// while more than [`ACCEPTABLE_STALE`]% of a round was reclaimed, until
+/// `deadline`.
 /// Returns the keys it deleted.
 pub fn expire_cycle(sh: &Shared, ks: &mut Keyspace, deadline: Instant) -> u64 {
     let hk = &sh.hk;
@@ -248,7 +252,7 @@ pub fn expire_cycle(sh: &Shared, ks: &mut Keyspace, deadline: Instant) -> u64 {
                 Err(_) => {}
             }
         }
-        if reclaimed * 4 < keys.len() || Instant::now() >= deadline {
+        if reclaimed * 100 <= keys.len() * ACCEPTABLE_STALE || Instant::now() >= deadline {
             break;
         }
     }

@@ -220,6 +220,21 @@ pub fn skey(db: u8, key: &[u8]) -> Vec<u8> {
     k
 }
 
+/// The value of a plain free-list entry that `op` on `skey` puts (not a
+/// COPY's in-progress one).
+fn lazy_entry<'a>(skey: &[u8], op: &Op<'a>) -> Option<&'a [u8]> {
+    match op {
+        Op::Put(v)
+            if crate::housekeep::parse_gc_key(skey).is_some()
+                && v.first()
+                    .is_some_and(|b| b & crate::housekeep::IN_PROGRESS == 0) =>
+        {
+            Some(v)
+        }
+        _ => None,
+    }
+}
+
 /// One worker's door into the keyspace: its store session and scratch buffers.
 pub struct Keyspace {
     pub sess: Box<dyn Session>,
@@ -302,18 +317,23 @@ impl Keyspace {
         let guard = counts.write_guard();
         self.outcomes.clear();
         let r = self.sess.apply_batch(&self.staged, &mut self.outcomes);
+        if r.as_ref().is_err_and(|e| {
+            matches!(e.kind(), engine::ErrorKind::NoRoom { .. }) && self.has_lazy_free()
+        }) {
+            // The stores applied nothing of a batch that failed so.
+            drop(guard);
+            return self.apply_without_lazy_free();
+        }
         for (((skey, op), out), before) in self.staged.iter().zip(&self.outcomes).zip(&self.before)
         {
             if skey.first() == Some(&PIECE_PREFIX) {
                 // A free-list entry: the lazy free may take it (one that a
                 // failed batch did not apply is found missing and skipped).
                 // A COPY's in-progress entry is not (its COPY removes it).
-                if let (Op::Put(v), Some(id)) = (op, crate::housekeep::parse_gc_key(skey)) {
-                    if v.first()
-                        .is_some_and(|b| b & crate::housekeep::IN_PROGRESS == 0)
-                    {
-                        self.hk.enqueue(id);
-                    }
+                if let (Some(_), Some(id)) =
+                    (lazy_entry(skey, &op), crate::housekeep::parse_gc_key(skey))
+                {
+                    self.hk.enqueue(id);
                 }
                 continue;
             }
@@ -346,6 +366,48 @@ impl Keyspace {
         self.before.clear();
         r?;
         Ok(())
+    }
+
+    /// Whether the staged batch hands a collection to the lazy free (puts a
+    /// plain free-list entry).
+    fn has_lazy_free(&self) -> bool {
+        self.staged
+            .iter()
+            .any(|(k, op)| lazy_entry(k, &op).is_some())
+    }
+
+    /// A full store refuses every put, free-list entries too: so that
+    /// deletes still make room, the batch is staged again with the pieces
+    /// of the collections it handed to the lazy free removed in it instead,
+    /// and applied (one batch: if it is too large for the store, the
+    /// command fails and changes nothing).
+    fn apply_without_lazy_free(&mut self) -> KsResult<()> {
+        let old = std::mem::take(&mut self.staged);
+        let before = std::mem::take(&mut self.before);
+        let mut lazy = Vec::new();
+        for ((k, op), b) in old.iter().zip(before) {
+            if let Some(v) = lazy_entry(k, &op) {
+                lazy.push((crate::housekeep::parse_gc_key(k), v.to_vec()));
+                continue;
+            }
+            match op {
+                Op::Put(v) => self.staged.put(k, v),
+                Op::Remove => self.staged.remove(k),
+                Op::Incr(n) => self.staged.incr(k, n),
+            }
+            self.before.push(b);
+        }
+        let mut pkey = Vec::new();
+        for (id, v) in lazy {
+            let (Some(id), Some((&kind, head))) = (id, v.split_first()) else {
+                continue;
+            };
+            for p in crate::coll::pieces_left(self, kind, head)? {
+                engine::types::head::piece_key(id, p, &mut pkey);
+                self.remove_piece(&pkey);
+            }
+        }
+        self.apply()
     }
 
     /// True when writes are staged and not applied (a command must not

@@ -186,13 +186,34 @@ const FLUSH_BATCH: usize = 64;
 /// writes a flush marker per database, then the keys go in batches, then
 /// one batch removes the markers (before the reply). A start that finds a
 /// marker finishes that flush before serving ([`finish_flushes`]).
+///
+/// On a full heap the markers (puts) are refused: the first batches of
+/// removals then go unmarked until one makes room for the markers (a crash
+/// in between leaves those keys deleted: the one case where a flush is not
+/// all-or-nothing).
 fn flush_dbs(ctx: &mut Ctx, dbs: &[u8]) -> R {
     let _f = FLUSHING.lock().unwrap_or_else(|p| p.into_inner());
-    for &db in dbs {
-        ctx.ks.put_piece(&flush_key(db), b"1");
-    }
-    ctx.ks.apply()?;
-    delete_all(ctx.sh, ctx.ks, dbs)?;
+    let mut marked = false;
+    let mut mark = |ks: &mut Keyspace| -> Result<(), KsError> {
+        if marked {
+            return Ok(());
+        }
+        for &db in dbs {
+            ks.put_piece(&flush_key(db), b"1");
+        }
+        match ks.apply() {
+            Ok(()) => {
+                marked = true;
+                Ok(())
+            }
+            Err(KsError::Store(e)) if matches!(e.kind(), engine::ErrorKind::NoRoom { .. }) => {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    };
+    mark(ctx.ks)?;
+    delete_all(ctx.sh, ctx.ks, dbs, &mut mark)?;
     for &db in dbs {
         ctx.sh.counts.reset_avg_ttl(db);
     }
@@ -204,8 +225,14 @@ fn flush_dbs(ctx: &mut Ctx, dbs: &[u8]) -> R {
 }
 
 /// Deletes every key of databases `dbs` (one scan of the store),
-/// [`FLUSH_BATCH`] keys per batch (large collections go to the lazy free).
-fn delete_all(sh: &Shared, ks: &mut Keyspace, dbs: &[u8]) -> Result<(), KsError> {
+/// [`FLUSH_BATCH`] keys per batch (large collections go to the lazy free);
+/// `before` runs before each batch.
+fn delete_all(
+    sh: &Shared,
+    ks: &mut Keyspace,
+    dbs: &[u8],
+    before: &mut dyn FnMut(&mut Keyspace) -> Result<(), KsError>,
+) -> Result<(), KsError> {
     let mut cursor = 0;
     let mut page = Vec::new();
     loop {
@@ -215,6 +242,7 @@ fn delete_all(sh: &Shared, ks: &mut Keyspace, dbs: &[u8]) -> Result<(), KsError>
         page.sort_unstable();
         page.dedup();
         for chunk in page.chunks(FLUSH_BATCH) {
+            before(ks)?;
             let refs: Vec<&[u8]> = chunk.iter().map(|k| k.as_slice()).collect();
             let _g = sh.stripes.lock_many(&refs);
             let now = crate::keyspace::now_ms();
@@ -247,7 +275,7 @@ pub fn finish_flushes(sh: &Shared) -> Result<(), KsError> {
         return Ok(());
     }
     eprintln!("ember: finishing a flush that a crash interrupted (databases {marked:?})");
-    delete_all(sh, &mut ks, &marked)?;
+    delete_all(sh, &mut ks, &marked, &mut |_| Ok(()))?;
     for &db in &marked {
         ks.remove_piece(&flush_key(db));
     }
