@@ -103,8 +103,8 @@ pub enum Part {
 /// None when the value has no pieces (a string, an inline collection).
 ///
 /// The one place that knows which kinds have pieces: freeing, copying and
-/// MEMORY USAGE walk what this returns, so a new kind is one arm here (and
-/// one in [`copy_value`] if its head must be rewritten for a new id).
+/// MEMORY USAGE walk what this returns, so a new kind is one arm here and
+/// one in [`rehead`] (its head for a new id and new structures: COPY).
 pub fn parts(kind: u8, payload: &[u8]) -> Result<Option<(u64, Vec<Part>)>, KsError> {
     use crate::keyspace::{KIND_HASH, KIND_LIST, KIND_SET, KIND_STRING};
     match kind {
@@ -290,83 +290,118 @@ impl Copying {
 /// (the caller's locks held throughout), and its last pieces and the
 /// in-progress entry's removal are staged for the command's batch, which
 /// writes the new head: so the copy appears whole or not at all.
+///
+/// Generic over [`parts`]: a tree's pieces are positional, copied as they
+/// are under the new id, parents before children (so that the walk of a
+/// partial copy finds every piece it made); a table's hash is seeded by its
+/// id, so its pairs are dealt into the buckets of a new table of the size
+/// inserts would have grown (a load of at most `GROW_LOAD` per bucket).
+/// Only the new head is per kind ([`rehead`]).
 pub fn copy_value(
     sh: &crate::server::Shared,
     ks: &mut Keyspace,
     kind: u8,
     payload: &[u8],
 ) -> Result<Vec<u8>, KsError> {
-    use crate::keyspace::{KIND_HASH, KIND_LIST, KIND_SET};
     let Some((id, parts)) = parts(kind, payload)? else {
         return Ok(payload.to_vec());
     };
     mark_pieced(sh, ks);
-    let large = piece_estimate(ks, id, &parts)? >= crate::housekeep::LAZY_MIN_PIECES;
     let cp = Copying {
         new: new_id(),
         kind,
         run: sh.hk.run,
-        large,
+        large: piece_estimate(ks, id, &parts)? >= crate::housekeep::LAZY_MIN_PIECES,
     };
-    let new = cp.new;
-    let mut out = Vec::new();
-    match kind {
-        // A table's hash is seeded by its id: the pairs are dealt into the
-        // buckets of a new table of the size the inserts would have grown
-        // (a load of at most GROW_LOAD per bucket), written bucket by
-        // bucket.
-        KIND_HASH | KIND_SET => {
-            use engine::types::lhash::{Meta, BUCKET_ID, GROW_LOAD};
-            let pairs = map_pairs(ks, &MapHead::decode(payload)?)?;
-            let count = pairs.len() as u64;
-            let buckets = count.div_ceil(GROW_LOAD).max(1);
-            let level = buckets.ilog2();
-            let meta = Meta {
-                level,
-                split: buckets - (1u64 << level),
-                count,
-                seed: new,
-            };
-            let mut dealt = vec![Bucket::default(); buckets as usize];
-            for (f, v) in pairs {
-                let b = meta.bucket_of(meta.hash(&f));
-                dealt[b as usize].0.push((f, v));
+    // The new structures (a table's new state, and its buckets dealt).
+    let mut new_parts = Vec::with_capacity(parts.len());
+    let mut dealt = Vec::new();
+    for part in &parts {
+        new_parts.push(match *part {
+            Part::Tree(meta, ordered) => Part::Tree(meta, ordered),
+            Part::Table(mut meta) => {
+                let mut pairs = Vec::with_capacity(meta.count as usize);
+                Table::new(&mut KsPieces::new(ks, id), &mut meta)
+                    .for_each(|f, v| pairs.push((f.to_vec(), v.to_vec())))?;
+                let (meta, buckets) = deal(cp.new, pairs);
+                dealt.push(buckets);
+                Part::Table(meta)
             }
-            MapHead::Table { id: new, meta }.encode(&mut out);
-            for (b, bucket) in dealt.iter().enumerate() {
-                let r = match bucket.0.is_empty() {
-                    true => Ok(()),
-                    false => KsPieces::new(ks, new).put(BUCKET_ID | b as u64, bucket.encode()),
-                };
-                cp.step(ks, b, r, &out)?;
+        });
+    }
+    let head = rehead(kind, cp.new, &new_parts)?;
+    let mut n = 0;
+    let mut dealt = dealt.into_iter();
+    for part in parts {
+        match part {
+            Part::Tree(mut meta, ordered) => {
+                let ids = Tree::new(&mut KsPieces::new(ks, id), &mut meta, ordered).pieces()?;
+                for pid in ids {
+                    let r = KsPieces::new(ks, id).get(pid).and_then(|b| {
+                        let b = b.ok_or_else(|| {
+                            engine::Error::Corrupt(format!("piece {pid} is missing"))
+                        })?;
+                        KsPieces::new(ks, cp.new).put(pid, b)
+                    });
+                    cp.step(ks, n, r, &head)?;
+                    n += 1;
+                }
             }
-        }
-        // A tree's pieces are positional: each is copied as it is under
-        // the new id, parents before children (so that the walk of a
-        // partial copy finds every piece it made).
-        KIND_LIST => {
-            let ListHead::Tree { id, meta } = ListHead::decode(payload)? else {
-                return Ok(payload.to_vec());
-            };
-            ListHead::Tree { id: new, meta }.encode(&mut out);
-            let ids = Tree::new(&mut KsPieces::new(ks, id), &mut { meta }, false).pieces()?;
-            for (i, &pid) in ids.iter().enumerate() {
-                let r = KsPieces::new(ks, id).get(pid).and_then(|b| {
-                    let b =
-                        b.ok_or_else(|| engine::Error::Corrupt(format!("piece {pid} is missing")))?;
-                    KsPieces::new(ks, new).put(pid, b)
-                });
-                cp.step(ks, i, r, &out)?;
+            Part::Table(_) => {
+                for (b, bucket) in dealt.next().unwrap_or_default().iter().enumerate() {
+                    if bucket.0.is_empty() {
+                        continue;
+                    }
+                    let bid = engine::types::lhash::BUCKET_ID | b as u64;
+                    let r = KsPieces::new(ks, cp.new).put(bid, bucket.encode());
+                    cp.step(ks, n, r, &head)?;
+                    n += 1;
+                }
             }
-        }
-        _ => {
-            return Err(KsError::Store(engine::Error::Corrupt(format!(
-                "a value of kind {kind}, whose pieces this version cannot copy"
-            ))))
         }
     }
     if cp.large {
-        ks.remove_piece(&crate::housekeep::gc_key(new));
+        ks.remove_piece(&crate::housekeep::gc_key(cp.new));
+    }
+    Ok(head)
+}
+
+/// A new table (hash seed `seed`) holding `pairs`: its state and its
+/// buckets.
+fn deal(seed: u64, pairs: Vec<Pair>) -> (engine::types::lhash::Meta, Vec<Bucket>) {
+    use engine::types::lhash::{Meta, GROW_LOAD};
+    let count = pairs.len() as u64;
+    let buckets = count.div_ceil(GROW_LOAD).max(1);
+    let level = buckets.ilog2();
+    let meta = Meta {
+        level,
+        split: buckets - (1u64 << level),
+        count,
+        seed,
+    };
+    let mut dealt = vec![Bucket::default(); buckets as usize];
+    for (f, v) in pairs {
+        let b = meta.bucket_of(meta.hash(&f));
+        dealt[b as usize].0.push((f, v));
+    }
+    (meta, dealt)
+}
+
+/// The head of a collection of `kind` with id `id` and structures `parts`
+/// (in the order [`parts`] lists them): one arm per kind with pieces.
+fn rehead(kind: u8, id: u64, parts: &[Part]) -> Result<Vec<u8>, KsError> {
+    use crate::keyspace::{KIND_HASH, KIND_LIST, KIND_SET};
+    let mut out = Vec::new();
+    match (kind, parts) {
+        (KIND_HASH | KIND_SET, &[Part::Table(meta)]) => {
+            MapHead::Table { id, meta }.encode(&mut out)
+        }
+        (KIND_LIST, &[Part::Tree(meta, _)]) => ListHead::Tree { id, meta }.encode(&mut out),
+        _ => {
+            return Err(KsError::Store(engine::Error::Corrupt(format!(
+                "a value of kind {kind}, whose head this version cannot rewrite"
+            ))))
+        }
     }
     Ok(out)
 }
