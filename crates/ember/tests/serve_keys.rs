@@ -157,6 +157,15 @@ COPY si si2
 OBJECT ENCODING si2
 SADD sa a b c
 OBJECT ENCODING sa
+ZADD z 1 a 2 b 3.5 c
+COPY z z2 DB 4
+OBJECT ENCODING z
+MOVE z 6
+SELECT 6
+ZRANGE z 0 -1 WITHSCORES
+SELECT 4
+ZRANGE z2 0 -1 WITHSCORES
+SELECT 0
 MOVE l 5
 MOVE h 5
 RENAME h2 h3
@@ -216,6 +225,18 @@ fn copy_move_encoding_match_redis() {
         run(&format!("COPY {k} {k}c DB 7"));
         run(&format!("MOVE {k} 8"));
     }
+    let scored: Vec<String> = (0..1000).map(|i| format!("{} m{i}", i % 97)).collect();
+    run(&format!("ZADD bz {}", scored.join(" ")));
+    run("OBJECT ENCODING bz");
+    run("COPY bz bzc DB 7");
+    run("MOVE bz 8");
+    run("SELECT 7");
+    run("ZRANGE bzc 0 -1 WITHSCORES");
+    run("ZSCORE bzc m999");
+    run("ZRANK bzc m500");
+    run("SELECT 8");
+    run("ZRANGE bz 990 -1 WITHSCORES");
+    run("SELECT 0");
     let pairs: Vec<String> = (0..600).map(|i| format!("f{i} v{i}")).collect();
     run(&format!("HSET bh {}", pairs.join(" ")));
     run("OBJECT ENCODING bh");

@@ -11,7 +11,7 @@
 
 use crate::keyspace::{Keyspace, KsError};
 use engine::types::edit::Edit;
-use engine::types::head::{piece_key, ListHead, MapHead};
+use engine::types::head::{piece_key, ListHead, MapHead, ZsetHead};
 use engine::types::lhash::{Bucket, Pair, Table};
 use engine::types::node::Node;
 use engine::types::tree::{Meta as TreeMeta, Pieces, Tree};
@@ -106,7 +106,7 @@ pub enum Part {
 /// MEMORY USAGE walk what this returns, so a new kind is one arm here and
 /// one in [`rehead`] (its head for a new id and new structures: COPY).
 pub fn parts(kind: u8, payload: &[u8]) -> Result<Option<(u64, Vec<Part>)>, KsError> {
-    use crate::keyspace::{KIND_HASH, KIND_LIST, KIND_SET, KIND_STRING};
+    use crate::keyspace::{KIND_HASH, KIND_LIST, KIND_SET, KIND_STRING, KIND_ZSET};
     match kind {
         KIND_STRING => Ok(None),
         KIND_HASH | KIND_SET => match MapHead::decode(payload)? {
@@ -116,6 +116,12 @@ pub fn parts(kind: u8, payload: &[u8]) -> Result<Option<(u64, Vec<Part>)>, KsErr
         KIND_LIST => match ListHead::decode(payload)? {
             ListHead::Tree { id, meta } => Ok(Some((id, vec![Part::Tree(meta, false)]))),
             ListHead::Inline(_) => Ok(None),
+        },
+        KIND_ZSET => match ZsetHead::decode(payload)? {
+            ZsetHead::Tree { id, tree, map } => {
+                Ok(Some((id, vec![Part::Tree(tree, true), Part::Table(map)])))
+            }
+            ZsetHead::Inline(_) => Ok(None),
         },
         _ => Err(KsError::Store(engine::Error::Corrupt(format!(
             "a value of kind {kind}, whose pieces this version cannot walk"
@@ -390,13 +396,16 @@ fn deal(seed: u64, pairs: Vec<Pair>) -> (engine::types::lhash::Meta, Vec<Bucket>
 /// The head of a collection of `kind` with id `id` and structures `parts`
 /// (in the order [`parts`] lists them): one arm per kind with pieces.
 fn rehead(kind: u8, id: u64, parts: &[Part]) -> Result<Vec<u8>, KsError> {
-    use crate::keyspace::{KIND_HASH, KIND_LIST, KIND_SET};
+    use crate::keyspace::{KIND_HASH, KIND_LIST, KIND_SET, KIND_ZSET};
     let mut out = Vec::new();
     match (kind, parts) {
         (KIND_HASH | KIND_SET, &[Part::Table(meta)]) => {
             MapHead::Table { id, meta }.encode(&mut out)
         }
         (KIND_LIST, &[Part::Tree(meta, _)]) => ListHead::Tree { id, meta }.encode(&mut out),
+        (KIND_ZSET, &[Part::Tree(tree, _), Part::Table(map)]) => {
+            ZsetHead::Tree { id, tree, map }.encode(&mut out)
+        }
         _ => {
             return Err(KsError::Store(engine::Error::Corrupt(format!(
                 "a value of kind {kind}, whose head this version cannot rewrite"

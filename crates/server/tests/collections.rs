@@ -51,7 +51,7 @@ fn run(cfg: Config, seed: u64) {
     for step in 0..400 {
         let k = keys[rng.random_range(0..keys.len())];
         let k2 = keys[rng.random_range(0..keys.len())];
-        let mut cmd: Vec<String> = match rng.random_range(0..16) {
+        let mut cmd: Vec<String> = match rng.random_range(0..20) {
             0 => vec!["RPUSH".into(), k.into()],
             1 => vec!["HSET".into(), k.into()],
             2 => vec!["SADD".into(), k.into()],
@@ -81,11 +81,36 @@ fn run(cfg: Config, seed: u64) {
             ],
             13 => vec!["SMOVE".into(), k.into(), k2.into(), "m7".into()],
             14 => vec!["HDEL".into(), k.into(), "f1".into(), "f2".into()],
+            15 => vec!["ZADD".into(), k.into()],
+            16 => vec![
+                "ZREMRANGEBYRANK".into(),
+                k.into(),
+                "10".into(),
+                rng.random_range(10..600).to_string(),
+            ],
+            17 => vec![
+                "ZUNIONSTORE".into(),
+                k.into(),
+                "2".into(),
+                k.into(),
+                k2.into(),
+            ],
+            18 => vec![
+                "ZPOPMIN".into(),
+                k.into(),
+                rng.random_range(1..500).to_string(),
+            ],
             _ => vec!["UNLINK".into(), k.into(), k2.into()],
         };
         match cmd[0].as_str() {
             "RPUSH" => cmd.extend(big("e", rng.random_range(1..600))),
             "SADD" => cmd.extend(big("m", rng.random_range(1..900))),
+            "ZADD" => {
+                for (i, m) in big("z", rng.random_range(1..800)).into_iter().enumerate() {
+                    cmd.push((i % 97).to_string());
+                    cmd.push(m);
+                }
+            }
             "HSET" => {
                 for f in big("f", rng.random_range(1..700)) {
                     cmd.push(f);
@@ -283,7 +308,14 @@ fn copy_move_rename_of_pieced_collections() {
     sadd.extend((0..6000).map(|i| format!("m{i}")));
     let refs: Vec<&str> = sadd.iter().map(|s| s.as_str()).collect();
     assert_eq!(e.exec(&args(&refs)), b":6000\r\n");
-    for (k, len) in [("l", "LLEN"), ("h", "HLEN"), ("s", "SCARD")] {
+    let mut zadd = vec!["ZADD".to_string(), "z".into()];
+    for i in 0..6000 {
+        zadd.push(format!("{}", i % 1000));
+        zadd.push(format!("m{i}"));
+    }
+    let refs: Vec<&str> = zadd.iter().map(|s| s.as_str()).collect();
+    assert_eq!(e.exec(&args(&refs)), b":6000\r\n");
+    for (k, len) in [("l", "LLEN"), ("h", "HLEN"), ("s", "SCARD"), ("z", "ZCARD")] {
         let c = format!("{k}2");
         assert_eq!(e.exec(&args(&["COPY", k, &c, "DB", "1"])), b":1\r\n");
         assert_eq!(e.exec(&args(&["COPY", k, &c])), b":1\r\n");
@@ -317,6 +349,12 @@ fn copy_move_rename_of_pieced_collections() {
         b"$10\r\nvalue-2999\r\n"
     );
     assert_eq!(e.exec(&args(&["SISMEMBER", "s2", "m5999"])), b":1\r\n");
+    assert_eq!(e.exec(&args(&["ZSCORE", "z2", "m5999"])), b"$3\r\n999\r\n");
+    assert_eq!(e.exec(&args(&["ZRANK", "z2", "m0"])), b":0\r\n");
+    assert_eq!(
+        e.exec(&args(&["ZRANGE", "z2", "-1", "-1"])),
+        b"*1\r\n$4\r\nm999\r\n"
+    );
     assert_eq!(e.exec(&args(&["FLUSHALL"])), b"+OK\r\n");
     e.commit().unwrap();
     e.run_background().unwrap();

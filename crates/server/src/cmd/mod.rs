@@ -12,6 +12,7 @@ mod maps;
 mod sets;
 mod strings;
 mod table;
+mod zsets;
 
 pub use table::{
     arity_ok, lookup, movable_keys, Cats, Flags, KeyPos, Spec, SubSpec, KEY_ACCESS, SUBCOMMANDS,
