@@ -504,7 +504,12 @@ mod tests {
         for seed in 0..6u64 {
             let store = Arc::new(VolatileStore::new(1024));
             let counts = Arc::new(KeyCounts::new(1, store.key_hasher()));
-            let mut ks = Keyspace::new(Box::new(store.session().unwrap()), counts.clone(), 0);
+            let mut ks = Keyspace::new(
+                Box::new(store.session().unwrap()),
+                counts.clone(),
+                0,
+                Arc::new(crate::housekeep::Housekeeping::new(false)),
+            );
             let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
             // Model: store key -> has a TTL.
             let mut model: HashMap<Vec<u8>, bool> = HashMap::new();

@@ -58,7 +58,7 @@ impl Embedded {
     /// [`Client`] owns one).
     pub fn new(sh: Arc<Shared>, id: usize) -> Result<Embedded, String> {
         let sess = sh.store.session().map_err(|e| e.to_string())?;
-        let ks = Keyspace::new(sess, sh.counts.clone(), id);
+        let ks = Keyspace::new(sess, sh.counts.clone(), id, sh.hk.clone());
         let ws = sh.stats.workers[id].clone();
         let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
         let addr = l.local_addr().map_err(|e| e.to_string())?;
@@ -101,6 +101,22 @@ impl Embedded {
     /// batch's replies may be sent.
     pub fn commit(&mut self) -> engine::Result<()> {
         self.ks.sess.commit()
+    }
+
+    /// Runs the background work a worker's tick does in bounded steps, to
+    /// its end: the start pass (keys with a TTL, pending lazy frees), an
+    /// active-expiry cycle and the lazy free of every queued collection.
+    pub fn run_background(&mut self) -> Result<(), String> {
+        crate::housekeep::run_all(&self.sh, &mut self.ks).map_err(|e| format!("{e:?}"))
+    }
+
+    /// One batch of the lazy free (a collection queued since the start pass
+    /// found it, or since its deletion, loses up to
+    /// [`crate::housekeep::FREE_BATCH`] pieces).
+    pub fn lazy_free_once(&mut self) -> Result<(), String> {
+        let now = Some(std::time::Instant::now());
+        crate::housekeep::lazy_free_step(&self.sh, &mut self.ks, now, std::time::Duration::ZERO)
+            .map_err(|e| format!("{e:?}"))
     }
 
     pub fn shared(&self) -> &Shared {

@@ -121,9 +121,11 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, crate::keyspace:
         let used = heap.map(heap_used).unwrap_or(rss);
         let _ = write!(
             o,
-            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{}\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{}\r\nmaxmemory:0\r\nmaxmemory_human:0B\r\nmaxmemory_policy:noeviction\r\nmem_allocator:ember-heap\r\n\r\n",
+            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{}\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{}\r\nmaxmemory:0\r\nmaxmemory_human:0B\r\nmaxmemory_policy:noeviction\r\nmem_allocator:ember-heap\r\nlazyfree_pending_objects:{}\r\nlazyfreed_objects:{}\r\n\r\n",
             human(used),
             human(rss),
+            sh.hk.pending(),
+            sh.hk.freed.load(Ordering::Relaxed),
         );
     }
     if on("persistence") {

@@ -39,9 +39,10 @@
 //! engines ([`engine::Session::apply_batch`]): after a restart MSET, MSETNX,
 //! RENAME and every other command that applies one batch left all of its
 //! writes or none, and an acknowledged one all; a batch that fails (an
-//! increment of a non-integer) applies nothing. FLUSHDB and FLUSHALL delete
-//! key by key, one batch each, so a crash in the middle leaves some keys
-//! deleted. The `volatile` engine applies a batch operation by operation.
+//! increment of a non-integer) applies nothing. FLUSHDB and FLUSHALL are
+//! several batches behind a flush marker that a restart completes
+//! (`cmd::finish_flushes`). The `volatile` engine applies a batch operation
+//! by operation.
 
 use crate::counts::{Delta, KeyCounts};
 use engine::{Op, Outcome, Session, WriteBatch};
@@ -219,6 +220,21 @@ pub fn skey(db: u8, key: &[u8]) -> Vec<u8> {
     k
 }
 
+/// The value of a plain free-list entry that `op` on `skey` puts (not a
+/// COPY's in-progress one).
+fn lazy_entry<'a>(skey: &[u8], op: &Op<'a>) -> Option<&'a [u8]> {
+    match op {
+        Op::Put(v)
+            if crate::housekeep::parse_gc_key(skey).is_some()
+                && v.first()
+                    .is_some_and(|b| b & crate::housekeep::IN_PROGRESS == 0) =>
+        {
+            Some(v)
+        }
+        _ => None,
+    }
+}
+
 /// One worker's door into the keyspace: its store session and scratch buffers.
 pub struct Keyspace {
     pub sess: Box<dyn Session>,
@@ -242,6 +258,8 @@ pub struct Keyspace {
     counts: Arc<KeyCounts>,
     /// This worker's shard of them.
     shard: usize,
+    /// The TTL index and the lazy-free queue, which applied writes feed.
+    hk: Arc<crate::housekeep::Housekeeping>,
 }
 
 /// A live value found by [`Keyspace::get`] or [`Keyspace::lookup_locked`]; the payload is
@@ -249,7 +267,12 @@ pub struct Keyspace {
 pub type Found = Option<Header>;
 
 impl Keyspace {
-    pub fn new(sess: Box<dyn Session>, counts: Arc<KeyCounts>, shard: usize) -> Keyspace {
+    pub fn new(
+        sess: Box<dyn Session>,
+        counts: Arc<KeyCounts>,
+        shard: usize,
+        hk: Arc<crate::housekeep::Housekeeping>,
+    ) -> Keyspace {
         Keyspace {
             sess,
             raw: Vec::new(),
@@ -261,6 +284,7 @@ impl Keyspace {
             expired: 0,
             counts,
             shard,
+            hk,
         }
     }
 
@@ -293,15 +317,33 @@ impl Keyspace {
         let guard = counts.write_guard();
         self.outcomes.clear();
         let r = self.sess.apply_batch(&self.staged, &mut self.outcomes);
+        if r.as_ref().is_err_and(|e| {
+            matches!(e.kind(), engine::ErrorKind::NoRoom { .. }) && self.has_lazy_free()
+        }) {
+            // The stores applied nothing of a batch that failed so.
+            drop(guard);
+            return self.apply_without_lazy_free();
+        }
         for (((skey, op), out), before) in self.staged.iter().zip(&self.outcomes).zip(&self.before)
         {
             if skey.first() == Some(&PIECE_PREFIX) {
+                // A free-list entry: the lazy free may take it (one that a
+                // failed batch did not apply is found missing and skipped).
+                // A COPY's in-progress entry is not (its COPY removes it).
+                if let (Some(_), Some(id)) =
+                    (lazy_entry(skey, &op), crate::housekeep::parse_gc_key(skey))
+                {
+                    self.hk.enqueue(id);
+                }
                 continue;
             }
             let after = match op {
                 Op::Put(v) => Some(v.first().is_some_and(|t| t & EXPIRY_BIT != 0)),
                 _ => None,
             };
+            if after == Some(true) {
+                self.hk.note_ttl(skey);
+            }
             let before = match *out {
                 Outcome::Put {
                     created: false,
@@ -324,6 +366,48 @@ impl Keyspace {
         self.before.clear();
         r?;
         Ok(())
+    }
+
+    /// Whether the staged batch hands a collection to the lazy free (puts a
+    /// plain free-list entry).
+    fn has_lazy_free(&self) -> bool {
+        self.staged
+            .iter()
+            .any(|(k, op)| lazy_entry(k, &op).is_some())
+    }
+
+    /// A full store refuses every put, free-list entries too: so that
+    /// deletes still make room, the batch is staged again with the pieces
+    /// of the collections it handed to the lazy free removed in it instead,
+    /// and applied (one batch: if it is too large for the store, the
+    /// command fails and changes nothing).
+    fn apply_without_lazy_free(&mut self) -> KsResult<()> {
+        let old = std::mem::take(&mut self.staged);
+        let before = std::mem::take(&mut self.before);
+        let mut lazy = Vec::new();
+        for ((k, op), b) in old.iter().zip(before) {
+            if let Some(v) = lazy_entry(k, &op) {
+                lazy.push((crate::housekeep::parse_gc_key(k), v.to_vec()));
+                continue;
+            }
+            match op {
+                Op::Put(v) => self.staged.put(k, v),
+                Op::Remove => self.staged.remove(k),
+                Op::Incr(n) => self.staged.incr(k, n),
+            }
+            self.before.push(b);
+        }
+        let mut pkey = Vec::new();
+        for (id, v) in lazy {
+            let (Some(id), Some((&kind, head))) = (id, v.split_first()) else {
+                continue;
+            };
+            for p in crate::coll::pieces_left(self, kind, head)? {
+                engine::types::head::piece_key(id, p, &mut pkey);
+                self.remove_piece(&pkey);
+            }
+        }
+        self.apply()
     }
 
     /// True when writes are staged and not applied (a command must not
@@ -449,7 +533,7 @@ impl Keyspace {
     /// deleted or overwritten. A string costs one byte's test.
     fn free_pieces_of_raw(&mut self) -> KsResult<()> {
         let kind = self.raw.first().map(|t| t & !EXPIRY_BIT);
-        if matches!(kind, Some(KIND_LIST | KIND_HASH | KIND_SET | KIND_ZSET)) {
+        if kind.is_some_and(|k| k != KIND_STRING) {
             let raw = std::mem::take(&mut self.raw);
             let r = crate::coll::free_value(self, &raw);
             self.raw = raw;
@@ -589,7 +673,12 @@ mod tests {
         use engine::Store as _;
         let store = Arc::new(VolatileStore::new(64));
         let counts = Arc::new(KeyCounts::new(1, store.key_hasher()));
-        let mut ks = Keyspace::new(Box::new(store.session().unwrap()), counts.clone(), 0);
+        let mut ks = Keyspace::new(
+            Box::new(store.session().unwrap()),
+            counts.clone(),
+            0,
+            Arc::new(crate::housekeep::Housekeeping::new(false)),
+        );
         let mut probe = store.session().unwrap();
         counts.finish(&mut probe).unwrap();
         let (a, b) = (skey(0, b"a"), skey(0, b"b"));

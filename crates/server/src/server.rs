@@ -39,6 +39,8 @@ pub struct Shared {
     /// [`crate::coll::PIECED_KEY`] at start, set by the first one made): while
     /// false, a blind overwrite (SET) need not read the key it replaces.
     pub pieced: AtomicBool,
+    /// The TTL index and the lazy free (see [`crate::housekeep`]).
+    pub hk: Arc<crate::housekeep::Housekeeping>,
     pub stripes: Stripes,
     /// Set by [`Shared::begin_shutdown`] (SHUTDOWN, SIGTERM, SIGINT, a fatal
     /// error); every loop checks it.
@@ -80,13 +82,18 @@ impl Shared {
             cfg.aclfile.as_deref(),
         )?;
         acl.set_log_max(cfg.acllog_max_len);
-        Ok(Shared {
+        // A start pass finds the keys with a TTL and the pending lazy frees
+        // the store holds: needed unless it is known to hold neither.
+        let ttls = (0..=u8::MAX).any(|db| counts.get(db).is_none_or(|(_, e)| e > 0));
+        let hk = Arc::new(crate::housekeep::Housekeeping::new(pieced || ttls));
+        let sh = Shared {
             cfg: RwLock::new(cfg),
             cfg_epoch: AtomicU64::new(0),
             store,
             startup,
             counts: Arc::new(counts),
             pieced: AtomicBool::new(pieced),
+            hk,
             stripes: Stripes::new(4096),
             shutdown: AtomicBool::new(false),
             wakers: Mutex::new(Vec::new()),
@@ -99,7 +106,9 @@ impl Shared {
             started: Instant::now(),
             run_id: run_id(),
             tcp_port,
-        })
+        };
+        crate::cmd::finish_flushes(&sh).map_err(|e| format!("cannot finish a flush: {e:?}"))?;
+        Ok(sh)
     }
 
     pub fn cfg(&self) -> std::sync::RwLockReadGuard<'_, Config> {
@@ -222,6 +231,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                 let settings = Settings::load(&sh2);
                 let pipeline_commits = sh2.cfg().commit_pipeline;
                 let counts = sh2.counts.clone();
+                let hk = sh2.hk.clone();
                 Worker {
                     id,
                     sh: sh2,
@@ -229,7 +239,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     rx,
                     clients: HashMap::new(),
                     next_token: 0,
-                    ks: Keyspace::new(sess, counts, id),
+                    ks: Keyspace::new(sess, counts, id, hk),
                     ws,
                     settings,
                     expire_cursor: 0,

@@ -68,6 +68,8 @@ pub enum CmdError {
     InvalidCursor,
     /// RENAME of an absent key.
     NoSuchKey,
+    /// COPY or MOVE onto the key itself.
+    SameObject,
     /// SELECT beyond a C int.
     IntRange,
     /// SELECT of a database that does not exist.
@@ -261,6 +263,7 @@ impl CmdError {
             E::NanOrInfinity => return "ERR increment would produce NaN or Infinity".into(),
             E::InvalidCursor => return "ERR invalid cursor".into(),
             E::NoSuchKey => return "ERR no such key".into(),
+            E::SameObject => return "ERR source and destination objects are the same".into(),
             E::IndexOutOfRange => return "ERR index out of range".into(),
             E::RankZero => {
                 return "ERR RANK can't be zero: use 1 to start from the first match, 2 from the second ... or use negative to start from the end of the list".into()

@@ -2,8 +2,12 @@
 
 use super::{eq, int_arg, locked, CmdError, Ctx, R};
 use crate::glob::Glob;
-use crate::keyspace::{skey, type_name, KIND_HASH, KIND_LIST, KIND_SET, KIND_STRING, KIND_ZSET};
-use crate::server::Client;
+use crate::housekeep::flush_key;
+use crate::keyspace::{
+    skey, type_name, Keyspace, KsError, KIND_HASH, KIND_LIST, KIND_SET, KIND_STRING, KIND_ZSET,
+    PIECE_PREFIX,
+};
+use crate::server::{Client, Shared};
 use proto::Reply;
 
 pub fn del(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -173,13 +177,111 @@ pub fn dbsize(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
     Ok(())
 }
 
-fn flush_db(ctx: &mut Ctx, db: u8) -> R {
-    let keys = all_keys(ctx, db, |_| true)?;
-    for k in keys {
-        let sk = skey(db, &k);
-        locked(ctx, &[&sk], |ctx| Ok(ctx.ks.delete(&sk, ctx.now)?))?;
+/// Serialises flushes: two at once could each find the other's marker gone.
+static FLUSHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Keys deleted per batch by a flush.
+const FLUSH_BATCH: usize = 64;
+
+/// FLUSHDB / FLUSHALL of `dbs`, all-or-nothing across a crash: one batch
+/// writes a flush marker per database, then the keys go in batches, then
+/// one batch removes the markers (before the reply). A start that finds a
+/// marker finishes that flush before serving ([`finish_flushes`]).
+///
+/// On a full heap the markers (puts) are refused: the first batches of
+/// removals then go unmarked until one makes room for the markers (a crash
+/// in between leaves those keys deleted: the one case where a flush is not
+/// all-or-nothing).
+fn flush_dbs(ctx: &mut Ctx, dbs: &[u8]) -> R {
+    let _f = FLUSHING.lock().unwrap_or_else(|p| p.into_inner());
+    let mut marked = false;
+    let mut mark = |ks: &mut Keyspace| -> Result<(), KsError> {
+        if marked {
+            return Ok(());
+        }
+        for &db in dbs {
+            ks.put_piece(&flush_key(db), b"1");
+        }
+        match ks.apply() {
+            Ok(()) => {
+                marked = true;
+                Ok(())
+            }
+            Err(KsError::Store(e)) if matches!(e.kind(), engine::ErrorKind::NoRoom { .. }) => {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    };
+    mark(ctx.ks)?;
+    delete_all(ctx.sh, ctx.ks, dbs, &mut mark)?;
+    for &db in dbs {
+        ctx.sh.counts.reset_avg_ttl(db);
     }
-    ctx.sh.counts.reset_avg_ttl(db);
+    for &db in dbs {
+        ctx.ks.remove_piece(&flush_key(db));
+    }
+    ctx.ks.apply()?;
+    Ok(())
+}
+
+/// Deletes every key of databases `dbs` (one scan of the store),
+/// [`FLUSH_BATCH`] keys per batch (large collections go to the lazy free);
+/// `before` runs before each batch.
+fn delete_all(
+    sh: &Shared,
+    ks: &mut Keyspace,
+    dbs: &[u8],
+    before: &mut dyn FnMut(&mut Keyspace) -> Result<(), KsError>,
+) -> Result<(), KsError> {
+    let mut cursor = 0;
+    let mut page = Vec::new();
+    loop {
+        page.clear();
+        cursor = ks.sess.scan(cursor, 256, &mut page)?;
+        page.retain(|k| k.first().is_some_and(|d| dbs.contains(d)));
+        page.sort_unstable();
+        page.dedup();
+        for chunk in page.chunks(FLUSH_BATCH) {
+            before(ks)?;
+            let refs: Vec<&[u8]> = chunk.iter().map(|k| k.as_slice()).collect();
+            let _g = sh.stripes.lock_many(&refs);
+            let now = crate::keyspace::now_ms();
+            for k in chunk {
+                ks.delete(k, now)?;
+            }
+            ks.apply()?;
+        }
+        if cursor == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// At start, before any command: finishes the flushes a crash interrupted
+/// (a database whose flush marker is in the store loses every key), so a
+/// FLUSHDB or FLUSHALL is either wholly done or not begun. Costs one read
+/// per database when no flush was interrupted.
+pub fn finish_flushes(sh: &Shared) -> Result<(), KsError> {
+    let sess = sh.store.session()?;
+    let mut ks = Keyspace::new(sess, sh.counts.clone(), 0, sh.hk.clone());
+    let mut v = Vec::new();
+    let mut marked = Vec::new();
+    for db in 0..PIECE_PREFIX {
+        if ks.sess.get(&flush_key(db), &mut v)? {
+            marked.push(db);
+        }
+    }
+    if marked.is_empty() {
+        return Ok(());
+    }
+    eprintln!("ember: finishing a flush that a crash interrupted (databases {marked:?})");
+    delete_all(sh, &mut ks, &marked, &mut |_| Ok(()))?;
+    for &db in &marked {
+        ks.remove_piece(&flush_key(db));
+    }
+    ks.apply()?;
+    ks.sess.commit()?;
     Ok(())
 }
 
@@ -193,18 +295,162 @@ fn flush_args(a: &[Vec<u8>]) -> R {
 
 pub fn flushdb(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     flush_args(a)?;
-    flush_db(ctx, c.db)?;
+    flush_dbs(ctx, &[c.db])?;
     c.ok();
     Ok(())
 }
 
 pub fn flushall(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     flush_args(a)?;
-    let dbs = ctx.sh.cfg().databases;
-    for db in 0..dbs {
-        flush_db(ctx, db as u8)?;
-    }
+    let dbs: Vec<u8> = (0..ctx.sh.cfg().databases).map(|d| d as u8).collect();
+    flush_dbs(ctx, &dbs)?;
     c.ok();
+    Ok(())
+}
+
+/// A database index argument (COPY's DB, MOVE), checked as SELECT checks
+/// it.
+fn db_arg(ctx: &Ctx, a: &[u8]) -> Result<u8, CmdError> {
+    let n = int_arg(a)?;
+    if n < i32::MIN as i64 || n > i32::MAX as i64 {
+        return Err(CmdError::IntRange);
+    }
+    if n < 0 || n >= ctx.sh.cfg().databases as i64 {
+        return Err(CmdError::DbIndexOutOfRange);
+    }
+    Ok(n as u8)
+}
+
+/// COPY source destination [DB destination-db] [REPLACE]: the copy keeps
+/// the TTL; a pieced collection's pieces are copied under a new collection
+/// id (O(n); a large collection in batches of its own before the command's,
+/// see [`crate::coll::copy_value`]).
+pub fn copy(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let (mut db, mut replace) = (c.db, false);
+    let mut i = 3;
+    while i < a.len() {
+        if eq(&a[i], "replace") {
+            replace = true;
+            i += 1;
+        } else if eq(&a[i], "db") && i + 1 < a.len() {
+            db = db_arg(ctx, &a[i + 1])?;
+            i += 2;
+        } else {
+            return Err(CmdError::Syntax);
+        }
+    }
+    if db == c.db && a[1] == a[2] {
+        return Err(CmdError::SameObject);
+    }
+    let src = skey(c.db, &a[1]);
+    let dst = skey(db, &a[2]);
+    locked(ctx, &[&src, &dst], |ctx| {
+        let Some(h) = ctx.ks.lookup_locked(&src, ctx.now)? else {
+            c.int(0);
+            return Ok(());
+        };
+        let raw = ctx.ks.raw.clone();
+        let exists = ctx.ks.lookup_locked(&dst, ctx.now)?.is_some();
+        if exists && !replace {
+            c.int(0);
+            return Ok(());
+        }
+        // The copy first (a large one applies batches of pieces before the
+        // command's own), then the replaced value's removal and the new head
+        // in the command's batch.
+        let payload = crate::coll::copy_value(ctx.sh, ctx.ks, h.kind, &raw[h.off..])?;
+        if exists {
+            ctx.ks.delete(&dst, ctx.now)?;
+        }
+        ctx.ks.put(&dst, h.kind, h.expire, &payload);
+        c.int(1);
+        Ok(())
+    })
+}
+
+/// MOVE key db: the head value moves (a collection's pieces are keyed by
+/// its id, not by database and key, so they stay), with its TTL.
+pub fn move_(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let db = db_arg(ctx, &a[2])?;
+    if db == c.db {
+        return Err(CmdError::SameObject);
+    }
+    let src = skey(c.db, &a[1]);
+    let dst = skey(db, &a[1]);
+    locked(ctx, &[&src, &dst], |ctx| {
+        let Some(h) = ctx.ks.lookup_locked(&src, ctx.now)? else {
+            c.int(0);
+            return Ok(());
+        };
+        let raw = ctx.ks.raw.clone();
+        if ctx.ks.lookup_locked(&dst, ctx.now)?.is_some() {
+            c.int(0);
+            return Ok(());
+        }
+        ctx.ks.put_raw(&dst, &raw);
+        ctx.ks.remove_known(&src, h.expire.is_some());
+        c.int(1);
+        Ok(())
+    })
+}
+
+/// MEMORY USAGE key [SAMPLES n] (and HELP). The estimate is the key's store
+/// entry (key, value, and the store's per-entry overhead) plus, for a
+/// pieced collection, its pieces: measured on `n` pieces spread over it
+/// (default 5, 0: every piece) and scaled to their count.
+pub fn memory(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let sub = String::from_utf8_lossy(&a[1]).to_ascii_lowercase();
+    match sub.as_str() {
+        "help" if a.len() == 2 => {
+            let lines = [
+                "MEMORY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "USAGE <key> [SAMPLES <count>]",
+                "    Return memory in bytes used by <key> and its value. Nested values are",
+                "    sampled up to <count> times (default: 5, 0 means sample all).",
+                "HELP",
+                "    Prints this help.",
+            ];
+            super::help(c, &lines);
+            return Ok(());
+        }
+        "usage" if a.len() >= 3 => {}
+        "doctor" | "stats" | "purge" | "malloc-stats" if a.len() == 2 => {
+            return Err(CmdError::NotSupported {
+                what: format!("MEMORY {}", sub.to_ascii_uppercase()),
+                why: " (INFO memory and INFO persistence report the heap's use)",
+            })
+        }
+        "usage" | "help" | "doctor" | "stats" | "purge" | "malloc-stats" => {
+            return Err(super::arity_error(format!("memory|{sub}")))
+        }
+        _ => return Err(super::unknown_subcommand("MEMORY", &a[1])),
+    }
+    let samples = match &a[3..] {
+        [] => 5,
+        [o, n] if eq(o, "samples") => {
+            let n = int_arg(n)?;
+            if n < 0 {
+                return Err(CmdError::Syntax);
+            }
+            n as usize
+        }
+        _ => return Err(CmdError::Syntax),
+    };
+    let sk = skey(c.db, &a[2]);
+    let n = locked(ctx, &[&sk], |ctx| {
+        let Some(h) = ctx.ks.lookup_locked(&sk, ctx.now)? else {
+            return Ok(None);
+        };
+        let raw = ctx.ks.raw.clone();
+        let pieces = crate::coll::pieces_usage(ctx.ks, h.kind, &raw[h.off..], samples)?;
+        Ok(Some(
+            sk.len() as u64 + raw.len() as u64 + crate::coll::PIECE_OVERHEAD + pieces,
+        ))
+    })?;
+    match n {
+        Some(n) => c.int(n as i64),
+        None => c.null(),
+    }
     Ok(())
 }
 

@@ -22,7 +22,7 @@ pub use table::{
 pub use conn::REDIS_COMPAT_VERSION;
 pub use error::CmdError;
 pub(crate) use strings::float_arg;
-pub(crate) use zsets::piece_ids as zset_piece_ids;
+pub use keys::finish_flushes;
 
 use crate::clock::Stamp;
 use crate::keyspace::Keyspace;

@@ -1641,22 +1641,6 @@ pub(crate) fn encoding(head: &[u8]) -> &'static str {
     }
 }
 
-/// Every piece id of a large sorted set's head (to free it): its tree's and
-/// its table's. None for an inline head.
-pub(crate) fn piece_ids(
-    ks: &mut crate::keyspace::Keyspace,
-    head: &ZsetHead,
-) -> engine::Result<Vec<u64>> {
-    let ZsetHead::Tree { id, tree, map } = head else {
-        return Ok(Vec::new());
-    };
-    let (mut tree, mut map) = (*tree, *map);
-    let mut p = KsPieces::new(ks, *id);
-    let mut ids = Tree::new(&mut p, &mut tree, true).pieces()?;
-    ids.extend(Table::new(&mut p, &mut map).pieces()?);
-    Ok(ids)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
