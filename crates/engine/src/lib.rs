@@ -124,6 +124,10 @@ pub struct StoreStats {
     pub records_appended: u64,
     pub records_applied: u64,
     pub records_collapsed: u64,
+    /// Bytes appended to the logs (record headers, keys, payloads and pad
+    /// records) over the store's life: the sum of the logs' tail positions
+    /// (Bullet only).
+    pub log_bytes_appended: u64,
     /// Frontend misses served from the backend.
     pub backend_loads: u64,
     /// Frontend entries evicted (bounded cache).

@@ -612,6 +612,7 @@ impl Store for BulletStore {
             records_appended: c.appended.load(Ordering::Relaxed),
             records_applied: c.applied.load(Ordering::Relaxed),
             records_collapsed: c.collapsed.load(Ordering::Relaxed),
+            log_bytes_appended: self.sh.pool.appended_bytes(),
             backend_loads: c.loads.load(Ordering::Relaxed),
             evictions: c.evictions.load(Ordering::Relaxed),
             log_full_waits: c.waits.load(Ordering::Relaxed),
