@@ -219,6 +219,21 @@ pub fn skey(db: u8, key: &[u8]) -> Vec<u8> {
     k
 }
 
+/// What the running command wrote to one piece. Its reads see the piece's
+/// newest bytes either way; the batch carries what the variant says.
+enum PieceWrite {
+    /// Written whole (a put of these bytes, or a remove: None).
+    Whole(Option<Vec<u8>>),
+    /// Changed by edits only: the batch carries one `Merge` per edit, in
+    /// order (each an encoded [`engine::types::edit::Edit`]); `bytes` is
+    /// the piece after them, `logged` the log bytes of their records.
+    Edits {
+        bytes: Vec<u8>,
+        edits: Vec<Vec<u8>>,
+        logged: u64,
+    },
+}
+
 /// One worker's door into the keyspace: its store session and scratch buffers.
 pub struct Keyspace {
     pub sess: Box<dyn Session>,
@@ -227,11 +242,11 @@ pub struct Keyspace {
     kbuf: Vec<u8>,
     /// The running command's writes, not yet applied.
     staged: WriteBatch,
-    /// The running command's piece writes, newest only (None: removed): a
-    /// command may change one piece many times (3,000 pushes fill a leaf
-    /// 128 times), and its batch carries each piece once. Staged by
-    /// [`Keyspace::apply`].
-    pieces: std::collections::HashMap<Vec<u8>, Option<Vec<u8>>>,
+    /// The running command's piece writes (see [`PieceWrite`]): a command
+    /// may change one piece many times (3,000 pushes fill a leaf 128
+    /// times), and its batch carries each piece once, whole or as its
+    /// edits, whichever logs fewer bytes. Staged by [`Keyspace::apply`].
+    pieces: std::collections::HashMap<Vec<u8>, PieceWrite>,
     /// For each staged remove, the key's state its caller found (Some(has a
     /// TTL)); None for puts (a put learns what it replaced from its outcome).
     before: Vec<Option<bool>>,
@@ -274,13 +289,19 @@ impl Keyspace {
     pub fn apply(&mut self) -> KsResult<()> {
         for (k, v) in self.pieces.drain() {
             match v {
-                Some(b) => {
+                PieceWrite::Whole(Some(b)) => {
                     self.staged.put(&k, &b);
                     self.before.push(None);
                 }
-                None => {
+                PieceWrite::Whole(None) => {
                     self.staged.remove(&k);
                     self.before.push(Some(false));
+                }
+                PieceWrite::Edits { edits, .. } => {
+                    for e in edits {
+                        self.staged.merge(&k, &e);
+                        self.before.push(None);
+                    }
                 }
             }
         }
@@ -308,9 +329,10 @@ impl Keyspace {
                     old_first,
                 } => Some(old_first.is_some_and(|t| t & EXPIRY_BIT != 0)),
                 Outcome::Removed(true) => Some(before.unwrap_or(false)),
-                Outcome::Put { created: true, .. } | Outcome::Removed(false) | Outcome::Int(_) => {
-                    None
-                }
+                Outcome::Put { created: true, .. }
+                | Outcome::Removed(false)
+                | Outcome::Int(_)
+                | Outcome::Merged(_) => None,
             };
             counts.add(
                 self.shard,
@@ -342,10 +364,14 @@ impl Keyspace {
     pub fn get_piece(&mut self, pkey: &[u8], out: &mut Vec<u8>) -> KsResult<bool> {
         if let Some(v) = self.pieces.get(pkey) {
             out.clear();
-            if let Some(b) = v {
+            let b = match v {
+                PieceWrite::Whole(b) => b.as_deref(),
+                PieceWrite::Edits { bytes, .. } => Some(bytes.as_slice()),
+            };
+            if let Some(b) = b {
                 out.extend_from_slice(b);
             }
-            return Ok(v.is_some());
+            return Ok(b.is_some());
         }
         match self.staged.newest(pkey) {
             Some(Op::Put(v)) => {
@@ -354,18 +380,60 @@ impl Keyspace {
                 Ok(true)
             }
             Some(Op::Remove) => Ok(false),
-            Some(Op::Incr(_)) | None => Ok(self.sess.get(pkey, out)?),
+            // Piece merges are staged by `apply` only, never before a read.
+            Some(Op::Incr(_) | Op::Merge(_)) | None => Ok(self.sess.get(pkey, out)?),
         }
     }
 
     /// Stages a piece's new bytes (the collection's stripe lock held).
     pub fn put_piece(&mut self, pkey: &[u8], bytes: &[u8]) {
-        self.pieces.insert(pkey.to_vec(), Some(bytes.to_vec()));
+        self.pieces
+            .insert(pkey.to_vec(), PieceWrite::Whole(Some(bytes.to_vec())));
+    }
+
+    /// Stages an edit of a piece (the collection's stripe lock held): `new`
+    /// is the piece after it, which the command's later reads see, and
+    /// `edit` the encoded [`engine::types::edit::Edit`] that the batch
+    /// carries as a `Merge` (the engine computes `new` again from the
+    /// store's piece, in order with the piece's other writes). A piece the
+    /// command also wrote whole stays one put of its newest bytes; a piece
+    /// whose edits would log more than the piece itself (many edits in one
+    /// command) becomes one put too: either way the store ends with `new`.
+    pub fn edit_piece(&mut self, pkey: &[u8], new: Vec<u8>, edit: &[u8]) {
+        let cost = engine::crl::record_len(pkey.len(), edit.len());
+        let whole = engine::crl::record_len(pkey.len(), new.len());
+        match self.pieces.get_mut(pkey) {
+            Some(PieceWrite::Edits {
+                bytes,
+                edits,
+                logged,
+            }) if *logged + cost <= whole => {
+                *bytes = new;
+                edits.push(edit.to_vec());
+                *logged += cost;
+            }
+            // Written whole in this command, or edits outgrowing the piece.
+            Some(w) => *w = PieceWrite::Whole(Some(new)),
+            None if cost > whole => {
+                self.pieces
+                    .insert(pkey.to_vec(), PieceWrite::Whole(Some(new)));
+            }
+            None => {
+                self.pieces.insert(
+                    pkey.to_vec(),
+                    PieceWrite::Edits {
+                        bytes: new,
+                        edits: vec![edit.to_vec()],
+                        logged: cost,
+                    },
+                );
+            }
+        }
     }
 
     /// Stages a piece's removal (the collection's stripe lock held).
     pub fn remove_piece(&mut self, pkey: &[u8]) {
-        self.pieces.insert(pkey.to_vec(), None);
+        self.pieces.insert(pkey.to_vec(), PieceWrite::Whole(None));
     }
 
     /// Stages a raw store value (RENAME's move; stripe lock held).
@@ -397,8 +465,9 @@ impl Keyspace {
             }
             Some(Op::Remove) => return Ok((None, false)),
             // The keyspace stages no `Incr`: its values begin with a tag that
-            // the engine's integer operation does not read.
-            Some(Op::Incr(_)) | None => {
+            // the engine's integer operation does not read; `Merge`s are
+            // pieces' only.
+            Some(Op::Incr(_) | Op::Merge(_)) | None => {
                 if !self.sess.get(skey, &mut self.raw)? {
                     return Ok((None, false));
                 }
