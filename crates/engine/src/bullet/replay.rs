@@ -469,7 +469,7 @@ mod tests {
         {
             let heap = Heap::create(&path, &heap_opts()).unwrap();
             let st = BulletStore::create(&heap, &opts()).unwrap();
-            let mut s = st.session().unwrap();
+            let s = st.session().unwrap();
             let mut round = |s: &mut BulletSession, r: usize| {
                 for k in 0..200usize {
                     let key = format!("key-{k}{}", "x".repeat(k % 3));
@@ -570,7 +570,7 @@ mod tests {
         {
             let heap = Heap::create(&path, &heap_opts()).unwrap();
             let st = BulletStore::create(&heap, &opts()).unwrap();
-            let mut s = st.session().unwrap();
+            let s = st.session().unwrap();
             let empty = Node::Leaf(Vec::new()).encode(false);
             let mut round = |s: &mut BulletSession, r: usize| {
                 for k in 0..120usize {
