@@ -686,4 +686,112 @@ mod tests {
         assert!(!probe.get(&a, &mut out).unwrap());
         assert_eq!(counts.get(0), Some((1, 1)));
     }
+
+    /// A session that records the opcodes of each batch it applies.
+    struct Recorder {
+        inner: Box<dyn Session>,
+        ops: Arc<Mutex<Vec<(Vec<u8>, u8)>>>,
+    }
+
+    impl Session for Recorder {
+        fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> engine::Result<bool> {
+            self.inner.get(key, out)
+        }
+        fn apply(&mut self, key: &[u8], op: Op<'_>) -> engine::Result<Outcome> {
+            self.ops.lock().unwrap().push((key.to_vec(), op.code()));
+            self.inner.apply(key, op)
+        }
+        fn scan(
+            &mut self,
+            cursor: u64,
+            count: usize,
+            out: &mut Vec<Vec<u8>>,
+        ) -> engine::Result<u64> {
+            self.inner.scan(cursor, count, out)
+        }
+    }
+
+    /// A piece's edits reach the store as merge operations, in order, and
+    /// the command's reads see the edited piece before then; a piece also
+    /// written whole in the command, or whose edits outgrow it, is one put.
+    #[test]
+    fn piece_edits_are_staged_as_merges() {
+        use engine::types::edit::Edit;
+        use engine::types::node::{Entry, Node};
+        use engine::volatile::VolatileStore;
+        use engine::Store as _;
+        let store = Arc::new(VolatileStore::new(64));
+        let counts = Arc::new(KeyCounts::new(1, store.key_hasher()));
+        let ops = Arc::new(Mutex::new(Vec::new()));
+        let rec = Recorder {
+            inner: Box::new(store.session().unwrap()),
+            ops: ops.clone(),
+        };
+        let mut ks = Keyspace::new(Box::new(rec), counts.clone(), 0);
+        counts.finish(&mut store.session().unwrap()).unwrap();
+        let p = [PIECE_PREFIX, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2];
+        // About 2 KiB: a few edits log less than the piece.
+        let filler = |n: usize| (0..n).map(|_| Entry::new(0.0, vec![b'x'; 50]));
+        let mut piece = Node::Leaf(filler(40).collect()).encode(false);
+        let mut edit = |ks: &mut Keyspace, piece: &mut Vec<u8>, e: Edit| {
+            let mut enc = Vec::new();
+            e.encode(false, &mut enc);
+            *piece = e.apply(false, piece).unwrap();
+            ks.edit_piece(&p, piece.clone(), &enc);
+        };
+        let ins = |x: &[u8]| Edit::LeafInsert {
+            pos: 0,
+            entry: Entry::new(0.0, x.to_vec()),
+        };
+        let mut got = |ks: &mut Keyspace| {
+            let mut out = Vec::new();
+            assert!(ks.get_piece(&p, &mut out).unwrap());
+            out
+        };
+        ks.put_piece(&p, &piece);
+        ks.apply().unwrap();
+        ops.lock().unwrap().clear();
+        // Two edits: two merges, in order; reads see both before the apply.
+        edit(&mut ks, &mut piece, ins(b"b"));
+        edit(&mut ks, &mut piece, Edit::LeafRemove { pos: 1 });
+        assert_eq!(got(&mut ks), piece);
+        ks.apply().unwrap();
+        assert_eq!(
+            std::mem::take(&mut *ops.lock().unwrap()),
+            [
+                (p.to_vec(), engine::OPC_MERGE),
+                (p.to_vec(), engine::OPC_MERGE)
+            ]
+        );
+        assert_eq!(got(&mut ks), piece);
+        assert_eq!(
+            Node::decode(&piece, false).unwrap(),
+            Node::Leaf(
+                std::iter::once(Entry::new(0.0, b"b".to_vec()))
+                    .chain(filler(39))
+                    .collect()
+            )
+        );
+        // Written whole, then edited: one put of the newest bytes.
+        piece = Node::Leaf(filler(40).collect()).encode(false);
+        ks.put_piece(&p, &piece);
+        edit(&mut ks, &mut piece, ins(b"c"));
+        ks.apply().unwrap();
+        assert_eq!(
+            std::mem::take(&mut *ops.lock().unwrap()),
+            [(p.to_vec(), engine::OPC_PUT)]
+        );
+        assert_eq!(got(&mut ks), piece);
+        // Edits that would log more than the piece: one put.
+        for i in 0..40 {
+            edit(&mut ks, &mut piece, ins(format!("{i}").as_bytes()));
+            edit(&mut ks, &mut piece, Edit::LeafRemove { pos: 0 });
+        }
+        ks.apply().unwrap();
+        assert_eq!(
+            std::mem::take(&mut *ops.lock().unwrap()),
+            [(p.to_vec(), engine::OPC_PUT)]
+        );
+        assert_eq!(got(&mut ks), piece);
+    }
 }
