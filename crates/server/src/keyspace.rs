@@ -687,10 +687,13 @@ mod tests {
         assert_eq!(counts.get(0), Some((1, 1)));
     }
 
-    /// A session that records the opcodes of each batch it applies.
+    /// Keys and opcodes, in the order applied.
+    type Applied = Arc<Mutex<Vec<(Vec<u8>, u8)>>>;
+
+    /// A session that records the operations it applies.
     struct Recorder {
         inner: Box<dyn Session>,
-        ops: Arc<Mutex<Vec<(Vec<u8>, u8)>>>,
+        ops: Applied,
     }
 
     impl Session for Recorder {
@@ -733,7 +736,7 @@ mod tests {
         // About 2 KiB: a few edits log less than the piece.
         let filler = |n: usize| (0..n).map(|_| Entry::new(0.0, vec![b'x'; 50]));
         let mut piece = Node::Leaf(filler(40).collect()).encode(false);
-        let mut edit = |ks: &mut Keyspace, piece: &mut Vec<u8>, e: Edit| {
+        let edit = |ks: &mut Keyspace, piece: &mut Vec<u8>, e: Edit| {
             let mut enc = Vec::new();
             e.encode(false, &mut enc);
             *piece = e.apply(false, piece).unwrap();
@@ -743,7 +746,7 @@ mod tests {
             pos: 0,
             entry: Entry::new(0.0, x.to_vec()),
         };
-        let mut got = |ks: &mut Keyspace| {
+        let got = |ks: &mut Keyspace| {
             let mut out = Vec::new();
             assert!(ks.get_piece(&p, &mut out).unwrap());
             out
