@@ -94,7 +94,7 @@ fn data_and_ttls_survive_restarts_for_every_durable_engine() {
     }
 }
 
-/// Lists, hashes and sets, small (one head value) and large (pieces), come
+/// Lists, hashes, sets and sorted sets, small (one head value) and large (pieces), come
 /// back after a clean restart and after SIGKILL (at rest: no write in
 /// flight), on every durable engine. (That no piece outlives its collection
 /// is checked in the server crate's `collections.rs`.)
@@ -115,6 +115,13 @@ fn collections_survive_restarts_for_every_durable_engine() {
             let members: Vec<String> = (0..1500).map(|i| format!("m{i}")).collect();
             let _: i64 = con.sadd("bigset", &members).unwrap();
             let _: i64 = con.sadd("intset", &[3, 1, 2]).unwrap();
+            let scored: Vec<(f64, String)> = (0..2500)
+                .map(|i| (i as f64 / 2.0, format!("z{i}")))
+                .collect();
+            let _: i64 = con.zadd_multiple("bigzset", &scored).unwrap();
+            let _: i64 = con
+                .zadd_multiple("smallzset", &[(2, "b"), (1, "a")])
+                .unwrap();
             // A large collection deleted, one overwritten by a string.
             let _: i64 = con.rpush("gone", &big).unwrap();
             let _: i64 = con.del("gone").unwrap();
@@ -142,10 +149,23 @@ fn collections_survive_restarts_for_every_durable_engine() {
             assert!(yes);
             let r: Vec<i64> = con.smembers("intset").unwrap();
             assert_eq!(r, [1, 2, 3]);
+            let n: i64 = con.zcard("bigzset").unwrap();
+            assert_eq!(n, 2500, "{engine} {what}");
+            let r: Vec<(String, f64)> = con.zrange_withscores("bigzset", 1000, 1001).unwrap();
+            assert_eq!(
+                r,
+                [("z1000".to_string(), 500.0), ("z1001".to_string(), 500.5)]
+            );
+            let rank: Option<i64> = con.zrank("bigzset", "z2222").unwrap();
+            assert_eq!(rank, Some(2222));
+            let r: Vec<String> = con.zrangebyscore("bigzset", 1249, "+inf").unwrap();
+            assert_eq!(r, ["z2498", "z2499"]);
+            let r: Vec<String> = con.zrange("smallzset", 0, -1).unwrap();
+            assert_eq!(r, ["a", "b"]);
             let t: String = redis::cmd("TYPE").arg("replaced").query(con).unwrap();
             assert_eq!(t, "string");
             let n: i64 = redis::cmd("DBSIZE").query(con).unwrap();
-            assert_eq!(n, 7, "{engine} {what}");
+            assert_eq!(n, 9, "{engine} {what}");
         };
         {
             let mut con = srv.client();

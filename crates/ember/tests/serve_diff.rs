@@ -139,6 +139,7 @@ fn same(e: &Reply, r: &Reply, cmp: Cmp, exact: &HashSet<i64>) -> bool {
             (Reply::Array(a), Reply::Array(b)) | (Reply::Set(a), Reply::Set(b)) => {
                 a.len() == b.len()
             }
+            (Reply::Map(a), Reply::Map(b)) => a.len() == b.len(),
             _ => e == r,
         },
         Cmp::SortedPairs => match (e, r) {
@@ -149,6 +150,15 @@ fn same(e: &Reply, r: &Reply, cmp: Cmp, exact: &HashSet<i64>) -> bool {
                     p
                 };
                 a.len() % 2 == 0 && pairs(a) == pairs(b)
+            }
+            // RESP3: a map, compared as a set of pairs.
+            (Reply::Map(a), Reply::Map(b)) => {
+                let pairs = |v: &[(Reply, Reply)]| {
+                    let mut p: Vec<String> = v.iter().map(|c| format!("{c:?}")).collect();
+                    p.sort();
+                    p
+                };
+                pairs(a) == pairs(b)
             }
             _ => e == r,
         },
@@ -170,6 +180,8 @@ struct Diff {
     exact_times: HashSet<i64>,
     /// Redis's replies by command and kind (the coverage the mix reached).
     kinds: BTreeMap<String, BTreeMap<&'static str, usize>>,
+    /// Both connections speak RESP3 (HELLO 3 after every reset).
+    resp3: bool,
 }
 
 fn kind(r: &Reply) -> &'static str {
@@ -204,6 +216,7 @@ impl Diff {
             failures: Vec::new(),
             exact_times: HashSet::new(),
             kinds: BTreeMap::new(),
+            resp3: false,
         }
     }
 
@@ -212,6 +225,10 @@ impl Diff {
         for c in [&mut self.ember, &mut self.redis] {
             assert_eq!(c.call(&["FLUSHALL"]), Reply::ok());
             assert_eq!(c.call(&["SELECT", "0"]), Reply::ok());
+            if self.resp3 {
+                // The greeting names each server: not compared.
+                assert!(matches!(c.call(&["HELLO", "3"]), Reply::Map(_)));
+            }
         }
         self.history.clear();
     }
@@ -1908,10 +1925,16 @@ fn edge_case_errors_match_redis() {
 /// Runs a mix of random steps against both servers for each seed
 /// (`EMBER_DIFF_SEED` replays one) and fails listing the divergences.
 fn run_mix(label: &str, default_seeds: &[u64], step: fn(&mut Diff, &mut Gen)) {
+    run_mix_in(label, default_seeds, step, false)
+}
+
+/// [`run_mix`] with both connections in RESP3 (`resp3`) or RESP2.
+fn run_mix_in(label: &str, default_seeds: &[u64], step: fn(&mut Diff, &mut Gen), resp3: bool) {
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
     let ember = Server::start(dir.path(), &[]);
     let mut d = Diff::new(&ember, redis.port);
+    d.resp3 = resp3;
     let seeds: Vec<u64> = match std::env::var("EMBER_DIFF_SEED") {
         Ok(s) => vec![s.parse().expect("EMBER_DIFF_SEED: a number")],
         Err(_) => default_seeds.to_vec(),
@@ -2431,4 +2454,318 @@ fn list_step(d: &mut Diff, g: &mut Gen) {
 #[test]
 fn list_sequences_match_redis() {
     run_mix("list", &[31, 32, 33], list_step);
+}
+
+/// The collection mixes again with both connections in RESP3 (maps, sets,
+/// doubles and nulls in their RESP3 forms), one seed each.
+#[test]
+fn collection_sequences_match_redis_in_resp3() {
+    run_mix_in("hash resp3", &[14], hash_step, true);
+    run_mix_in("set resp3", &[24], set_step, true);
+    run_mix_in("list resp3", &[34], list_step, true);
+    run_mix_in("zset resp3", &[44], zset_step, true);
+}
+
+impl Gen {
+    fn zset_key(&mut self) -> Vec<u8> {
+        b(self.pick(&["z1", "z2", "z3", "s1", "x1"]))
+    }
+
+    /// A sorted-set member: a few hundred names (past the listpack's 128
+    /// entries), sometimes one past its 64 bytes.
+    fn zmember(&mut self) -> Vec<u8> {
+        match self.rng.random_range(0..40) {
+            0 => vec![b'm'; self.rng.random_range(60..70)],
+            1..=10 => b(self.pick(&["a", "b", "c", "", "1", "x y"])),
+            _ => format!("m{}", self.rng.random_range(0..300)).into_bytes(),
+        }
+    }
+
+    /// A score: integers, decimals, the infinities and bad ones.
+    fn score(&mut self) -> Vec<u8> {
+        match self.rng.random_range(0..20) {
+            0 => b(self.pick(&[
+                "inf", "-inf", "+inf", "-0", "0.1", "1e17", "(1", "abc", "", "nan",
+            ])),
+            1..=10 => self.rng.random_range(-50i64..50).to_string().into_bytes(),
+            _ => (self.rng.random_range(-4000i64..4000) as f64 / 40.0)
+                .to_string()
+                .into_bytes(),
+        }
+    }
+
+    /// A score range bound.
+    fn zbound(&mut self) -> Vec<u8> {
+        match self.rng.random_range(0..10) {
+            0 => b(self.pick(&["-inf", "+inf", "(0", "x", "(inf", "", "(-inf"])),
+            1..=3 => format!("({}", self.rng.random_range(-60..60)).into_bytes(),
+            _ => self.rng.random_range(-60i64..60).to_string().into_bytes(),
+        }
+    }
+
+    /// A lexicographic range bound.
+    fn zlex(&mut self) -> Vec<u8> {
+        match self.rng.random_range(0..10) {
+            0..=1 => b(self.pick(&["-", "+", "x", "[", "("])),
+            2..=5 => format!("[m{}", self.rng.random_range(0..300)).into_bytes(),
+            _ => format!("(m{}", self.rng.random_range(0..300)).into_bytes(),
+        }
+    }
+
+    fn zrank(&mut self) -> Vec<u8> {
+        match self.rng.random_range(0..10) {
+            0 => b(self.pick(&["x", "-9223372036854775808", "9223372036854775807"])),
+            1..=3 => self.rng.random_range(-40i64..0).to_string().into_bytes(),
+            _ => self.rng.random_range(0i64..300).to_string().into_bytes(),
+        }
+    }
+}
+
+/// One random step of the sorted-set mix. Lexicographic ranges run on a key
+/// whose members all score 0 (Redis leaves them undefined otherwise).
+fn zset_step(d: &mut Diff, g: &mut Gen) {
+    let k = g.zset_key();
+    match g.rng.random_range(0..100) {
+        0..=19 => {
+            let mut args = vec![g.name("ZADD"), k];
+            let opts = ["NX", "XX", "GT", "LT", "CH", "INCR"];
+            for _ in 0..g.rng.random_range(0..3usize).saturating_sub(1) {
+                args.push(g.pick_name(&opts));
+            }
+            let n = if g.p(0.05) {
+                60
+            } else {
+                g.rng.random_range(1..4)
+            };
+            for _ in 0..n {
+                args.push(g.score());
+                args.push(g.zmember());
+            }
+            d.exact(&args);
+        }
+        20..=23 => {
+            d.exact(&[g.name("ZINCRBY"), k, g.score(), g.zmember()]);
+        }
+        24..=28 => {
+            let mut args = vec![g.name("ZREM"), k];
+            for _ in 0..g.rng.random_range(1..5) {
+                args.push(g.zmember());
+            }
+            d.exact(&args);
+        }
+        29..=34 => {
+            let cmd = g.pick_name(&["ZSCORE", "ZRANK", "ZREVRANK"]);
+            d.exact(&[cmd, k, g.zmember()]);
+        }
+        35..=36 => {
+            d.exact(&[g.name("ZMSCORE"), k, g.zmember(), g.zmember()]);
+        }
+        37..=39 => {
+            let cmd = g.pick_name(&["ZCARD", "TYPE", "EXISTS"]);
+            d.exact(&[cmd, k]);
+        }
+        40..=45 => {
+            let mut args = vec![g.name("ZRANGE"), k, g.zrank(), g.zrank()];
+            if g.p(0.3) {
+                args.push(b("REV"));
+            }
+            if g.p(0.5) {
+                args.push(b("WITHSCORES"));
+            }
+            if g.p(0.05) {
+                args.extend([b("LIMIT"), b("0"), b("1")]);
+            }
+            d.exact(&args);
+        }
+        46..=52 => {
+            let mut args = vec![g.name("ZRANGE"), k, g.zbound(), g.zbound(), b("BYSCORE")];
+            if g.p(0.4) {
+                args.push(b("REV"));
+            }
+            if g.p(0.5) {
+                args.push(b("WITHSCORES"));
+            }
+            if g.p(0.5) {
+                args.push(b("LIMIT"));
+                args.push(g.rng.random_range(-1i64..6).to_string().into_bytes());
+                args.push(g.rng.random_range(-1i64..12).to_string().into_bytes());
+            }
+            d.exact(&args);
+        }
+        53..=56 => {
+            let cmd = g.pick_name(&["ZRANGEBYSCORE", "ZREVRANGEBYSCORE", "ZREVRANGE", "ZCOUNT"]);
+            let rank = cmd.eq_ignore_ascii_case(b"zrevrange");
+            let (lo, hi) = if rank {
+                (g.zrank(), g.zrank())
+            } else {
+                (g.zbound(), g.zbound())
+            };
+            let mut args = vec![cmd.clone(), k, lo, hi];
+            if !cmd.eq_ignore_ascii_case(b"zcount") && g.p(0.5) {
+                args.push(b("WITHSCORES"));
+            }
+            d.exact(&args);
+        }
+        57..=60 => {
+            let cmd = g.pick_name(&["ZREMRANGEBYRANK", "ZREMRANGEBYSCORE"]);
+            let (lo, hi) = if cmd.eq_ignore_ascii_case(b"zremrangebyrank") {
+                (g.zrank(), g.zrank())
+            } else {
+                (g.zbound(), g.zbound())
+            };
+            d.exact(&[cmd, k, lo, hi]);
+        }
+        61..=66 => {
+            // Lexicographic commands on the all-zero key.
+            let lk = b("lex");
+            let cmd = g.pick(&[
+                "ZADD",
+                "ZADD",
+                "ZRANGEBYLEX",
+                "ZREVRANGEBYLEX",
+                "ZLEXCOUNT",
+                "ZREMRANGEBYLEX",
+                "ZRANGE",
+            ]);
+            let mut args = vec![g.name(cmd), lk];
+            match cmd {
+                "ZADD" => {
+                    for _ in 0..g.rng.random_range(1..20) {
+                        args.push(b("0"));
+                        args.push(g.zmember());
+                    }
+                }
+                "ZRANGE" => {
+                    args.extend([g.zlex(), g.zlex(), b("BYLEX")]);
+                    if g.p(0.5) {
+                        args.push(b("REV"));
+                    }
+                    if g.p(0.05) {
+                        args.push(b("WITHSCORES"));
+                    }
+                }
+                _ => {
+                    args.extend([g.zlex(), g.zlex()]);
+                    if cmd.ends_with("LEX") && !cmd.starts_with("ZREM") && g.p(0.4) {
+                        args.push(b("LIMIT"));
+                        args.push(g.rng.random_range(-1i64..4).to_string().into_bytes());
+                        args.push(g.rng.random_range(-1i64..8).to_string().into_bytes());
+                    }
+                }
+            }
+            d.exact(&args);
+        }
+        67..=71 => {
+            let cmd = g.pick_name(&["ZPOPMIN", "ZPOPMAX"]);
+            let mut args = vec![cmd, k];
+            if g.p(0.6) {
+                args.push(b(g.pick(&["0", "1", "3", "1000", "-1", "x"])));
+            }
+            d.exact(&args);
+        }
+        72..=73 => {
+            let n = b(g.pick(&["1", "2", "0", "x", "3"]));
+            let mut args = vec![g.name("ZMPOP"), n, k, g.zset_key()];
+            args.push(b(g.pick(&["MIN", "MAX", "mid"])));
+            if g.p(0.5) {
+                args.extend([b("COUNT"), b(g.pick(&["1", "4", "0", "1000"]))]);
+            }
+            d.exact(&args);
+        }
+        74..=80 => {
+            let cmd = g.pick(&["ZUNION", "ZINTER", "ZDIFF"]);
+            let n = g.rng.random_range(1..4usize);
+            let mut args = vec![g.name(cmd), n.to_string().into_bytes()];
+            for _ in 0..n {
+                args.push(g.zset_key());
+            }
+            if cmd != "ZDIFF" && g.p(0.4) {
+                args.push(b("WEIGHTS"));
+                for _ in 0..n {
+                    args.push(b(g.pick(&["1", "2", "-1", "0", "0.5", "x"])));
+                }
+            }
+            if cmd != "ZDIFF" && g.p(0.4) {
+                args.extend([b("AGGREGATE"), b(g.pick(&["SUM", "MIN", "MAX", "avg"]))]);
+            }
+            if g.p(0.6) {
+                args.push(b("WITHSCORES"));
+            }
+            d.exact(&args);
+        }
+        81..=85 => {
+            let cmd = g.pick(&["ZUNIONSTORE", "ZINTERSTORE", "ZDIFFSTORE"]);
+            let dst = g.zset_key();
+            let n = g.rng.random_range(1..4usize);
+            let mut args = vec![g.name(cmd), dst.clone(), n.to_string().into_bytes()];
+            for _ in 0..n {
+                args.push(g.zset_key());
+            }
+            d.exact(&args);
+            d.exact(&[b("ZRANGE"), dst.clone(), b("0"), b("-1"), b("WITHSCORES")]);
+            d.exact(&[b("OBJECT"), b("ENCODING"), dst]);
+        }
+        86..=87 => {
+            let n = b(g.pick(&["1", "2", "0", "x"]));
+            let mut args = vec![g.name("ZINTERCARD"), n, k, g.zset_key()];
+            if g.p(0.4) {
+                args.extend([b("LIMIT"), b(g.pick(&["0", "1", "2", "-1"]))]);
+            }
+            d.exact(&args);
+        }
+        88..=89 => {
+            let dst = g.zset_key();
+            let mut args = vec![g.name("ZRANGESTORE"), dst.clone(), k];
+            if g.p(0.5) {
+                args.extend([g.zbound(), g.zbound(), b("BYSCORE")]);
+            } else {
+                args.extend([g.zrank(), g.zrank()]);
+            }
+            if g.p(0.3) {
+                args.push(b("REV"));
+            }
+            d.exact(&args);
+            d.exact(&[b("ZRANGE"), dst, b("0"), b("-1"), b("WITHSCORES")]);
+        }
+        90..=91 => {
+            let mut args = vec![g.name("ZRANDMEMBER"), k];
+            if g.p(0.8) {
+                args.push(b(g.pick(&["0", "1", "3", "-3", "1000", "-1", "x"])));
+                if g.p(0.5) {
+                    args.push(b("WITHSCORES"));
+                }
+            }
+            d.call(&args, Cmp::Shape);
+        }
+        92..=93 => {
+            let mut opts = Vec::new();
+            if g.p(0.4) {
+                opts.extend([b("MATCH"), b(g.pick(&["m1*", "*", "m?", "[ab]*"]))]);
+            }
+            d.scan_all_of(&[b("ZSCAN"), k], &opts, true);
+            d.exact(&[b("OBJECT"), b("ENCODING"), g.zset_key()]);
+        }
+        94 => {
+            d.exact(&[g.name("SADD"), b("s1"), g.zmember()]);
+        }
+        95 => {
+            d.exact(&[g.name("SET"), b("x1"), g.val()]);
+        }
+        96 => {
+            d.exact(&[g.name("DEL"), k]);
+        }
+        97..=98 => {
+            let dst = g.zset_key();
+            d.exact(&[g.name("RENAME"), k, dst]);
+        }
+        _ => {
+            d.exact(&[g.name("EXPIRE"), k.clone(), b("1000")]);
+            d.call(&[b("TTL"), k], Cmp::Ttl { tol: 2 });
+        }
+    }
+}
+
+#[test]
+fn zset_sequences_match_redis() {
+    run_mix("zset", &[41, 42, 43], zset_step);
 }

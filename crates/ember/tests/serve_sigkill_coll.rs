@@ -1,9 +1,12 @@
 //! SIGKILL tests of collection commands: while clients move elements between
-//! two large lists (LMOVE) and two large sets (SMOVE) and count in a hash
-//! (HINCRBY), the server is killed at a random moment; after a restart no
-//! element is lost or doubled (each command's writes, its two heads and
-//! their pieces, are one crash-atomic batch) and the counter holds every
-//! acknowledged increment (plus at most the one in flight).
+//! two large lists (LMOVE) and two large sets (SMOVE), count in a hash
+//! (HINCRBY) and a sorted set (ZINCRBY), and rewrite a large sorted set from
+//! two others (ZINTERSTORE with new weights), the server is killed at a
+//! random moment; after a restart no element is lost or doubled (each
+//! command's writes, its heads and their pieces, are one crash-atomic
+//! batch), the rewritten sorted set is wholly one command's result, and the
+//! counters hold every acknowledged increment (plus at most the one in
+//! flight).
 
 mod serve_common;
 
@@ -18,12 +21,21 @@ use std::time::Duration;
 
 const LIST_N: usize = 1500;
 const SET_N: usize = 1200;
+const ZSET_N: usize = 1000;
 
 fn fill(con: &mut redis::Connection) {
     let elems: Vec<String> = (0..LIST_N).map(|i| format!("e{i}")).collect();
     let _: i64 = con.rpush("src", &elems).unwrap();
     let members: Vec<String> = (0..SET_N).map(|i| format!("m{i}")).collect();
     let _: i64 = con.sadd("s1", &members).unwrap();
+    let za: Vec<(usize, String)> = (0..ZSET_N).map(|i| (i + 1, format!("z{i}"))).collect();
+    let zb: Vec<(usize, String)> = (0..ZSET_N).map(|i| (0, format!("z{i}"))).collect();
+    let _: i64 = con.zadd_multiple("za", &za).unwrap();
+    let _: i64 = con.zadd_multiple("zb", &zb).unwrap();
+    let _: i64 = redis::cmd("ZINTERSTORE")
+        .arg(&["zu", "2", "za", "zb", "WEIGHTS", "1", "0"])
+        .query(con)
+        .unwrap();
 }
 
 /// Moves elements back and forth until stopped; returns the acknowledged
@@ -38,7 +50,7 @@ fn client(port: u16, seed: u64, stop: Arc<AtomicBool>) -> (i64, bool) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut acked = 0;
     while !stop.load(Ordering::Relaxed) {
-        let r: redis::RedisResult<()> = match rng.random_range(0..3) {
+        let r: redis::RedisResult<()> = match rng.random_range(0..5) {
             0 => {
                 let (from, to) = if rng.random_bool(0.5) {
                     ("src", "dst")
@@ -62,6 +74,20 @@ fn client(port: u16, seed: u64, stop: Arc<AtomicBool>) -> (i64, bool) {
                 };
                 con.smove::<_, _, _, i64>(from, to, m).map(|_| ())
             }
+            2 => {
+                let w = rng.random_range(1..100).to_string();
+                redis::cmd("ZINTERSTORE")
+                    .arg(&["zu", "2", "za", "zb", "WEIGHTS", &w, "0"])
+                    .query::<i64>(&mut con)
+                    .map(|_| ())
+            }
+            3 => match con.zincr::<_, _, _, f64>(format!("zc{}", seed % 2), "n", 1) {
+                Ok(_) => {
+                    acked += 1;
+                    Ok(())
+                }
+                Err(e) => return (acked, e.is_io_error() || e.is_connection_dropped()),
+            },
             _ => match con.hincr::<_, _, _, i64>(format!("h{}", seed % 2), "n", 1) {
                 Ok(_) => {
                     acked += 1;
@@ -88,9 +114,24 @@ fn check(con: &mut redis::Connection, counts: &[(i64, bool)], what: &str) {
     let s2: BTreeSet<String> = con.smembers("s2").unwrap();
     assert!(s1.is_disjoint(&s2), "{what}: a member in both sets");
     assert_eq!(s1.len() + s2.len(), SET_N, "{what}: members lost");
+    // ZINTERSTORE zu 2 za zb WEIGHTS w 0: every score of zu is w times za's,
+    // for one w: a half-applied store would mix two.
+    let zu: Vec<(String, f64)> = con.zrange_withscores("zu", 0, -1).unwrap();
+    assert_eq!(
+        zu.len(),
+        ZSET_N,
+        "{what}: ZINTERSTORE's result lost members"
+    );
+    let w = zu[0].1;
+    for (i, (m, s)) in zu.iter().enumerate() {
+        assert_eq!(m, &format!("z{i}"), "{what}: zu out of order");
+        assert_eq!(*s, w * (i + 1) as f64, "{what}: zu mixes two results");
+    }
     for (i, (acked, inflight)) in counts.iter().enumerate() {
-        let n: Option<i64> = con.hget(format!("h{i}"), "n").unwrap();
-        let n = n.unwrap_or(0);
+        let h: Option<i64> = con.hget(format!("h{i}"), "n").unwrap();
+        let z: Option<f64> = con.zscore(format!("zc{i}"), "n").unwrap();
+        // One client counts in both its hash and its sorted set.
+        let n = h.unwrap_or(0) + z.unwrap_or(0.0) as i64;
         assert!(
             n >= *acked && n <= acked + i64::from(*inflight),
             "{what}: counter h{i} = {n}, acknowledged {acked} (in flight: {inflight})"
@@ -135,8 +176,9 @@ fn kill_cycles(extra: &[&str], cycles: usize, seed: u64) {
         // start from the recovered values.
         check(&mut con, &counts, &format!("{extra:?} cycle {cycle}"));
         for (i, c) in counts.iter_mut().enumerate() {
-            let n: Option<i64> = con.hget(format!("h{i}"), "n").unwrap();
-            *c = (n.unwrap_or(0), false);
+            let h: Option<i64> = con.hget(format!("h{i}"), "n").unwrap();
+            let z: Option<f64> = con.zscore(format!("zc{i}"), "n").unwrap();
+            *c = (h.unwrap_or(0) + z.unwrap_or(0.0) as i64, false);
         }
     }
 }

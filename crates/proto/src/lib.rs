@@ -70,4 +70,4 @@ pub use parse::{
     encode_request, parse_request, parse_request_into, peek_requests, split_args, Args, Limits,
     Parsed,
 };
-pub use reply::{format_double, parse_reply, Reply, Version};
+pub use reply::{d2string, format_double, parse_reply, Reply, Version};

@@ -110,10 +110,10 @@ fn put_sanitized(out: &mut Vec<u8>, tag: u8, text: &str) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Formats a double the way Redis's `d2string` does: `inf`, `-inf`, `nan`,
-/// integral values within ±2^52 as integers (`-0` for negative zero), and
-/// otherwise the shortest round-tripping digits in `%.17g` layout (plain
-/// notation for decimal exponents in -4..17, else `d.ddde+XX`).
+/// Formats a double as Redis 7.0's `addReplyDouble` does: `inf`, `-inf`,
+/// `nan`, else C's `%.17g` (17 significant digits, so every double reads
+/// back exactly: `0.1` is `0.10000000000000001`, `3.0` is `3`, `1e17` is
+/// `1e+17`).
 pub fn format_double(d: f64) -> String {
     if d.is_nan() {
         return "nan".into();
@@ -121,6 +121,13 @@ pub fn format_double(d: f64) -> String {
     if d.is_infinite() {
         return if d > 0.0 { "inf".into() } else { "-inf".into() };
     }
+    format_g17(d)
+}
+
+/// Redis's `d2string` (how sorted-set scores are written as strings, e.g.
+/// by ZSCAN): integral values within ±2^62 as integers (`-0` for negative
+/// zero), everything else as [`format_double`].
+pub fn d2string(d: f64) -> String {
     if d == 0.0 {
         return if d.is_sign_negative() {
             "-0".into()
@@ -128,19 +135,33 @@ pub fn format_double(d: f64) -> String {
             "0".into()
         };
     }
-    const LIMIT: f64 = (1u64 << 52) as f64;
-    if d.fract() == 0.0 && d > -LIMIT && d < LIMIT {
+    const LIMIT: f64 = (i64::MAX / 2) as f64;
+    if d.is_finite() && d.fract() == 0.0 && (-LIMIT..=LIMIT).contains(&d) {
         return format!("{}", d as i64);
     }
-    // Shortest digits, e.g. "1.2345e-7".
-    let sci = format!("{d:e}");
+    format_double(d)
+}
+
+/// C's `%.17g` of a finite double: the exponent X of the value rounded to 17
+/// significant digits picks the style (plain with 16 - X decimals when
+/// -4 <= X < 17, else `d.ddde±XX`), then trailing zeros and a trailing point
+/// go. Rust's float formatting is exact, as glibc's is.
+fn format_g17(d: f64) -> String {
+    let sci = format!("{d:.16e}");
     let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
     let exp: i32 = exp.parse().unwrap_or(0);
+    let trim = |s: &str| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s.to_string()
+        }
+    };
     if (-4..17).contains(&exp) {
-        format!("{d}")
+        trim(&format!("{:.*}", (16 - exp) as usize, d))
     } else {
         let sign = if exp < 0 { '-' } else { '+' };
-        format!("{mantissa}e{sign}{:02}", exp.unsigned_abs())
+        format!("{}e{sign}{:02}", trim(mantissa), exp.unsigned_abs())
     }
 }
 

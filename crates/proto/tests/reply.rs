@@ -1,4 +1,4 @@
-use proto::{format_double, parse_reply, ProtoError, Reply, Version};
+use proto::{d2string, format_double, parse_reply, ProtoError, Reply, Version};
 
 fn both(r: &Reply, v2: &[u8], v3: &[u8]) {
     assert_eq!(
@@ -85,22 +85,40 @@ fn encode_every_type() {
 
 #[test]
 fn double_formatting() {
+    // Redis 7.0.15's replies (ZSCORE / ZRANGE WITHSCORES, RESP2) for these.
     let cases: &[(f64, &str)] = &[
         (0.0, "0"),
         (-0.0, "-0"),
         (1.0, "1"),
         (-17.0, "-17"),
-        (0.1, "0.1"),
+        (0.1, "0.10000000000000001"),
         (12.375, "12.375"),
-        (1e-5, "1e-05"),
+        (1e-5, "1.0000000000000001e-05"),
         (0.0001, "0.0001"),
-        (1.5e300, "1.5e+300"),
-        (4503599627370496.0, "4503599627370496"), // 2^52: past the integer path
+        (1.5e300, "1.5000000000000001e+300"),
+        (4503599627370496.0, "4503599627370496"),
         (1e17, "1e+17"),
         (123456789.125, "123456789.125"),
+        (f64::INFINITY, "inf"),
+        (f64::NEG_INFINITY, "-inf"),
+        (2.5e-5, "2.5000000000000001e-05"),
+        (99999999999999999.0, "1e+17"),
+        (1234567890123456.7, "1234567890123456.8"),
     ];
     for (d, want) in cases {
         assert_eq!(&format_double(*d), want, "{d}");
+    }
+    // d2string (ZSCAN's scores): integers up to 2^62 printed whole.
+    let cases: &[(f64, &str)] = &[
+        (1e17, "100000000000000000"),
+        (0.1, "0.10000000000000001"),
+        (-0.0, "-0"),
+        (3.0, "3"),
+        (1e19, "1e+19"),
+        (f64::NEG_INFINITY, "-inf"),
+    ];
+    for (d, want) in cases {
+        assert_eq!(&d2string(*d), want, "{d}");
     }
 }
 

@@ -11,7 +11,7 @@
 
 use crate::keyspace::{Keyspace, KsError};
 use engine::types::edit::Edit;
-use engine::types::head::{piece_key, ListHead, MapHead};
+use engine::types::head::{piece_key, ListHead, MapHead, ZsetHead};
 use engine::types::lhash::{Bucket, Pair, Table};
 use engine::types::tree::{Pieces, Tree};
 
@@ -108,6 +108,17 @@ pub fn free_value(ks: &mut Keyspace, raw: &[u8]) -> Result<(), KsError> {
                 let ids = Tree::new(&mut p, &mut meta, false)
                     .pieces()
                     .map_err(KsError::Store)?;
+                for piece in ids {
+                    p.remove(piece).map_err(KsError::Store)?;
+                }
+            }
+            Ok(())
+        }
+        crate::keyspace::KIND_ZSET => {
+            let head = ZsetHead::decode(&raw[h.off..]).map_err(KsError::Store)?;
+            if let ZsetHead::Tree { id, .. } = head {
+                let ids = crate::cmd::zset_piece_ids(ks, &head).map_err(KsError::Store)?;
+                let mut p = KsPieces::new(ks, id);
                 for piece in ids {
                     p.remove(piece).map_err(KsError::Store)?;
                 }

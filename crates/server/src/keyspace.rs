@@ -518,7 +518,7 @@ impl Keyspace {
     /// deleted or overwritten. A string costs one byte's test.
     fn free_pieces_of_raw(&mut self) -> KsResult<()> {
         let kind = self.raw.first().map(|t| t & !EXPIRY_BIT);
-        if matches!(kind, Some(KIND_LIST | KIND_HASH | KIND_SET)) {
+        if matches!(kind, Some(KIND_LIST | KIND_HASH | KIND_SET | KIND_ZSET)) {
             let raw = std::mem::take(&mut self.raw);
             let r = crate::coll::free_value(self, &raw);
             self.raw = raw;

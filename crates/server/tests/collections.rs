@@ -51,7 +51,7 @@ fn run(cfg: Config, seed: u64) {
     for step in 0..400 {
         let k = keys[rng.random_range(0..keys.len())];
         let k2 = keys[rng.random_range(0..keys.len())];
-        let mut cmd: Vec<String> = match rng.random_range(0..16) {
+        let mut cmd: Vec<String> = match rng.random_range(0..20) {
             0 => vec!["RPUSH".into(), k.into()],
             1 => vec!["HSET".into(), k.into()],
             2 => vec!["SADD".into(), k.into()],
@@ -81,11 +81,36 @@ fn run(cfg: Config, seed: u64) {
             ],
             13 => vec!["SMOVE".into(), k.into(), k2.into(), "m7".into()],
             14 => vec!["HDEL".into(), k.into(), "f1".into(), "f2".into()],
+            15 => vec!["ZADD".into(), k.into()],
+            16 => vec![
+                "ZREMRANGEBYRANK".into(),
+                k.into(),
+                "10".into(),
+                rng.random_range(10..600).to_string(),
+            ],
+            17 => vec![
+                "ZUNIONSTORE".into(),
+                k.into(),
+                "2".into(),
+                k.into(),
+                k2.into(),
+            ],
+            18 => vec![
+                "ZPOPMIN".into(),
+                k.into(),
+                rng.random_range(1..500).to_string(),
+            ],
             _ => vec!["UNLINK".into(), k.into(), k2.into()],
         };
         match cmd[0].as_str() {
             "RPUSH" => cmd.extend(big("e", rng.random_range(1..600))),
             "SADD" => cmd.extend(big("m", rng.random_range(1..900))),
+            "ZADD" => {
+                for (i, m) in big("z", rng.random_range(1..800)).into_iter().enumerate() {
+                    cmd.push((i % 97).to_string());
+                    cmd.push(m);
+                }
+            }
             "HSET" => {
                 for f in big("f", rng.random_range(1..700)) {
                     cmd.push(f);

@@ -45,7 +45,9 @@
 //! Prints `power-loss-sim: N images, M inconsistent (server ...)`.
 //! `EMBER_POWER_LOSS_SEED` sets the first seed; failures name their seed.
 
-use pmem::{CrashImage, CrashSim, Heap, Strategy};
+mod common;
+
+use pmem::{CrashImage, CrashSim, Heap};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use server::config::{Config, DurabilityMode, EngineChoice};
@@ -420,26 +422,8 @@ fn create(path: &Path, seed: u64) -> BTreeMap<Vec<u8>, State> {
     start
 }
 
-/// Opens the heap at `path` (a crash image) as the server starts, without the
-/// simulator, and checks every key against `hist` and DBSIZE against the keys
-/// present; returns the shared state (for a clean shutdown) and the states.
 fn recover(path: &Path) -> Result<(Arc<Shared>, Embedded), String> {
-    let c = cfg(path);
-    let opts = pmem::HeapOptions {
-        // The same format; nothing waits for the file.
-        strategy: Strategy::FenceOnly,
-        ..store::heap_options(&c)
-    };
-    let rec = Heap::open(path, &opts).map_err(|e| format!("open: {e}"))?;
-    let st = Startup {
-        existed: true,
-        ..Startup::default()
-    };
-    let (store, st) =
-        store::open_recovered(&c, rec, st, Instant::now()).map_err(|e| format!("recover: {e}"))?;
-    let sh = Embedded::start(c, store, st, 1)?;
-    let e = Embedded::new(sh.clone(), 0)?;
-    Ok((sh, e))
+    common::recover(cfg(path))
 }
 
 /// Every key's state, and DBSIZE against the keys present.
@@ -482,7 +466,7 @@ fn check_image(path: &Path, img: &CrashImage, hist: &Hist, deep: bool) -> Result
 
 #[test]
 fn server_commands_survive_power_loss() {
-    let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+    let dir = tempfile::tempdir_in(common::shm_dir()).unwrap();
     let img_path = dir.path().join("image");
     let first_seed: u64 = std::env::var("EMBER_POWER_LOSS_SEED")
         .ok()
@@ -586,16 +570,6 @@ fn server_commands_survive_power_loss() {
     assert_eq!(bad, 0, "inconsistent images (see above)");
 }
 
-/// A tmpfs directory when there is one (images are written often).
-fn shm_dir() -> std::path::PathBuf {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    }
-}
-
 /// Two workers, one key: worker 1 deletes it and has not committed; worker 0's
 /// DEL then finds it absent (the uncommitted tombstone), replies 0 without
 /// writing, and commits: a worker would now send that reply. A power loss
@@ -605,7 +579,7 @@ fn shm_dir() -> std::path::PathBuf {
 #[test]
 fn del_after_another_workers_uncommitted_del() {
     use std::sync::mpsc::channel;
-    let dir = tempfile::tempdir_in(shm_dir()).unwrap();
+    let dir = tempfile::tempdir_in(common::shm_dir()).unwrap();
     let path = dir.path().join("heap");
     create(&path, 0);
     let c = cfg(&path);

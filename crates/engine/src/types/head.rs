@@ -11,6 +11,13 @@
 //!   3 LIST_INLINE: the whole list as one positional leaf (tree::node)
 //!   4 LIST_TREE:   u64 id ‖ u64 root ‖ u32 height ‖ u64 next id ‖ u64 count:
 //!             a positional counted B+-tree of pieces under the keys of `id`
+//!   5 ZSET_INLINE: the whole sorted set as one ordered leaf (tree::node),
+//!             elements in (score, member) order
+//!   6 ZSET_TREE: u64 id ‖ u64 root ‖ u32 height ‖ u64 next id ‖ u64 count
+//!             ‖ u32 level ‖ u64 split ‖ u64 count: an ordered counted
+//!             B+-tree (the order, ranks) and a linear-hashing table
+//!             (member -> score as 8 bytes f64 LE), both under the keys of
+//!             `id` (tree pieces 1.., table buckets `lhash::BUCKET_ID | b`)
 //! ```
 
 use super::lhash::{self, Bucket};
@@ -22,6 +29,8 @@ pub const INLINE: u8 = 1;
 pub const TABLE: u8 = 2;
 pub const LIST_INLINE: u8 = 3;
 pub const LIST_TREE: u8 = 4;
+pub const ZSET_INLINE: u8 = 5;
+pub const ZSET_TREE: u8 = 6;
 
 /// A hash's or a set's head.
 #[derive(Clone, Debug, PartialEq)]
@@ -112,10 +121,7 @@ impl ListHead {
             ListHead::Tree { id, meta } => {
                 out.push(LIST_TREE);
                 out.extend_from_slice(&id.to_le_bytes());
-                out.extend_from_slice(&meta.root.to_le_bytes());
-                out.extend_from_slice(&meta.height.to_le_bytes());
-                out.extend_from_slice(&meta.next_id.to_le_bytes());
-                out.extend_from_slice(&meta.count.to_le_bytes());
+                put_tree_meta(out, meta);
             }
         }
     }
@@ -129,22 +135,11 @@ impl ListHead {
             Some(&LIST_TREE) => {
                 let mut r = Reader { b: &b[1..], at: 0 };
                 let id = r.u64()?;
-                let root = r.u64()?;
-                let height = u32::from_le_bytes(r.bytes(4)?.try_into().expect("4 bytes"));
-                let next_id = r.u64()?;
-                let count = r.u64()?;
-                if r.at != r.b.len() || height > 64 || (root == 0) != (height == 0) {
+                let meta = read_tree_meta(&mut r)?;
+                if r.at != r.b.len() {
                     return Err(corrupt("list tree head".into()));
                 }
-                Ok(ListHead::Tree {
-                    id,
-                    meta: tree::Meta {
-                        root,
-                        height,
-                        next_id,
-                        count,
-                    },
-                })
+                Ok(ListHead::Tree { id, meta })
             }
             _ => Err(corrupt("list head encoding".into())),
         }
@@ -160,6 +155,113 @@ impl ListHead {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// A sorted set's head.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ZsetHead {
+    /// Small: every element in the head, in order (Redis's listpack).
+    Inline(Vec<Entry>),
+    /// Large: an ordered tree and a member table (Redis's skiplist + dict).
+    Tree {
+        id: u64,
+        tree: tree::Meta,
+        map: lhash::Meta,
+    },
+}
+
+impl ZsetHead {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            ZsetHead::Inline(v) => {
+                out.push(ZSET_INLINE);
+                out.push(super::node::LEAF);
+                out.extend_from_slice(&(v.len() as u16).to_le_bytes());
+                for e in v {
+                    super::node::put_entry(out, e, true);
+                }
+            }
+            ZsetHead::Tree { id, tree, map } => {
+                out.push(ZSET_TREE);
+                out.extend_from_slice(&id.to_le_bytes());
+                put_tree_meta(out, tree);
+                out.extend_from_slice(&map.level.to_le_bytes());
+                out.extend_from_slice(&map.split.to_le_bytes());
+                out.extend_from_slice(&map.count.to_le_bytes());
+            }
+        }
+    }
+
+    pub fn decode(b: &[u8]) -> Result<ZsetHead> {
+        match b.first() {
+            Some(&ZSET_INLINE) => match Node::decode(&b[1..], true)? {
+                Node::Leaf(v) => Ok(ZsetHead::Inline(v)),
+                Node::Inner(_) => Err(corrupt("sorted set head".into())),
+            },
+            Some(&ZSET_TREE) => {
+                let mut r = Reader { b: &b[1..], at: 0 };
+                let id = r.u64()?;
+                let tree = read_tree_meta(&mut r)?;
+                let level = u32::from_le_bytes(r.bytes(4)?.try_into().expect("4 bytes"));
+                let split = r.u64()?;
+                let map_count = r.u64()?;
+                if r.at != r.b.len()
+                    || level >= 63
+                    || split >= 1u64 << level
+                    || map_count != tree.count
+                    || tree.next_id >= lhash::BUCKET_ID
+                {
+                    return Err(corrupt("sorted set tree head".into()));
+                }
+                Ok(ZsetHead::Tree {
+                    id,
+                    tree,
+                    map: lhash::Meta {
+                        level,
+                        split,
+                        count: map_count,
+                        seed: id,
+                    },
+                })
+            }
+            _ => Err(corrupt("sorted set head encoding".into())),
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        match self {
+            ZsetHead::Inline(v) => v.len() as u64,
+            ZsetHead::Tree { tree, .. } => tree.count,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A tree's root state: u64 root ‖ u32 height ‖ u64 next id ‖ u64 count.
+fn put_tree_meta(out: &mut Vec<u8>, m: &tree::Meta) {
+    out.extend_from_slice(&m.root.to_le_bytes());
+    out.extend_from_slice(&m.height.to_le_bytes());
+    out.extend_from_slice(&m.next_id.to_le_bytes());
+    out.extend_from_slice(&m.count.to_le_bytes());
+}
+
+fn read_tree_meta(r: &mut Reader) -> Result<tree::Meta> {
+    let root = r.u64()?;
+    let height = u32::from_le_bytes(r.bytes(4)?.try_into().expect("4 bytes"));
+    let next_id = r.u64()?;
+    let count = r.u64()?;
+    if height > 64 || (root == 0) != (height == 0) {
+        return Err(corrupt("tree head".into()));
+    }
+    Ok(tree::Meta {
+        root,
+        height,
+        next_id,
+        count,
+    })
 }
 
 /// The store key of piece `piece` of collection `id`: a first byte (0xFF)
@@ -222,6 +324,35 @@ mod tests {
             assert_eq!(ListHead::decode(&b).unwrap(), h);
             for cut in 0..b.len() {
                 assert!(ListHead::decode(&b[..cut]).is_err());
+            }
+        }
+        let zsets = [
+            ZsetHead::Inline(vec![
+                Entry::new(-1.5, b"a".to_vec()),
+                Entry::new(f64::INFINITY, vec![]),
+            ]),
+            ZsetHead::Tree {
+                id: 11,
+                tree: tree::Meta {
+                    root: 3,
+                    height: 2,
+                    next_id: 7,
+                    count: 300,
+                },
+                map: lhash::Meta {
+                    level: 3,
+                    split: 1,
+                    count: 300,
+                    seed: 11,
+                },
+            },
+        ];
+        for h in zsets {
+            let mut b = Vec::new();
+            h.encode(&mut b);
+            assert_eq!(ZsetHead::decode(&b).unwrap(), h);
+            for cut in 0..b.len() {
+                assert!(ZsetHead::decode(&b[..cut]).is_err());
             }
         }
     }

@@ -81,6 +81,27 @@ impl Bucket {
         Ok(Bucket(v))
     }
 
+    /// The value of `field` in an encoded bucket, read in place (no pair is
+    /// copied: a lookup in a large hash, set or sorted set costs one scan of
+    /// one bucket's bytes).
+    pub fn lookup<'b>(b: &'b [u8], field: &[u8]) -> Result<Option<&'b [u8]>> {
+        let mut r = Reader { b, at: 0 };
+        if r.u8()? != BUCKET {
+            return Err(corrupt("not a bucket piece".into()));
+        }
+        let n = u16::from_le_bytes([r.u8()?, r.u8()?]) as usize;
+        for _ in 0..n {
+            let fl = usize::try_from(r.varint()?).map_err(|_| corrupt("field length".into()))?;
+            let f = r.bytes(fl)?;
+            let vl = usize::try_from(r.varint()?).map_err(|_| corrupt("value length".into()))?;
+            let v = r.bytes(vl)?;
+            if f == field {
+                return Ok(Some(v));
+            }
+        }
+        Ok(None)
+    }
+
     pub fn find(&self, field: &[u8]) -> Option<usize> {
         self.0.iter().position(|(f, _)| f == field)
     }
@@ -192,10 +213,39 @@ impl<'a, P: super::tree::Pieces> Table<'a, P> {
         }
     }
 
+    /// Fills an empty table with `pairs` (distinct fields) in one pass: the
+    /// level is chosen so that the load is at most [`GROW_LOAD`], and every
+    /// bucket is written once.
+    pub fn bulk_load(&mut self, pairs: Vec<Pair>) -> Result<()> {
+        if self.meta.count != 0 || self.meta.level != 0 || self.meta.split != 0 {
+            return Err(corrupt("bulk load into a non-empty table".into()));
+        }
+        let n = pairs.len() as u64;
+        let mut level = 0;
+        while n > GROW_LOAD << level {
+            level += 1;
+        }
+        self.meta.level = level;
+        let mut buckets: Vec<Bucket> = vec![Bucket::default(); 1usize << level];
+        for (f, v) in pairs {
+            let b = self.meta.bucket_of(self.meta.hash(&f));
+            buckets[b as usize].0.push((f, v));
+        }
+        for (b, bucket) in buckets.iter().enumerate() {
+            if !bucket.0.is_empty() {
+                self.p.put(bucket_id(b as u64), bucket.encode())?;
+            }
+        }
+        self.meta.count = n;
+        Ok(())
+    }
+
     pub fn get(&mut self, field: &[u8]) -> Result<Option<Vec<u8>>> {
         let b = self.meta.bucket_of(self.meta.hash(field));
-        let bucket = self.load(b)?;
-        Ok(bucket.find(field).map(|i| bucket.0[i].1.clone()))
+        match self.p.get(bucket_id(b))? {
+            Some(bytes) => Ok(Bucket::lookup(&bytes, field)?.map(|v| v.to_vec())),
+            None => Ok(None),
+        }
     }
 
     /// Sets `field` to `value`; true when the field is new.

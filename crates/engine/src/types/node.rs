@@ -172,7 +172,7 @@ pub(crate) struct Reader<'a> {
     pub at: usize,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
     pub fn u8(&mut self) -> Result<u8> {
         let v = *self
             .b
@@ -182,7 +182,7 @@ impl Reader<'_> {
         Ok(v)
     }
 
-    pub fn bytes(&mut self, n: usize) -> Result<&[u8]> {
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self
             .at
             .checked_add(n)

@@ -592,6 +592,66 @@ impl<'a, P: Pieces> Tree<'a, P> {
         self.remove_located(at)
     }
 
+    /// Fills an empty tree with `entries` (in the tree's order; for an
+    /// ordered tree sorted by (score, member) with distinct members) in one
+    /// pass: leaves packed to three quarters of their limits, then each
+    /// level of inner nodes above them, every piece written once. O(n), where
+    /// inserting one by one would rewrite each leaf once per element.
+    pub fn bulk_load(&mut self, entries: Vec<Entry>) -> Result<()> {
+        if self.meta.root != 0 {
+            return Err(corrupt("bulk load into a non-empty tree".into()));
+        }
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let (max_n, max_bytes) = (self.lim.leaf_entries * 3 / 4, self.lim.leaf_bytes * 3 / 4);
+        let count = entries.len() as u64;
+        let mut level: Vec<Child> = Vec::new();
+        let mut leaf: Vec<Entry> = Vec::new();
+        let mut bytes = 0;
+        let mut it = entries.into_iter().peekable();
+        while let Some(e) = it.next() {
+            bytes += e.encoded_len(self.ordered);
+            leaf.push(e);
+            let full = it.peek().is_none_or(|next| {
+                leaf.len() >= max_n || bytes + next.encoded_len(self.ordered) > max_bytes
+            });
+            if full {
+                let id = self.alloc();
+                let low = leaf[0].clone();
+                let node = Node::Leaf(std::mem::take(&mut leaf));
+                level.push(Child {
+                    id,
+                    count: node.count(),
+                    low,
+                });
+                self.put(id, &node)?;
+                bytes = 0;
+            }
+        }
+        let mut height = 1;
+        let per_inner = (self.lim.fanout * 3 / 4).max(2);
+        while level.len() > 1 {
+            let mut up = Vec::with_capacity(level.len() / per_inner + 1);
+            for chunk in level.chunks(per_inner) {
+                let id = self.alloc();
+                let node = Node::Inner(chunk.to_vec());
+                up.push(Child {
+                    id,
+                    count: node.count(),
+                    low: chunk[0].low.clone(),
+                });
+                self.put(id, &node)?;
+            }
+            level = up;
+            height += 1;
+        }
+        self.meta.root = level[0].id;
+        self.meta.height = height;
+        self.meta.count = count;
+        Ok(())
+    }
+
     /// Every piece id of the tree (to free it), root first.
     pub fn pieces(&mut self) -> Result<Vec<u64>> {
         let mut out = Vec::new();

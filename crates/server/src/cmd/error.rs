@@ -165,6 +165,11 @@ pub enum CmdError {
     AclNoUser(Vec<u8>),
     /// ACL DRYRUN of an unknown command.
     AclNoCommand(Vec<u8>),
+    /// An error whose text (after `ERR `) only one command gives.
+    Msg(&'static str),
+    /// ZUNION/ZINTER/ZDIFF(STORE)/ZINTERCARD with numkeys below 1 (the
+    /// command's name, lower case).
+    AtLeastOneKey(String),
 }
 
 impl From<KsError> for CmdError {
@@ -318,6 +323,10 @@ impl CmdError {
             E::AclGenpassBits => return "ERR ACL GENPASS argument must be the number of bits for the output password, a positive number up to 4096".into(),
             E::AclNoUser(u) => format!("ERR User '{}' not found", lossy(until_nul(u))),
             E::AclNoCommand(c) => format!("ERR Command '{}' not found", lossy(until_nul(c))),
+            E::Msg(text) => format!("ERR {text}"),
+            E::AtLeastOneKey(cmd) => {
+                format!("ERR at least 1 input key is needed for '{cmd}' command")
+            }
         })
     }
 }

@@ -235,21 +235,7 @@ pub fn hrandfield(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         }
         return Ok(());
     }
-    let l = int_arg(&a[2])?;
-    if l == i64::MIN {
-        return Err(CmdError::RangeBetween {
-            min: -i64::MAX,
-            max: i64::MAX,
-        });
-    }
-    let withvalues = match a.len() {
-        3 => false,
-        4 if eq(&a[3], "withvalues") => true,
-        _ => return Err(CmdError::Syntax),
-    };
-    if withvalues && !(-i64::MAX / 2..=i64::MAX / 2).contains(&l) {
-        return Err(CmdError::ValueOutOfRange);
-    }
+    let (l, withvalues) = maps::rand_count_args(a, "withvalues")?;
     let picked = read(ctx, c, &a[1], |ctx, h| {
         let Some(h) = h else {
             return Ok(Vec::new());

@@ -2,7 +2,7 @@
 
 use super::{eq, int_arg, locked, CmdError, Ctx, R};
 use crate::glob::Glob;
-use crate::keyspace::{skey, type_name, KIND_HASH, KIND_LIST, KIND_SET, KIND_STRING};
+use crate::keyspace::{skey, type_name, KIND_HASH, KIND_LIST, KIND_SET, KIND_STRING, KIND_ZSET};
 use crate::server::Client;
 use proto::Reply;
 
@@ -414,6 +414,7 @@ pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 KIND_SET => super::maps::encoding(v, "intset"),
                 // Redis 7.0 keeps every list as a quicklist.
                 KIND_LIST => "quicklist",
+                KIND_ZSET => super::zsets::encoding(v),
                 _ => "unknown",
             };
             c.bulk(e.as_bytes());

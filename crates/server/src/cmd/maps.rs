@@ -195,6 +195,29 @@ pub(crate) fn random_distinct(
     Ok(all)
 }
 
+/// The count and flag of HRANDFIELD/ZRANDMEMBER `key count [flag]` (`a`
+/// has at least 3 arguments), checked in Redis's order: the count's range,
+/// then the flag's syntax, then the range a flagged count may have (its
+/// reply is twice as long).
+pub(crate) fn rand_count_args(a: &[Vec<u8>], flag: &str) -> Result<(i64, bool), CmdError> {
+    let l = int_arg(&a[2])?;
+    if l == i64::MIN {
+        return Err(CmdError::RangeBetween {
+            min: -i64::MAX,
+            max: i64::MAX,
+        });
+    }
+    let flagged = match a.len() {
+        3 => false,
+        4 if eq(&a[3], flag) => true,
+        _ => return Err(CmdError::Syntax),
+    };
+    if flagged && !(-i64::MAX / 2..=i64::MAX / 2).contains(&l) {
+        return Err(CmdError::ValueOutOfRange);
+    }
+    Ok((l, flagged))
+}
+
 /// Most repeated random picks one request may ask for: a count beyond it (Redis
 /// would try to build a reply of that many elements, for hours) is refused
 /// as out of range rather than stall the worker.
@@ -278,26 +301,40 @@ pub(crate) fn scan(
             }
             MapHead::Table { id, meta } => {
                 let mut meta = *meta;
-                let mut p = KsPieces::new(ctx.ks, *id);
-                let mut t = Table::new(&mut p, &mut meta);
-                let mut cur = cursor;
-                let mut steps = count.saturating_mul(10);
-                let mut seen = 0usize;
-                loop {
-                    cur = t.scan(cur, |f, v| {
-                        seen += 1;
-                        push(f, v);
-                    })?;
-                    steps -= 1;
-                    if cur == 0 || seen >= count || steps == 0 {
-                        break;
-                    }
-                }
-                cur
+                scan_table(ctx, *id, &mut meta, cursor, count, push)?
             }
         };
         Ok((next, out))
     })
+}
+
+/// One step of a table scan from `cursor` (`lhash::Table::scan`, bucket
+/// class by bucket class): stops after `count` pairs were seen, at the end,
+/// or after ten steps per pair asked for. Returns the next cursor (0: done).
+pub(crate) fn scan_table(
+    ctx: &mut Ctx,
+    id: u64,
+    meta: &mut engine::types::lhash::Meta,
+    cursor: u64,
+    count: usize,
+    mut push: impl FnMut(&[u8], &[u8]),
+) -> Result<u64, CmdError> {
+    let mut p = KsPieces::new(ctx.ks, id);
+    let mut t = Table::new(&mut p, meta);
+    let mut cur = cursor;
+    let mut steps = count.saturating_mul(10);
+    let mut seen = 0usize;
+    loop {
+        cur = t.scan(cur, |f, v| {
+            seen += 1;
+            push(f, v);
+        })?;
+        steps -= 1;
+        if cur == 0 || seen >= count || steps == 0 {
+            break;
+        }
+    }
+    Ok(cur)
 }
 
 /// OBJECT ENCODING of a map's head (`inline`: what Redis calls its small

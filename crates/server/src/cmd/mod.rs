@@ -12,6 +12,7 @@ mod maps;
 mod sets;
 mod strings;
 mod table;
+mod zsets;
 
 pub use table::{
     arity_ok, lookup, movable_keys, Cats, Flags, KeyPos, Spec, SubSpec, KEY_ACCESS, SUBCOMMANDS,
@@ -20,6 +21,7 @@ pub use table::{
 
 pub use conn::REDIS_COMPAT_VERSION;
 pub use error::CmdError;
+pub(crate) use zsets::piece_ids as zset_piece_ids;
 
 use crate::clock::Stamp;
 use crate::keyspace::Keyspace;

@@ -3,7 +3,7 @@
 //! handler. `COMMAND`, dispatch, the statistics and (later) ACL, MULTI and
 //! replication all read it; a new command is a handler and one row here.
 
-use super::{acl, admin, conn, hashes, keys, lists, sets, strings, Handler};
+use super::{acl, admin, conn, hashes, keys, lists, sets, strings, zsets, Handler};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -123,19 +123,32 @@ pub struct KeyPos {
     pub step: i32,
 }
 
+/// The key indexes after a `numkeys` argument at `at`: that many keys after
+/// it (as many as there are when it claims more).
+fn numkeys_at(args: &[Vec<u8>], at: usize) -> Vec<usize> {
+    let n = args
+        .get(at)
+        .and_then(|a| proto::int::parse_i64(a))
+        .filter(|&n| n > 0)
+        .unwrap_or(0) as usize;
+    (at + 1..args.len()).take(n).collect()
+}
+
 /// The key indexes of a request of a MOVABLEKEYS command, whose keys its
 /// arguments locate: `numkeys` at index 1 and that many keys after it
-/// (SINTERCARD, LMPOP). Empty for other commands and for a `numkeys` that
-/// is not a positive number (the command itself then refuses the request).
+/// (SINTERCARD, LMPOP, ZMPOP, ZUNION...), or a destination at 1 and
+/// `numkeys` at 2 (ZUNIONSTORE...). Empty for other commands and for a
+/// `numkeys` that is not a positive number (the command itself then refuses
+/// the request).
 pub fn movable_keys(name: &str, args: &[Vec<u8>]) -> Vec<usize> {
     match name {
-        "sintercard" | "lmpop" => {
-            let n = args
-                .get(1)
-                .and_then(|a| proto::int::parse_i64(a))
-                .filter(|&n| n > 0)
-                .unwrap_or(0) as usize;
-            (2..args.len()).take(n).collect()
+        "sintercard" | "lmpop" | "zmpop" | "zunion" | "zinter" | "zdiff" | "zintercard" => {
+            numkeys_at(args, 1)
+        }
+        "zunionstore" | "zinterstore" | "zdiffstore" => {
+            let mut keys = vec![1];
+            keys.extend(numkeys_at(args, 2));
+            keys
         }
         _ => Vec::new(),
     }
@@ -326,6 +339,39 @@ pub static TABLE: &[Spec] = &[
     spec!("sdiff", -2, [READONLY], [SET], (1, -1, 1), "set", "1.0.0", "Returns the difference of multiple sets.", sets::sdiff),
     spec!("sdiffstore", -3, [WRITE, DENYOOM], [SET], (1, -1, 1), "set", "1.0.0", "Stores the difference of multiple sets in a key.", sets::sdiffstore),
     spec!("sscan", -3, [READONLY], [SET], (1, 1, 1), "set", "2.8.0", "Iterates over members of a set.", sets::sscan),
+    // sorted sets
+    spec!("zadd", -4, [WRITE, DENYOOM, FAST], [SORTEDSET], (1, 1, 1), "sorted_set", "1.2.0", "Adds one or more members to a sorted set, or updates their scores. Creates the key if it doesn't exist.", zsets::zadd),
+    spec!("zincrby", 4, [WRITE, DENYOOM, FAST], [SORTEDSET], (1, 1, 1), "sorted_set", "1.2.0", "Increments the score of a member in a sorted set.", zsets::zadd),
+    spec!("zrem", -3, [WRITE, FAST], [SORTEDSET], (1, 1, 1), "sorted_set", "1.2.0", "Removes one or more members from a sorted set. Deletes the sorted set if all members were removed.", zsets::zrem),
+    spec!("zcard", 2, [READONLY, FAST], [SORTEDSET], (1, 1, 1), "sorted_set", "1.2.0", "Returns the number of members in a sorted set.", zsets::zcard),
+    spec!("zscore", 3, [READONLY, FAST], [SORTEDSET], (1, 1, 1), "sorted_set", "1.2.0", "Returns the score of a member in a sorted set.", zsets::zscore),
+    spec!("zmscore", -3, [READONLY, FAST], [SORTEDSET], (1, 1, 1), "sorted_set", "6.2.0", "Returns the score of one or more members in a sorted set.", zsets::zmscore),
+    spec!("zrank", 3, [READONLY, FAST], [SORTEDSET], (1, 1, 1), "sorted_set", "2.0.0", "Returns the index of a member in a sorted set ordered by ascending scores.", zsets::zrank),
+    spec!("zrevrank", 3, [READONLY, FAST], [SORTEDSET], (1, 1, 1), "sorted_set", "2.0.0", "Returns the index of a member in a sorted set ordered by descending scores.", zsets::zrank),
+    spec!("zcount", 4, [READONLY, FAST], [SORTEDSET], (1, 1, 1), "sorted_set", "2.0.0", "Returns the count of members in a sorted set that have scores within a range.", zsets::zcount),
+    spec!("zlexcount", 4, [READONLY, FAST], [SORTEDSET], (1, 1, 1), "sorted_set", "2.8.9", "Returns the number of members in a sorted set within a lexicographical range.", zsets::zlexcount),
+    spec!("zrange", -4, [READONLY], [SORTEDSET], (1, 1, 1), "sorted_set", "1.2.0", "Returns members in a sorted set within a range of indexes.", zsets::zrange),
+    spec!("zrangestore", -5, [WRITE, DENYOOM], [SORTEDSET], (1, 2, 1), "sorted_set", "6.2.0", "Stores a range of members from sorted set in a key.", zsets::zrangestore),
+    spec!("zrevrange", -4, [READONLY], [SORTEDSET], (1, 1, 1), "sorted_set", "1.2.0", "Returns members in a sorted set within a range of indexes in reverse order.", zsets::zrevrange),
+    spec!("zrangebyscore", -4, [READONLY], [SORTEDSET], (1, 1, 1), "sorted_set", "1.0.5", "Returns members in a sorted set within a range of scores.", zsets::zrangebyscore),
+    spec!("zrevrangebyscore", -4, [READONLY], [SORTEDSET], (1, 1, 1), "sorted_set", "2.2.0", "Returns members in a sorted set within a range of scores in reverse order.", zsets::zrevrangebyscore),
+    spec!("zrangebylex", -4, [READONLY], [SORTEDSET], (1, 1, 1), "sorted_set", "2.8.9", "Returns members in a sorted set within a lexicographical range.", zsets::zrangebylex),
+    spec!("zrevrangebylex", -4, [READONLY], [SORTEDSET], (1, 1, 1), "sorted_set", "2.8.9", "Returns members in a sorted set within a lexicographical range in reverse order.", zsets::zrevrangebylex),
+    spec!("zremrangebyrank", 4, [WRITE], [SORTEDSET], (1, 1, 1), "sorted_set", "2.0.0", "Removes members in a sorted set within a range of indexes. Deletes the sorted set if all members were removed.", zsets::zremrangebyrank),
+    spec!("zremrangebyscore", 4, [WRITE], [SORTEDSET], (1, 1, 1), "sorted_set", "1.2.0", "Removes members in a sorted set within a range of scores. Deletes the sorted set if all members were removed.", zsets::zremrangebyscore),
+    spec!("zremrangebylex", 4, [WRITE], [SORTEDSET], (1, 1, 1), "sorted_set", "2.8.9", "Removes members in a sorted set within a lexicographical range. Deletes the sorted set if all members were removed.", zsets::zremrangebylex),
+    spec!("zpopmin", -2, [WRITE, FAST], [SORTEDSET], (1, 1, 1), "sorted_set", "5.0.0", "Returns the lowest-scoring members from a sorted set after removing them. Deletes the sorted set if the last member was popped.", zsets::zpop),
+    spec!("zpopmax", -2, [WRITE, FAST], [SORTEDSET], (1, 1, 1), "sorted_set", "5.0.0", "Returns the highest-scoring members from a sorted set after removing them. Deletes the sorted set if the last member was popped.", zsets::zpop),
+    spec!("zmpop", -4, [WRITE, MOVABLEKEYS], [SORTEDSET], (0, 0, 0), "sorted_set", "7.0.0", "Returns the highest- or lowest-scoring members from one or more sorted sets after removing them. Deletes the sorted set if the last member was popped.", zsets::zmpop),
+    spec!("zrandmember", -2, [READONLY], [SORTEDSET], (1, 1, 1), "sorted_set", "6.2.0", "Returns one or more random members from a sorted set.", zsets::zrandmember),
+    spec!("zunion", -3, [READONLY, MOVABLEKEYS], [SORTEDSET], (0, 0, 0), "sorted_set", "6.2.0", "Returns the union of multiple sorted sets.", zsets::zunion),
+    spec!("zinter", -3, [READONLY, MOVABLEKEYS], [SORTEDSET], (0, 0, 0), "sorted_set", "6.2.0", "Returns the intersect of multiple sorted sets.", zsets::zinter),
+    spec!("zdiff", -3, [READONLY, MOVABLEKEYS], [SORTEDSET], (0, 0, 0), "sorted_set", "6.2.0", "Returns the difference between multiple sorted sets.", zsets::zdiff),
+    spec!("zunionstore", -4, [WRITE, DENYOOM, MOVABLEKEYS], [SORTEDSET], (1, 1, 1), "sorted_set", "2.0.0", "Stores the union of multiple sorted sets in a key.", zsets::zunionstore),
+    spec!("zinterstore", -4, [WRITE, DENYOOM, MOVABLEKEYS], [SORTEDSET], (1, 1, 1), "sorted_set", "2.0.0", "Stores the intersect of multiple sorted sets in a key.", zsets::zinterstore),
+    spec!("zdiffstore", -4, [WRITE, DENYOOM, MOVABLEKEYS], [SORTEDSET], (1, 1, 1), "sorted_set", "6.2.0", "Stores the difference of multiple sorted sets in a key.", zsets::zdiffstore),
+    spec!("zintercard", -3, [READONLY, MOVABLEKEYS], [SORTEDSET], (0, 0, 0), "sorted_set", "7.0.0", "Returns the number of members of the intersect of multiple sorted sets.", zsets::zintercard),
+    spec!("zscan", -3, [READONLY], [SORTEDSET], (1, 1, 1), "sorted_set", "2.8.0", "Iterates over members and scores of a sorted set.", zsets::zscan),
     // keyspace
     spec!("del", -2, [WRITE], [KEYSPACE], (1, -1, 1), "generic", "1.0.0", "Deletes one or more keys.", keys::del),
     spec!("unlink", -2, [WRITE, FAST], [KEYSPACE], (1, -1, 1), "generic", "4.0.0", "Asynchronously deletes one or more keys.", keys::del),
@@ -506,6 +552,15 @@ pub static KEY_ACCESS: &[(&str, &str, &str)] = &[
     ("sinterstore", "W", "R"),
     ("sunionstore", "W", "R"),
     ("sdiffstore", "W", "R"),
+    ("zincrby", "RW", "RW"),
+    ("zcard", "-", "-"),
+    ("zrangestore", "W", "R"),
+    ("zpopmin", "RW", "RW"),
+    ("zpopmax", "RW", "RW"),
+    ("zmpop", "RW", "RW"),
+    ("zunionstore", "W", "R"),
+    ("zinterstore", "W", "R"),
+    ("zdiffstore", "W", "R"),
 ];
 
 /// FNV-1a: command names are short and not attacker-chosen keys of a growing

@@ -147,3 +147,33 @@ fn corrupt_buckets_are_errors() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// A bulk-loaded table holds exactly its pairs in the right buckets, at
+    /// most the growth load per bucket, and sets and deletes after work on it.
+    #[test]
+    fn a_bulk_loaded_table_is_a_valid_table(
+        n in 0u32..5000,
+        later in proptest::collection::vec((any::<bool>(), 0u32..6000), 0..200),
+    ) {
+        let mut p = MemPieces::default();
+        let mut meta = Meta::new(7);
+        let pairs: Vec<Pair> = (0..n).map(|i| (format!("f{i}").into_bytes(), vec![i as u8])).collect();
+        let mut model: HashMap<Vec<u8>, Vec<u8>> = pairs.iter().cloned().collect();
+        Table::new(&mut p, &mut meta).bulk_load(pairs).unwrap();
+        prop_assert!(meta.count <= GROW_LOAD * meta.buckets());
+        check(&p, &meta, &model);
+        for (set, k) in later {
+            let f = format!("f{k}").into_bytes();
+            let mut t = Table::new(&mut p, &mut meta);
+            if set {
+                prop_assert_eq!(t.set(&f, b"v").unwrap(), model.insert(f, b"v".to_vec()).is_none());
+            } else {
+                prop_assert_eq!(t.del(&f).unwrap(), model.remove(&f).is_some());
+            }
+        }
+        check(&p, &meta, &model);
+    }
+}

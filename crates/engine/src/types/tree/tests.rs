@@ -278,3 +278,71 @@ fn a_corrupt_piece_is_an_error_not_a_panic() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A bulk-loaded tree (of any size, small or default limits) is a valid
+    /// tree holding exactly its entries, and later inserts and removes work
+    /// on it as on one built element by element.
+    #[test]
+    fn a_bulk_loaded_tree_is_a_valid_tree(
+        n in 0usize..3000,
+        small in any::<bool>(),
+        ordered in any::<bool>(),
+        later in proptest::collection::vec((any::<bool>(), 0u32..4000), 0..60),
+    ) {
+        let mut p = MemPieces::default();
+        let mut meta = Meta::new();
+        let entries: Vec<Entry> = (0..n as u32)
+            .map(|i| Entry::new(if ordered { i as f64 } else { 0.0 }, format!("m{i:05}").into_bytes()))
+            .collect();
+        let mut t = Tree::new(&mut p, &mut meta, ordered);
+        if small {
+            t.lim = SMALL;
+        }
+        t.bulk_load(entries.clone()).unwrap();
+        prop_assert_eq!(t.meta.count, n as u64);
+        prop_assert_eq!(check(&p, &meta, ordered), entries.clone());
+        let mut model = entries;
+        for (insert, x) in later {
+            let mut t = Tree::new(&mut p, &mut meta, ordered);
+            if small {
+                t.lim = SMALL;
+            }
+            if insert || model.is_empty() {
+                let e = Entry::new(if ordered { x as f64 + 0.5 } else { 0.0 }, format!("x{x}").into_bytes());
+                if ordered {
+                    if model.iter().any(|m| m.bytes == e.bytes) {
+                        continue;
+                    }
+                    t.insert_key(e.score, &e.bytes).unwrap();
+                    let at = model.partition_point(|m| m.cmp_key(e.score, &e.bytes).is_lt());
+                    model.insert(at, e);
+                } else {
+                    let at = x as usize % (model.len() + 1);
+                    t.insert_at(at as u64, e.bytes.clone()).unwrap();
+                    model.insert(at, e);
+                }
+            } else {
+                let at = x as usize % model.len();
+                if ordered {
+                    t.remove_rank(at as u64).unwrap();
+                } else {
+                    t.remove_at(at as u64).unwrap();
+                }
+                model.remove(at);
+            }
+            prop_assert_eq!(check(&p, &meta, ordered), model.clone());
+        }
+    }
+}
+
+#[test]
+fn bulk_load_refuses_a_non_empty_tree() {
+    let mut p = MemPieces::default();
+    let mut meta = Meta::new();
+    let mut t = Tree::new(&mut p, &mut meta, false);
+    t.insert_at(0, b"a".to_vec()).unwrap();
+    assert!(t.bulk_load(vec![Entry::new(0.0, b"b".to_vec())]).is_err());
+}
