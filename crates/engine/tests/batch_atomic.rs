@@ -183,6 +183,11 @@ fn heap_o(c: &Cfg) -> HeapOptions {
 /// the history: it holds a batch started before the image was complete, not
 /// older than any acknowledged before the image began.
 fn check_image(c: &Cfg, path: &Path, img: &CrashImage, hist: &Hist, i: u64) -> Result<(), String> {
+    // A new file, not the previous image's truncated: the previous store's
+    // index may still have block frees deferred to the epoch (they hold its
+    // heap and run on whichever thread collects next), and a store into a
+    // truncated mapping is a SIGBUS.
+    let _ = std::fs::remove_file(path);
     pmem::sim::write_image(path, &img.bytes).unwrap();
     let rec = Heap::open(path, &heap_opts(4 << 20, 32 << 20, Strategy::FenceOnly))
         .map_err(|e| format!("open: {e}"))?;
