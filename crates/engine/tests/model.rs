@@ -27,8 +27,6 @@
 mod common;
 
 use common::*;
-use engine::types::edit::Edit;
-use engine::types::node::{Entry, Node};
 use engine::{Error, Op, Outcome, Session};
 use pmem::{CrashSim, Heap};
 use proptest::prelude::*;
@@ -98,29 +96,6 @@ fn text(v: u32) -> Vec<u8> {
     let mut s = format!("v{v:x}-").into_bytes();
     s.resize(4 + (v as usize % 90), b'x');
     s
-}
-
-/// A list leaf of `n` elements.
-fn leaf(n: u8, v: u32) -> Vec<u8> {
-    Node::Leaf(
-        (0..n)
-            .map(|i| Entry::new(0.0, format!("e{v:x}.{i}").into_bytes()))
-            .collect(),
-    )
-    .encode(false)
-}
-
-/// A merge payload: an edit of a list leaf.
-fn edit(kind: u8, pos: u32, v: u32) -> Vec<u8> {
-    let entry = Entry::new(0.0, format!("m{v:x}").into_bytes());
-    let e = match kind {
-        0 => Edit::LeafInsert { pos, entry },
-        1 => Edit::LeafRemove { pos },
-        _ => Edit::LeafSet { pos, entry },
-    };
-    let mut out = Vec::new();
-    e.encode(false, &mut out);
-    out
 }
 
 struct Live {
@@ -208,7 +183,7 @@ fn run_model(kind: Kind, ops: &[TOp]) -> Result<(), String> {
                 let (k, val) = match op {
                     TOp::PutNum(k, n) => (k, n.to_string().into_bytes()),
                     TOp::Put(k, v) => (k, text(*v)),
-                    TOp::PutLeaf(k, n, v) => (k, leaf(*n, *v)),
+                    TOp::PutLeaf(k, n, v) => (k, leaf_piece(*n, *v)),
                     _ => unreachable!(),
                 };
                 let r = live
@@ -246,7 +221,7 @@ fn run_model(kind: Kind, ops: &[TOp]) -> Result<(), String> {
                 }
             }
             TOp::Merge(k, e, p, v) => {
-                let payload = edit(*e, *p, *v);
+                let payload = leaf_edit(*e, *p, *v);
                 let r = live.sess().apply(&key(*k), Op::Merge(&payload));
                 let want = engine::merge_value(model.get(k).map(|v| v.as_slice()), &payload);
                 match (r, want) {
@@ -268,8 +243,8 @@ fn run_model(kind: Kind, ops: &[TOp]) -> Result<(), String> {
                         TOp::PutNum(k, n) => w.put(&key(*k), n.to_string().as_bytes()),
                         TOp::Remove(k) => w.remove(&key(*k)),
                         TOp::Incr(k, d) => w.incr(&key(*k), *d),
-                        TOp::PutLeaf(k, n, v) => w.put(&key(*k), &leaf(*n, *v)),
-                        TOp::Merge(k, e, p, v) => w.merge(&key(*k), &edit(*e, *p, *v)),
+                        TOp::PutLeaf(k, n, v) => w.put(&key(*k), &leaf_piece(*n, *v)),
+                        TOp::Merge(k, e, p, v) => w.merge(&key(*k), &leaf_edit(*e, *p, *v)),
                         _ => unreachable!("batches hold writes"),
                     }
                     if fails {
@@ -280,7 +255,7 @@ fn run_model(kind: Kind, ops: &[TOp]) -> Result<(), String> {
                             let val = match o {
                                 TOp::PutNum(_, n) => n.to_string().into_bytes(),
                                 TOp::Put(_, v) => text(*v),
-                                TOp::PutLeaf(_, n, v) => leaf(*n, *v),
+                                TOp::PutLeaf(_, n, v) => leaf_piece(*n, *v),
                                 _ => unreachable!(),
                             };
                             let old = after.insert(*k, val);
@@ -303,7 +278,7 @@ fn run_model(kind: Kind, ops: &[TOp]) -> Result<(), String> {
                             }
                         }
                         TOp::Merge(k, e, p, v) => {
-                            let payload = edit(*e, *p, *v);
+                            let payload = leaf_edit(*e, *p, *v);
                             match engine::merge_value(after.get(k).map(|v| v.as_slice()), &payload)
                             {
                                 Ok(new) => {
