@@ -11,7 +11,7 @@ use crate::tls::Conn;
 use proto::reply::put;
 use proto::{Reply, RespCodec, Version};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -34,6 +34,8 @@ pub struct ClientMeta {
     /// The last command's ACL id, a subcommand's for a container (+1; 0 =
     /// none; see `acl::resolve`).
     pub last_cmd: AtomicU64,
+    /// Blocked in a blocking command (CLIENT LIST flag `b`).
+    pub blocked: AtomicBool,
 }
 
 impl ClientMeta {
@@ -53,6 +55,7 @@ impl ClientMeta {
             resp: AtomicU8::new(2),
             last_ms: AtomicU64::new(0),
             last_cmd: AtomicU64::new(0),
+            blocked: AtomicBool::new(false),
         }
     }
 }
@@ -74,7 +77,7 @@ impl ClientMeta {
             i => crate::acl::cmd_name(i as usize - 1).to_string(),
         };
         format!(
-            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags=N db={} sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -82,6 +85,11 @@ impl ClientMeta {
             self.name.lock().unwrap_or_else(|p| p.into_inner()),
             age_ms / 1000,
             idle,
+            if self.blocked.load(Ordering::Relaxed) {
+                "b"
+            } else {
+                "N"
+            },
             self.db.load(Ordering::Relaxed),
             cmd,
             self.user.lock().unwrap_or_else(|p| p.into_inner()),
@@ -135,6 +143,13 @@ pub struct Client {
     /// Since when the pending output has been above the soft
     /// `client-output-buffer-limit` (None: below it).
     pub(crate) obuf_soft_since: Option<Instant>,
+    /// The worker and poll token serving the connection (None in the
+    /// in-process executor, whose client may not block).
+    pub(crate) home: Option<(usize, mio::Token)>,
+    /// The blocking request it waits in; its input is not parsed meanwhile.
+    pub(crate) blocked: Option<Box<crate::blocking::Blocked>>,
+    /// How many times it blocked (numbers its waits, see `blocking`).
+    pub(crate) block_seq: u64,
 }
 
 impl Client {
@@ -167,6 +182,9 @@ impl Client {
             last_active: Instant::now(),
             want_write: false,
             obuf_soft_since: None,
+            home: None,
+            blocked: None,
+            block_seq: 0,
         }
     }
 }

@@ -109,9 +109,10 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, crate::keyspace:
     if on("clients") {
         let _ = write!(
             o,
-            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\ntracking_clients:0\r\n\r\n",
+            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\ntracking_clients:0\r\n\r\n",
             sh.connected.load(Ordering::Relaxed),
-            cfg.maxclients
+            cfg.maxclients,
+            sh.blocking.blocked_clients()
         );
     }
     let heap = sh.store.heap();

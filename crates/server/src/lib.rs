@@ -23,7 +23,8 @@
 //!   `rlimit`: the open file limit; `embedded`: the command layer without a
 //!   network, for crash tests.
 //! - [`cmd`]: the command table and handlers; [`acl`]: ACL users, their
-//!   rules and checks, ACL LOG.
+//!   rules and checks, ACL LOG; [`blocking`]: blocked clients (BLPOP...)
+//!   and how writes wake them.
 //! - [`info`], [`metrics`], [`stats`]: observability; [`clock`]: the
 //!   per-command clock.
 
@@ -35,6 +36,7 @@
 #[allow(unsafe_code)]
 mod accept;
 pub mod acl;
+pub mod blocking;
 mod client;
 #[allow(unsafe_code)]
 pub mod clock;

@@ -47,6 +47,8 @@ pub struct Shared {
     /// them instead of waiting for their poll timeouts.
     pub wakers: Mutex<Vec<Arc<Waker>>>,
     pub clients: Mutex<BTreeMap<u64, Arc<ClientMeta>>>,
+    /// Clients blocked in BLPOP and the like, by key (see [`crate::blocking`]).
+    pub blocking: crate::blocking::Blocking,
     /// ACL users and ACL LOG (see [`crate::acl`]).
     pub acl: crate::acl::Acl,
     pub next_client_id: AtomicU64,
@@ -89,6 +91,7 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             wakers: Mutex::new(Vec::new()),
             clients: Mutex::new(BTreeMap::new()),
+            blocking: crate::blocking::Blocking::new(workers),
             acl,
             next_client_id: AtomicU64::new(1),
             connected: AtomicU64::new(0),
@@ -199,6 +202,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(waker.clone());
+        sh.blocking.set_waker(id, waker.clone());
         let (tx, rx) = channel();
         doors.push((tx, waker.clone()));
         let sh2 = sh.clone();
@@ -237,6 +241,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     batch_requests: 0,
                     pipeline: pipeline_commits,
                     acl_epoch: 0,
+                    block_timers: std::collections::BTreeSet::new(),
                 }
                 .run()
             })

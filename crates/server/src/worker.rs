@@ -152,6 +152,9 @@ pub(crate) struct Worker {
     pub(crate) pipeline: bool,
     /// The ACL epoch this worker last swept its connections at.
     pub(crate) acl_epoch: u64,
+    /// Timeouts of this worker's blocked clients: (deadline, client id,
+    /// wait number, token), earliest first (see `blocking`).
+    pub(crate) block_timers: std::collections::BTreeSet<(Instant, u64, u64, Token)>,
 }
 
 impl Worker {
@@ -171,7 +174,8 @@ impl Worker {
             let timeout = if busy_maint || std::mem::take(&mut rewake) || !self.pending.is_empty() {
                 Duration::ZERO
             } else {
-                period
+                // A blocked client's timeout may come first.
+                self.block_wait().map_or(period, |w| w.min(period))
             };
             let spin = if unpipelined {
                 self.settings.busy_poll
@@ -199,6 +203,13 @@ impl Worker {
                 let before = self.batch_requests;
                 self.serve(t);
                 requesting += usize::from(self.batch_requests > before);
+            }
+            // Blocked clients: timeouts, turns on ready keys, CLIENT UNBLOCK.
+            let n = ready.len();
+            self.serve_blocked(&mut ready);
+            if ready.len() > n {
+                ready.sort_unstable();
+                ready.dedup();
             }
             let group = self.ks.sess.awaits_commit();
             if group {
@@ -477,8 +488,9 @@ impl Worker {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, meta.clone());
-            self.clients
-                .insert(token, Client::new(id, sock, meta, &self.sh.acl));
+            let mut c = Client::new(id, sock, meta, &self.sh.acl);
+            c.home = Some((self.id, token));
+            self.clients.insert(token, c);
             // Data may have arrived before registration: look once.
             self.pending.push(token);
         }
@@ -520,7 +532,9 @@ impl Worker {
             }
             if c.eof {
                 // Every complete request has run; what is left is a truncated
-                // request nobody will finish. Answer, then close.
+                // request nobody will finish. Answer, then close. A blocked
+                // client stops waiting (Redis frees it).
+                self.forget_blocked(c, t);
                 c.close_after = true;
                 break;
             }
@@ -673,7 +687,8 @@ impl Worker {
         now: i64,
     ) -> bool {
         loop {
-            if c.close_after || c.kill {
+            // A blocked client's input waits, unparsed, until it is unblocked.
+            if c.close_after || c.kill || c.blocked.is_some() {
                 return true;
             }
             let pending = c.out.len() - c.outpos;
@@ -720,6 +735,9 @@ impl Worker {
                     };
                     cmd::execute(&mut ctx, c, args, clock);
                     self.batch_requests += 1;
+                    if let (Some(_), Some((_, token))) = (&c.blocked, c.home) {
+                        self.note_blocked(c, token);
+                    }
                 }
                 Ok(None) => {
                     // Incomplete: keep its bytes at the front of the buffer
@@ -844,6 +862,7 @@ impl Worker {
 
     fn drop_client(&mut self, t: Token) {
         if let Some(mut c) = self.clients.remove(&t) {
+            self.forget_blocked(&mut c, t);
             if !c.kill {
                 c.sock.close_notify();
             }
@@ -894,7 +913,9 @@ impl Worker {
             let idle: Vec<Token> = self
                 .clients
                 .iter()
-                .filter(|(_, c)| c.last_active.elapsed() > limit && c.out.is_empty())
+                .filter(|(_, c)| {
+                    c.last_active.elapsed() > limit && c.out.is_empty() && c.blocked.is_none()
+                })
                 .map(|(t, _)| *t)
                 .collect();
             for t in idle {

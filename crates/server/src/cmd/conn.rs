@@ -259,6 +259,28 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 text: s.into_bytes(),
             });
         }
+        "unblock" => {
+            // CLIENT UNBLOCK <id> [TIMEOUT|ERROR]: the reason is checked
+            // before the id, as Redis does.
+            if a.len() < 3 {
+                return Err(super::arity_error("client|unblock"));
+            }
+            if a.len() > 4 {
+                return Err(CmdError::SubcommandArgs {
+                    cmd: "CLIENT",
+                    sub: a[1].clone(),
+                });
+            }
+            let error = match a.get(3) {
+                None => false,
+                Some(r) if eq(r, "timeout") => false,
+                Some(r) if eq(r, "error") => true,
+                Some(_) => return Err(CmdError::UnblockReason),
+            };
+            let id = super::int_arg(&a[2])?;
+            let done = u64::try_from(id).is_ok_and(|id| ctx.sh.blocking.unblock(id, error));
+            c.int(i64::from(done));
+        }
         "no-evict" | "no-touch" => {
             arity(3)?;
             if !(eq(&a[2], "on") || eq(&a[2], "off")) {
@@ -287,6 +309,8 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 "    Set client meta attr. Options are:",
                 "    * LIB-NAME: the client lib name.",
                 "    * LIB-VER: the client lib version.",
+                "UNBLOCK <clientid> [TIMEOUT|ERROR]",
+                "    Unblock the specified blocked client.",
                 "NO-EVICT (ON|OFF)",
                 "    Accepted; Ember never evicts keys.",
                 "NO-TOUCH (ON|OFF)",
@@ -297,7 +321,7 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             super::help(c, &lines);
         }
         "kill" | "pause" | "unpause" | "reply" | "tracking" | "trackinginfo" | "caching"
-        | "getredir" | "unblock" => {
+        | "getredir" => {
             return Err(CmdError::NotSupported {
                 what: format!("CLIENT {}", sub.to_ascii_uppercase()),
                 why: "",

@@ -170,6 +170,20 @@ pub enum CmdError {
     /// ZUNION/ZINTER/ZDIFF(STORE)/ZINTERCARD with numkeys below 1 (the
     /// command's name, lower case).
     AtLeastOneKey(String),
+    /// A blocking command's timeout that is not a number.
+    TimeoutNotFloat,
+    /// A blocking command's negative timeout.
+    TimeoutNegative,
+    /// CLIENT UNBLOCK's reason other than TIMEOUT or ERROR.
+    UnblockReason,
+    /// The reply of a client that CLIENT UNBLOCK ... ERROR unblocked.
+    UnblockedByClient,
+    /// A container's subcommand with an argument count it refuses, where
+    /// Redis checks it in the subcommand (`sub` as given).
+    SubcommandArgs {
+        cmd: &'static str,
+        sub: Vec<u8>,
+    },
 }
 
 impl From<KsError> for CmdError {
@@ -327,6 +341,16 @@ impl CmdError {
             E::AtLeastOneKey(cmd) => {
                 format!("ERR at least 1 input key is needed for '{cmd}' command")
             }
+            E::TimeoutNotFloat => return "ERR timeout is not a float or out of range".into(),
+            E::TimeoutNegative => return "ERR timeout is negative".into(),
+            E::UnblockReason => {
+                return "ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR".into()
+            }
+            E::UnblockedByClient => return "UNBLOCKED client unblocked via CLIENT UNBLOCK".into(),
+            E::SubcommandArgs { cmd, sub } => format!(
+                "ERR unknown subcommand or wrong number of arguments for '{}'. Try {cmd} HELP.",
+                c_str(sub)
+            ),
         })
     }
 }

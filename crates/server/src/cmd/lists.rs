@@ -5,10 +5,13 @@
 //! Redis 7.0 calls every list's encoding `quicklist`. Every command runs
 //! under the key's stripe lock, readers included (`crate::coll`).
 //!
-//! The blocking commands (BLPOP, BRPOP, BLMOVE, BRPOPLPUSH, BLMPOP) are not
-//! served yet.
+//! The blocking commands (BLPOP, BRPOP, BLMOVE, BRPOPLPUSH, BLMPOP) are
+//! their non-blocking forms as [`crate::blocking`] serve functions: each
+//! tries one key under the stripe locks `blocking` takes, and `blocking`
+//! makes the client wait when none serves.
 
 use super::{eq, int_arg, locked, CmdError, Ctx, R};
+use crate::blocking::{self, Try, Wait};
 use crate::coll::{self, KsPieces};
 use crate::keyspace::{skey, KIND_LIST};
 use crate::server::Client;
@@ -529,26 +532,39 @@ fn lmove_generic(
 ) -> Result<Option<Vec<u8>>, CmdError> {
     let (s, d) = (skey(c.db, src), skey(c.db, dst));
     locked(ctx, &[&s, &d], |ctx| {
-        let Some(mut sl) = load(ctx, &s)? else {
+        let Some(sl) = load(ctx, &s)? else {
             return Ok(None);
         };
-        if s == d {
-            let Some(v) = pop(ctx, &mut sl.head, from_left)? else {
-                return Ok(None);
-            };
-            push(ctx, &mut sl.head, to_left, &v)?;
-            save(ctx, &s, &sl);
-            return Ok(Some(v));
-        }
-        let mut dl = load(ctx, &d)?.unwrap_or_else(new_list);
+        move_locked(ctx, &s, &d, sl, from_left, to_left)
+    })
+}
+
+/// LMOVE's move from the list `sl` read at `s` to `d` (stripe locks of
+/// both held): WRONGTYPE when `d` holds another type.
+fn move_locked(
+    ctx: &mut Ctx,
+    s: &[u8],
+    d: &[u8],
+    mut sl: List,
+    from_left: bool,
+    to_left: bool,
+) -> Result<Option<Vec<u8>>, CmdError> {
+    if s == d {
         let Some(v) = pop(ctx, &mut sl.head, from_left)? else {
             return Ok(None);
         };
-        push(ctx, &mut dl.head, to_left, &v)?;
-        save(ctx, &s, &sl);
-        save(ctx, &d, &dl);
-        Ok(Some(v))
-    })
+        push(ctx, &mut sl.head, to_left, &v)?;
+        save(ctx, s, &sl);
+        return Ok(Some(v));
+    }
+    let mut dl = load(ctx, d)?.unwrap_or_else(new_list);
+    let Some(v) = pop(ctx, &mut sl.head, from_left)? else {
+        return Ok(None);
+    };
+    push(ctx, &mut dl.head, to_left, &v)?;
+    save(ctx, s, &sl);
+    save(ctx, d, &dl);
+    Ok(Some(v))
 }
 
 pub fn lmove(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -568,13 +584,13 @@ pub fn rpoplpush(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     Ok(())
 }
 
-/// LMPOP numkeys key [key ...] LEFT|RIGHT [COUNT count]: pops from the
-/// first non-empty list.
-pub fn lmpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
-    let numkeys = proto::int::parse_i64(&a[1])
+/// LMPOP's and BLMPOP's arguments after `numkeys` at index `at`: the keys'
+/// indexes, the end to pop from (true: left) and the count.
+fn mpop_args(a: &[Vec<u8>], at: usize) -> Result<(std::ops::Range<usize>, bool, u64), CmdError> {
+    let numkeys = proto::int::parse_i64(&a[at])
         .filter(|&n| n >= 1)
         .ok_or(CmdError::NumkeysNotPositive)? as usize;
-    let where_idx = numkeys.checked_add(2).ok_or(CmdError::Syntax)?;
+    let where_idx = numkeys.checked_add(at + 1).ok_or(CmdError::Syntax)?;
     if where_idx >= a.len() {
         return Err(CmdError::Syntax);
     }
@@ -593,8 +609,14 @@ pub fn lmpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             return Err(CmdError::Syntax);
         }
     }
-    let count = count.unwrap_or(1);
-    let keys: Vec<Vec<u8>> = a[2..where_idx].iter().map(|k| skey(c.db, k)).collect();
+    Ok((at + 1..where_idx, left, count.unwrap_or(1)))
+}
+
+/// LMPOP numkeys key [key ...] LEFT|RIGHT [COUNT count]: pops from the
+/// first non-empty list.
+pub fn lmpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let (keys, left, count) = mpop_args(a, 1)?;
+    let keys: Vec<Vec<u8>> = a[keys].iter().map(|k| skey(c.db, k)).collect();
     let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
     let popped = locked(ctx, &refs, |ctx| {
         for (i, sk) in keys.iter().enumerate() {
@@ -608,14 +630,181 @@ pub fn lmpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     })?;
     match popped {
         None => c.reply(&Reply::NullArray),
-        Some((i, v)) => {
-            c.array_header(2);
-            c.bulk(&a[2 + i]);
-            c.array_header(v.len());
-            for e in v {
-                c.bulk(&e);
-            }
-        }
+        Some((i, v)) => mpop_reply(c, &a[2 + i], v),
     }
     Ok(())
+}
+
+/// LMPOP's and BLMPOP's reply: the key and the elements popped.
+fn mpop_reply(c: &mut Client, key: &[u8], v: Vec<Vec<u8>>) {
+    c.array_header(2);
+    c.bulk(key);
+    c.array_header(v.len());
+    for e in v {
+        c.bulk(&e);
+    }
+}
+
+/// Pops up to `count` elements from the list at argument `i` (stripe lock
+/// held): the blocking pops' serve step. `Err(try)` when nothing was
+/// popped: the key is absent or holds another type.
+fn try_pop(
+    ctx: &mut Ctx,
+    c: &Client,
+    a: &[Vec<u8>],
+    i: usize,
+    left: bool,
+    count: u64,
+) -> Result<Result<Vec<Vec<u8>>, Try>, CmdError> {
+    match pop_n(ctx, &skey(c.db, &a[i]), left, count) {
+        Ok(Some(v)) if !v.is_empty() => Ok(Ok(v)),
+        Ok(_) => Ok(Err(Try::Empty)),
+        Err(CmdError::WrongType) => Ok(Err(Try::Mismatch)),
+        Err(e) => Err(e),
+    }
+}
+
+/// BLPOP's and BRPOP's serve step: one element, replied with its key.
+fn serve_bpop(
+    ctx: &mut Ctx,
+    c: &mut Client,
+    a: &[Vec<u8>],
+    i: usize,
+    left: bool,
+) -> Result<Try, CmdError> {
+    Ok(match try_pop(ctx, c, a, i, left, 1)? {
+        Ok(mut v) => {
+            c.array_header(2);
+            c.bulk(&a[i]);
+            c.bulk(&v.swap_remove(0));
+            Try::Served
+        }
+        Err(t) => t,
+    })
+}
+
+fn serve_blpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], i: usize) -> Result<Try, CmdError> {
+    serve_bpop(ctx, c, a, i, true)
+}
+
+fn serve_brpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], i: usize) -> Result<Try, CmdError> {
+    serve_bpop(ctx, c, a, i, false)
+}
+
+/// BLPOP/BRPOP key [key ...] timeout.
+fn bpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], left: bool) -> R {
+    let last = a.len() - 1;
+    let timeout_ms = blocking::timeout_arg(&a[last])?;
+    let w = Wait {
+        keys: (1..last).collect(),
+        also_lock: Vec::new(),
+        timeout_ms,
+        kind: KIND_LIST,
+        serve: if left { serve_blpop } else { serve_brpop },
+    };
+    blocking::wait(ctx, c, a, w)
+}
+
+pub fn blpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    bpop(ctx, c, a, true)
+}
+pub fn brpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    bpop(ctx, c, a, false)
+}
+
+/// BLMOVE's and BRPOPLPUSH's serve step at the source (argument 1; the
+/// destination, argument 2, is locked too): LMOVE, whose error (a
+/// destination of another type) is the reply.
+fn serve_move(
+    ctx: &mut Ctx,
+    c: &mut Client,
+    a: &[Vec<u8>],
+    from_left: bool,
+    to_left: bool,
+) -> Result<Try, CmdError> {
+    let (s, d) = (skey(c.db, &a[1]), skey(c.db, &a[2]));
+    let sl = match load(ctx, &s) {
+        Ok(Some(l)) => l,
+        Ok(None) => return Ok(Try::Empty),
+        Err(CmdError::WrongType) => return Ok(Try::Mismatch),
+        Err(e) => return Err(e),
+    };
+    match move_locked(ctx, &s, &d, sl, from_left, to_left)? {
+        Some(v) => {
+            c.bulk(&v);
+            Ok(Try::Served)
+        }
+        None => Ok(Try::Empty),
+    }
+}
+
+fn serve_blmove(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], _i: usize) -> Result<Try, CmdError> {
+    let (from, to) = (side(&a[3])?, side(&a[4])?);
+    serve_move(ctx, c, a, from, to)
+}
+
+fn serve_brpoplpush(
+    ctx: &mut Ctx,
+    c: &mut Client,
+    a: &[Vec<u8>],
+    _i: usize,
+) -> Result<Try, CmdError> {
+    serve_move(ctx, c, a, false, true)
+}
+
+/// BLMOVE source destination LEFT|RIGHT LEFT|RIGHT timeout, and
+/// BRPOPLPUSH source destination timeout (`timeout` its argument index).
+fn bmove(
+    ctx: &mut Ctx,
+    c: &mut Client,
+    a: &[Vec<u8>],
+    timeout: usize,
+    serve: blocking::Serve,
+) -> R {
+    let timeout_ms = blocking::timeout_arg(&a[timeout])?;
+    let w = Wait {
+        keys: vec![1],
+        also_lock: vec![2],
+        timeout_ms,
+        kind: KIND_LIST,
+        serve,
+    };
+    blocking::wait(ctx, c, a, w)
+}
+
+pub fn blmove(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    side(&a[3])?;
+    side(&a[4])?;
+    bmove(ctx, c, a, 5, serve_blmove)
+}
+
+pub fn brpoplpush(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    bmove(ctx, c, a, 3, serve_brpoplpush)
+}
+
+/// BLMPOP's serve step: LMPOP's reply from one key.
+fn serve_blmpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], i: usize) -> Result<Try, CmdError> {
+    let (_, left, count) = mpop_args(a, 2)?;
+    Ok(match try_pop(ctx, c, a, i, left, count)? {
+        Ok(v) => {
+            mpop_reply(c, &a[i], v);
+            Try::Served
+        }
+        Err(t) => t,
+    })
+}
+
+/// BLMPOP timeout numkeys key [key ...] LEFT|RIGHT [COUNT count]; the
+/// timeout is checked after the other arguments, as Redis does.
+pub fn blmpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let (keys, _, _) = mpop_args(a, 2)?;
+    let timeout_ms = blocking::timeout_arg(&a[1])?;
+    let w = Wait {
+        keys: keys.collect(),
+        also_lock: Vec::new(),
+        timeout_ms,
+        kind: KIND_LIST,
+        serve: serve_blmpop,
+    };
+    blocking::wait(ctx, c, a, w)
 }

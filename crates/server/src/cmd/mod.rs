@@ -21,6 +21,7 @@ pub use table::{
 
 pub use conn::REDIS_COMPAT_VERSION;
 pub use error::CmdError;
+pub(crate) use strings::float_arg;
 pub(crate) use zsets::piece_ids as zset_piece_ids;
 
 use crate::clock::Stamp;
@@ -59,16 +60,22 @@ pub fn help(c: &mut Client, lines: &[&str]) {
 /// it failed: a read stages the removal of a key it found expired) and
 /// releases the locks. Applying before the locks go is what makes commands on
 /// one key linearizable; the staged batch is the command's operations (see
-/// [`crate::keyspace`]).
+/// [`crate::keyspace`]). When clients are blocked, keys it wrote may wake
+/// them (see [`crate::blocking`]).
 pub fn locked<T>(
     ctx: &mut Ctx,
     keys: &[&[u8]],
     f: impl FnOnce(&mut Ctx) -> Result<T, CmdError>,
 ) -> Result<T, CmdError> {
     let sh = ctx.sh;
-    let _g = sh.stripes.lock_set(keys);
+    let g = sh.stripes.lock_set(keys);
     let r = f(ctx);
+    let wrote = ctx.ks.has_staged();
     ctx.ks.apply()?;
+    drop(g);
+    if wrote && sh.blocking.any() {
+        sh.blocking.signal(keys);
+    }
     r
 }
 

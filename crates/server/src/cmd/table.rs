@@ -136,15 +136,16 @@ fn numkeys_at(args: &[Vec<u8>], at: usize) -> Vec<usize> {
 
 /// The key indexes of a request of a MOVABLEKEYS command, whose keys its
 /// arguments locate: `numkeys` at index 1 and that many keys after it
-/// (SINTERCARD, LMPOP, ZMPOP, ZUNION...), or a destination at 1 and
-/// `numkeys` at 2 (ZUNIONSTORE...). Empty for other commands and for a
-/// `numkeys` that is not a positive number (the command itself then refuses
-/// the request).
+/// (SINTERCARD, LMPOP, ZMPOP, ZUNION...; at index 2 for BLMPOP and BZMPOP,
+/// after their timeout), or a destination at 1 and `numkeys` at 2
+/// (ZUNIONSTORE...). Empty for other commands and for a `numkeys` that is
+/// not a positive number (the command itself then refuses the request).
 pub fn movable_keys(name: &str, args: &[Vec<u8>]) -> Vec<usize> {
     match name {
         "sintercard" | "lmpop" | "zmpop" | "zunion" | "zinter" | "zdiff" | "zintercard" => {
             numkeys_at(args, 1)
         }
+        "blmpop" | "bzmpop" => numkeys_at(args, 2),
         "zunionstore" | "zinterstore" | "zdiffstore" => {
             let mut keys = vec![1];
             keys.extend(numkeys_at(args, 2));
@@ -304,6 +305,11 @@ pub static TABLE: &[Spec] = &[
     spec!("lmove", 5, [WRITE, DENYOOM], [LIST], (1, 2, 1), "list", "6.2.0", "Returns an element after popping it from one list and pushing it to another. Deletes the list if the last element was moved.", lists::lmove),
     spec!("rpoplpush", 3, [WRITE, DENYOOM], [LIST], (1, 2, 1), "list", "1.2.0", "Returns the last element of a list after removing and pushing it to another list. Deletes the list if the last element was popped.", lists::rpoplpush),
     spec!("lmpop", -4, [WRITE, MOVABLEKEYS], [LIST], (0, 0, 0), "list", "7.0.0", "Returns multiple elements from a list after removing them. Deletes the list if the last element was popped.", lists::lmpop),
+    spec!("blpop", -3, [WRITE, NOSCRIPT, BLOCKING], [LIST], (1, -2, 1), "list", "2.0.0", "Removes and returns the first element in a list. Blocks until an element is available otherwise. Deletes the list if the last element was popped.", lists::blpop),
+    spec!("brpop", -3, [WRITE, NOSCRIPT, BLOCKING], [LIST], (1, -2, 1), "list", "2.0.0", "Removes and returns the last element in a list. Blocks until an element is available otherwise. Deletes the list if the last element was popped.", lists::brpop),
+    spec!("brpoplpush", 4, [WRITE, DENYOOM, NOSCRIPT, BLOCKING], [LIST], (1, 2, 1), "list", "2.2.0", "Pops an element from a list, pushes it to another list and returns it. Block until an element is available otherwise. Deletes the list if the last element was popped.", lists::brpoplpush),
+    spec!("blmove", 6, [WRITE, DENYOOM, NOSCRIPT, BLOCKING], [LIST], (1, 2, 1), "list", "6.2.0", "Pops an element from a list, pushes it to another list and returns it. Blocks until an element is available otherwise. Deletes the list if the last element was moved.", lists::blmove),
+    spec!("blmpop", -5, [WRITE, BLOCKING, MOVABLEKEYS], [LIST], (0, 0, 0), "list", "7.0.0", "Pops the first element from one of multiple lists. Blocks until an element is available otherwise. Deletes the list if the last element was popped.", lists::blmpop),
     // hashes
     spec!("hset", -4, [WRITE, DENYOOM, FAST], [HASH], (1, 1, 1), "hash", "2.0.0", "Creates or modifies the value of a field in a hash.", hashes::hset),
     spec!("hmset", -4, [WRITE, DENYOOM, FAST], [HASH], (1, 1, 1), "hash", "2.0.0", "Sets the values of multiple fields.", hashes::hset),
@@ -362,6 +368,9 @@ pub static TABLE: &[Spec] = &[
     spec!("zremrangebylex", 4, [WRITE], [SORTEDSET], (1, 1, 1), "sorted_set", "2.8.9", "Removes members in a sorted set within a lexicographical range. Deletes the sorted set if all members were removed.", zsets::zremrangebylex),
     spec!("zpopmin", -2, [WRITE, FAST], [SORTEDSET], (1, 1, 1), "sorted_set", "5.0.0", "Returns the lowest-scoring members from a sorted set after removing them. Deletes the sorted set if the last member was popped.", zsets::zpop),
     spec!("zpopmax", -2, [WRITE, FAST], [SORTEDSET], (1, 1, 1), "sorted_set", "5.0.0", "Returns the highest-scoring members from a sorted set after removing them. Deletes the sorted set if the last member was popped.", zsets::zpop),
+    spec!("bzpopmin", -3, [WRITE, NOSCRIPT, FAST, BLOCKING], [SORTEDSET], (1, -2, 1), "sorted_set", "5.0.0", "Removes and returns the member with the lowest score from one or more sorted sets. Blocks until a member is available otherwise. Deletes the sorted set if the last element was popped.", zsets::bzpop),
+    spec!("bzpopmax", -3, [WRITE, NOSCRIPT, FAST, BLOCKING], [SORTEDSET], (1, -2, 1), "sorted_set", "5.0.0", "Removes and returns the member with the highest score from one or more sorted sets. Blocks until a member available otherwise.  Deletes the sorted set if the last element was popped.", zsets::bzpop),
+    spec!("bzmpop", -5, [WRITE, BLOCKING, MOVABLEKEYS], [SORTEDSET], (0, 0, 0), "sorted_set", "7.0.0", "Removes and returns a member by score from one or more sorted sets. Blocks until a member is available otherwise. Deletes the sorted set if the last element was popped.", zsets::bzmpop),
     spec!("zmpop", -4, [WRITE, MOVABLEKEYS], [SORTEDSET], (0, 0, 0), "sorted_set", "7.0.0", "Returns the highest- or lowest-scoring members from one or more sorted sets after removing them. Deletes the sorted set if the last member was popped.", zsets::zmpop),
     spec!("zrandmember", -2, [READONLY], [SORTEDSET], (1, 1, 1), "sorted_set", "6.2.0", "Returns one or more random members from a sorted set.", zsets::zrandmember),
     spec!("zunion", -3, [READONLY, MOVABLEKEYS], [SORTEDSET], (0, 0, 0), "sorted_set", "6.2.0", "Returns the union of multiple sorted sets.", zsets::zunion),
@@ -539,6 +548,11 @@ pub static KEY_ACCESS: &[(&str, &str, &str)] = &[
     ("lmove", "RW", "W"),
     ("rpoplpush", "RW", "W"),
     ("lmpop", "RW", "RW"),
+    ("blpop", "RW", "RW"),
+    ("brpop", "RW", "RW"),
+    ("blmove", "RW", "W"),
+    ("brpoplpush", "RW", "W"),
+    ("blmpop", "RW", "RW"),
     ("llen", "-", "-"),
     ("hincrby", "RW", "RW"),
     ("hincrbyfloat", "RW", "RW"),
@@ -558,6 +572,9 @@ pub static KEY_ACCESS: &[(&str, &str, &str)] = &[
     ("zpopmin", "RW", "RW"),
     ("zpopmax", "RW", "RW"),
     ("zmpop", "RW", "RW"),
+    ("bzpopmin", "RW", "RW"),
+    ("bzpopmax", "RW", "RW"),
+    ("bzmpop", "RW", "RW"),
     ("zunionstore", "W", "R"),
     ("zinterstore", "W", "R"),
     ("zdiffstore", "W", "R"),

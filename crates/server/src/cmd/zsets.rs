@@ -9,6 +9,7 @@
 
 use super::strings::float_arg;
 use super::{eq, int_arg, locked, maps, CmdError, Ctx, R};
+use crate::blocking::{self, Try, Wait};
 use crate::coll::{self, KsPieces};
 use crate::keyspace::{skey, KIND_SET, KIND_ZSET};
 use crate::server::Client;
@@ -1098,6 +1099,92 @@ pub fn zmpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         c.reply(&Reply::NullArray);
     }
     Ok(())
+}
+
+// ---- blocking pops (`crate::blocking`) ----
+
+/// A blocking pop's serve step at the key of argument `i` (every key's
+/// stripe lock held): Empty when the key is absent, Mismatch when it is not
+/// a sorted set, else the pop and its reply.
+fn serve_zpop(
+    ctx: &mut Ctx,
+    c: &mut Client,
+    a: &[Vec<u8>],
+    i: usize,
+    max: bool,
+    count: u64,
+    shape: PopShape,
+) -> Result<Try, CmdError> {
+    let sk = skey(c.db, &a[i]);
+    match ctx.ks.lookup_locked(&sk, ctx.now)? {
+        None => return Ok(Try::Empty),
+        Some(h) if h.kind != KIND_ZSET => return Ok(Try::Mismatch),
+        Some(_) => {}
+    }
+    match pop_first(ctx, &[sk], max, count)? {
+        Some((_, v)) if !v.is_empty() => {
+            reply_pop(c, Some(&a[i]), &v, shape);
+            Ok(Try::Served)
+        }
+        _ => Ok(Try::Empty),
+    }
+}
+
+/// BZPOPMIN/BZPOPMAX reply [key, member, score], in RESP2 and RESP3.
+const BZPOP_SHAPE: PopShape = PopShape {
+    emit_key: true,
+    nested: false,
+};
+
+fn serve_bzpopmin(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], i: usize) -> Result<Try, CmdError> {
+    serve_zpop(ctx, c, a, i, false, 1, BZPOP_SHAPE)
+}
+
+fn serve_bzpopmax(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], i: usize) -> Result<Try, CmdError> {
+    serve_zpop(ctx, c, a, i, true, 1, BZPOP_SHAPE)
+}
+
+/// BZPOPMIN / BZPOPMAX key [key ...] timeout.
+pub fn bzpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let last = a.len() - 1;
+    let timeout_ms = blocking::timeout_arg(&a[last])?;
+    let serve = if eq(&a[0], "bzpopmax") {
+        serve_bzpopmax
+    } else {
+        serve_bzpopmin
+    };
+    let w = Wait {
+        keys: (1..last).collect(),
+        also_lock: Vec::new(),
+        timeout_ms,
+        kind: KIND_ZSET,
+        serve,
+    };
+    blocking::wait(ctx, c, a, w)
+}
+
+fn serve_bzmpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], i: usize) -> Result<Try, CmdError> {
+    let (_, max, count) = parse_mpop(a, 2)?;
+    let shape = PopShape {
+        emit_key: true,
+        nested: true,
+    };
+    serve_zpop(ctx, c, a, i, max, count, shape)
+}
+
+/// BZMPOP timeout numkeys key [key ...] MIN|MAX [COUNT count]: the other
+/// arguments are checked before the timeout, as Redis does.
+pub fn bzmpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let (keys, _, _) = parse_mpop(a, 2)?;
+    let timeout_ms = blocking::timeout_arg(&a[1])?;
+    let w = Wait {
+        keys: (3..3 + keys.len()).collect(),
+        also_lock: Vec::new(),
+        timeout_ms,
+        kind: KIND_ZSET,
+        serve: serve_bzmpop,
+    };
+    blocking::wait(ctx, c, a, w)
 }
 
 // ---- ZRANDMEMBER ----
