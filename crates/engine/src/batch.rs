@@ -18,12 +18,13 @@
 //! |---|---|
 //! | key length `k` | 4 |
 //! | key | `k` |
-//! | opcode ([`crate::OPC_PUT`], [`crate::OPC_REMOVE`], [`crate::OPC_INCR`]) | 1 |
+//! | opcode ([`crate::OPC_PUT`], [`crate::OPC_REMOVE`], [`crate::OPC_INCR`], [`crate::OPC_MERGE`]) | 1 |
 //! | `Put`: value length `v`, value | 4 + `v` |
+//! | `Merge`: payload length `v`, payload | 4 + `v` |
 //! | `Incr`: the delta | 8 |
 //! | `Remove`: nothing | 0 |
 
-use crate::{Error, Op, Result, OPC_INCR, OPC_PUT, OPC_REMOVE};
+use crate::{Error, Op, Result, OPC_INCR, OPC_MERGE, OPC_PUT, OPC_REMOVE};
 use std::collections::HashMap;
 
 /// Where one staged operation lies in the encoding.
@@ -32,7 +33,7 @@ struct Entry {
     key: usize,
     key_len: usize,
     code: u8,
-    /// The value's offset and length (`Put`), or nothing.
+    /// The value's (`Put`) or payload's (`Merge`) offset and length, or nothing.
     val: usize,
     val_len: usize,
     delta: i64,
@@ -123,7 +124,25 @@ impl WriteBatch {
     /// (`len` is a capacity hint): the value is built in place, not copied.
     #[inline]
     pub fn put_with(&mut self, key: &[u8], len: usize, fill: impl FnOnce(&mut Vec<u8>)) {
-        let mut e = self.begin(key, OPC_PUT);
+        self.bytes_with(key, OPC_PUT, len, fill)
+    }
+
+    /// Stages `Merge(payload)`.
+    pub fn merge(&mut self, key: &[u8], payload: &[u8]) {
+        self.merge_with(key, payload.len(), |out| out.extend_from_slice(payload));
+    }
+
+    /// Stages a `Merge` whose payload `fill` appends to the buffer it is
+    /// given (`len` is a capacity hint).
+    #[inline]
+    pub fn merge_with(&mut self, key: &[u8], len: usize, fill: impl FnOnce(&mut Vec<u8>)) {
+        self.bytes_with(key, OPC_MERGE, len, fill)
+    }
+
+    /// Stages an operation whose payload is length-prefixed bytes.
+    #[inline]
+    fn bytes_with(&mut self, key: &[u8], code: u8, len: usize, fill: impl FnOnce(&mut Vec<u8>)) {
+        let mut e = self.begin(key, code);
         let len_at = self.buf.len();
         self.buf.reserve(4 + len);
         self.buf.extend_from_slice(&[0; 4]);
@@ -154,6 +173,7 @@ impl WriteBatch {
         let key = &self.buf[e.key..e.key + e.key_len];
         let op = match e.code {
             OPC_PUT => Op::Put(&self.buf[e.val..e.val + e.val_len]),
+            OPC_MERGE => Op::Merge(&self.buf[e.val..e.val + e.val_len]),
             OPC_REMOVE => Op::Remove,
             _ => Op::Incr(e.delta),
         };
@@ -167,8 +187,8 @@ impl WriteBatch {
     }
 
     /// The newest staged operation on `key`: what a read of `key` inside the
-    /// command must see (for a `Put` or `Remove`; an `Incr` needs the
-    /// store's value under it).
+    /// command must see (for a `Put` or `Remove`; an `Incr` or a `Merge`
+    /// needs the value under it).
     #[inline]
     pub fn newest(&self, key: &[u8]) -> Option<Op<'_>> {
         let e = if self.index.is_empty() {
@@ -214,6 +234,10 @@ impl WriteBatch {
                     let n = u32_at(bytes, &mut at)?;
                     w.put(key, take(bytes, &mut at, n)?);
                 }
+                OPC_MERGE => {
+                    let n = u32_at(bytes, &mut at)?;
+                    w.merge(key, take(bytes, &mut at, n)?);
+                }
                 OPC_REMOVE => w.remove(key),
                 OPC_INCR => {
                     let d = take(bytes, &mut at, 8)?;
@@ -236,6 +260,7 @@ mod tests {
         Put(Vec<u8>, Vec<u8>),
         Remove(Vec<u8>),
         Incr(Vec<u8>, i64),
+        Merge(Vec<u8>, Vec<u8>),
     }
 
     fn m() -> impl Strategy<Value = M> {
@@ -244,7 +269,8 @@ mod tests {
             (key.clone(), proptest::collection::vec(any::<u8>(), 0..40))
                 .prop_map(|(k, v)| M::Put(k, v)),
             key.clone().prop_map(M::Remove),
-            (key, any::<i64>()).prop_map(|(k, d)| M::Incr(k, d)),
+            (key.clone(), any::<i64>()).prop_map(|(k, d)| M::Incr(k, d)),
+            (key, proptest::collection::vec(any::<u8>(), 0..20)).prop_map(|(k, p)| M::Merge(k, p)),
         ]
     }
 
@@ -261,6 +287,7 @@ mod tests {
                     M::Put(k, v) => w.put(k, v),
                     M::Remove(k) => w.remove(k),
                     M::Incr(k, d) => w.incr(k, *d),
+                    M::Merge(k, p) => w.merge(k, p),
                 }
             }
             let got: Vec<(Vec<u8>, Op<'_>)> = w.iter().map(|(k, o)| (k.to_vec(), o)).collect();
@@ -270,6 +297,7 @@ mod tests {
                     M::Put(mk, v) => prop_assert_eq!((k, *o), (mk, Op::Put(v))),
                     M::Remove(mk) => prop_assert_eq!((k, *o), (mk, Op::Remove)),
                     M::Incr(mk, d) => prop_assert_eq!((k, *o), (mk, Op::Incr(*d))),
+                    M::Merge(mk, p) => prop_assert_eq!((k, *o), (mk, Op::Merge(p))),
                 }
             }
             for key in [vec![], vec![0], vec![1, 2], vec![3, 3]] {

@@ -3,7 +3,7 @@
 //! durable when it returns. The index is the log-free hash table (default) or phash
 //! (Bullet's backend table), by configuration.
 //!
-//! Read-modify-write operations (`Incr`) must not interleave with other updates of
+//! Read-modify-write operations (`Incr`, `Merge`) must not interleave with other updates of
 //! the same key, so updates take one of 1024 striped DRAM locks by key hash; gets
 //! take none.
 //!
@@ -11,7 +11,8 @@
 //! A batch of several operations ([`Session::apply_batch`]) is all-or-nothing
 //! across a crash. Under the stripe locks of all its keys (taken in stripe
 //! order, so batches never deadlock), the session computes each key's final
-//! state (an `Incr` becomes the `Put` of its result; an error fails the batch
+//! state (an `Incr` or a `Merge` becomes the `Put` of its result, so that
+//! redoing the batch never applies an increment or an edit twice; an error fails the batch
 //! before anything is written), then:
 //! 1. puts the batch's physical operations (a [`WriteBatch`] of `Put`/`Remove`,
 //!    its encoding) as the value of the session's **intent key** and syncs
@@ -32,8 +33,8 @@
 //! intent. A batch whose operations leave one key changed needs no intent.
 
 use crate::{
-    check_op, incr_value, Durability, Error, KeyHasher, Op, Outcome, Result, Session, Store,
-    StoreStats, WriteBatch,
+    check_op, incr_value, merge_value, Durability, Error, KeyHasher, Op, Outcome, Result, Session,
+    Store, StoreStats, WriteBatch,
 };
 use index::any::{attach_any, AnyHandle, AnyIndex};
 use index::{HashOptions, Index, LfHash, Ops, PHash, PHashOptions, RecoverStats};
@@ -249,8 +250,10 @@ impl DirectStore {
             let k = intent_key(slot);
             if h.get(&k, &mut buf)? {
                 let b = WriteBatch::from_bytes(&buf)?;
-                if b.iter().any(|(_, op)| matches!(op, Op::Incr(_))) {
-                    return Err(Error::Corrupt("an increment in a batch intent".into()));
+                if b.iter().any(|(_, op)| !op.idempotent()) {
+                    return Err(Error::Corrupt(
+                        "an increment or a merge in a batch intent".into(),
+                    ));
                 }
                 apply_ops(&mut h, &b, usize::MAX).map_err(|(_, e)| e)?;
                 found.push(k);
@@ -417,6 +420,13 @@ impl Session for DirectSession {
                     *changed = true;
                     Outcome::Int(n)
                 }
+                Op::Merge(p) => {
+                    let new = merge_value(cur.as_deref(), p)?;
+                    let len = new.len();
+                    *cur = Some(new);
+                    *changed = true;
+                    Outcome::Merged(len)
+                }
             });
         }
         // The batch's physical operations, and their undo (for a failure
@@ -503,6 +513,14 @@ impl Session for DirectSession {
                 let n = incr_value(found.then_some(self.buf.as_slice()), d)?;
                 self.h.put(key, n.to_string().as_bytes())?;
                 Outcome::Int(n)
+            }
+            Op::Merge(p) => {
+                // Resolved here, under the stripe lock: the piece's new value
+                // is written whole (one failure-atomic put).
+                let found = self.h.get(key, &mut self.buf)?;
+                let new = merge_value(found.then_some(self.buf.as_slice()), p)?;
+                self.h.put(key, &new)?;
+                Outcome::Merged(new.len())
             }
         };
         // The acknowledgement waits for durability (the link cache may hold the

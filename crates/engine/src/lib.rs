@@ -14,8 +14,8 @@
 //! are a [`WriteBatch`] of them ([`batch`]), applied with
 //! [`Session::apply_batch`]. Puts and removes are
 //! idempotent (applying one twice is harmless, and only the newest of a chain
-//! matters); `Incr` is not, and the stores apply such operations exactly once and
-//! in the order they were acknowledged.
+//! matters); `Incr` and `Merge` are not, and the stores apply such operations
+//! exactly once and in the order they were acknowledged.
 //!
 //! A [`Session`] is one thread's door into a store: it holds that thread's heap
 //! slot, log and epoch participation. An update is durable when
@@ -57,6 +57,12 @@ pub enum Op<'a> {
     /// Adds to the value read as a decimal signed 64-bit integer, Redis's `INCRBY`
     /// (an absent key counts as 0). Not idempotent.
     Incr(i64),
+    /// Replaces the value with [`merge_value`] of it and the payload: an
+    /// edit of a collection's piece ([`types::edit`]), so that a log record
+    /// carries the edit (an element and a few bytes) instead of the piece's
+    /// new bytes. The key must hold a value the edit fits. Deterministic, not
+    /// idempotent.
+    Merge(&'a [u8]),
 }
 
 impl Op<'_> {
@@ -66,13 +72,14 @@ impl Op<'_> {
             Op::Put(_) => OPC_PUT,
             Op::Remove => OPC_REMOVE,
             Op::Incr(_) => OPC_INCR,
+            Op::Merge(_) => OPC_MERGE,
         }
     }
 
     /// Whether applying the operation twice equals applying it once, and a newer
     /// idempotent operation makes every older one irrelevant (put collapsing).
     pub fn idempotent(&self) -> bool {
-        !matches!(self, Op::Incr(_))
+        !matches!(self, Op::Incr(_) | Op::Merge(_))
     }
 }
 
@@ -80,6 +87,20 @@ impl Op<'_> {
 pub const OPC_PUT: u8 = 1;
 pub const OPC_REMOVE: u8 = 2;
 pub const OPC_INCR: u8 = 3;
+pub const OPC_MERGE: u8 = 4;
+
+/// Whether a log record's opcode is an operation's (not a pad record's, nor
+/// one this build does not know).
+#[inline]
+pub fn known_opcode(code: u8) -> bool {
+    matches!(code, OPC_PUT | OPC_REMOVE | OPC_INCR | OPC_MERGE)
+}
+
+/// Whether an opcode's operation is idempotent ([`Op::idempotent`]).
+#[inline]
+pub fn idempotent_opcode(code: u8) -> bool {
+    matches!(code, OPC_PUT | OPC_REMOVE)
+}
 
 /// What an update did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +117,8 @@ pub enum Outcome {
     Removed(bool),
     /// An increment: the new value.
     Int(i64),
+    /// A merge: the length of the new value.
+    Merged(usize),
 }
 
 /// The durability an acknowledged update has.
@@ -124,6 +147,10 @@ pub struct StoreStats {
     pub records_appended: u64,
     pub records_applied: u64,
     pub records_collapsed: u64,
+    /// Bytes appended to the logs (record headers, keys, payloads and pad
+    /// records) over the store's life: the sum of the logs' tail positions
+    /// (Bullet only).
+    pub log_bytes_appended: u64,
     /// Frontend misses served from the backend.
     pub backend_loads: u64,
     /// Frontend entries evicted (bounded cache).
@@ -277,6 +304,21 @@ pub fn incr_value(old: Option<&[u8]>, delta: i64) -> Result<i64> {
     base.checked_add(delta).ok_or(Error::Overflow)
 }
 
+/// Computes a `Merge` on a stored value: the payload is an encoded
+/// [`types::edit::Edit`], applied to the value as a piece. An absent value,
+/// a payload that is not an edit, or an edit that does not fit the value
+/// (a position past a leaf's end...) is an error: the writer checks it before
+/// anything is logged, so a record that fails here later is corruption.
+pub fn merge_value(old: Option<&[u8]>, payload: &[u8]) -> Result<Vec<u8>> {
+    let old = old.ok_or_else(|| Error::Corrupt("a merge on an absent value".into()))?;
+    let (edit, ordered) = types::edit::Edit::decode(payload)?;
+    let new = edit.apply(ordered, old)?;
+    if new.len() > index::MAX_VALUE - value::STAMP_LEN {
+        return Err(Error::ValueTooLarge(new.len()));
+    }
+    Ok(new)
+}
+
 /// The smaller of two scan cursors, where 0 (scan complete) counts as the end of
 /// the position space: the cursor of the union of two steps taken from one cursor.
 #[inline]
@@ -292,7 +334,7 @@ pub(crate) fn check_op(key: &[u8], op: &Op<'_>) -> Result<()> {
     if key.len() > index::MAX_KEY {
         return Err(Error::KeyTooLarge(key.len()));
     }
-    if let Op::Put(v) = op {
+    if let Op::Put(v) | Op::Merge(v) = op {
         if v.len() > index::MAX_VALUE - value::STAMP_LEN {
             return Err(Error::ValueTooLarge(v.len()));
         }

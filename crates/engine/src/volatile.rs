@@ -4,7 +4,8 @@
 
 use crate::table::{prefetch_keys, Blob, Table};
 use crate::{
-    check_op, incr_value, Durability, KeyHasher, Op, Outcome, Result, Session, Store, StoreStats,
+    check_op, incr_value, merge_value, Durability, KeyHasher, Op, Outcome, Result, Session, Store,
+    StoreStats,
 };
 use std::sync::Arc;
 
@@ -129,6 +130,15 @@ impl Session for VolatileSession {
                     l.insert(hash, key, Blob::new(&self.buf), ());
                 }
                 Ok(Outcome::Int(n))
+            }
+            Op::Merge(p) => {
+                let g = l.guard();
+                let node = l.find(key);
+                let new = merge_value(node.and_then(|n| n.value(g).get()), p)?;
+                let len = new.len();
+                let node = node.expect("a merge succeeds only on a present value");
+                l.set_value(node, Blob::new(&new));
+                Ok(Outcome::Merged(len))
             }
         }
     }

@@ -3,13 +3,16 @@
 //!
 //! Simulated crashes: one session applies batches, each on one of a few key
 //! groups `g`: `a_g := n`, `b_g := tmp` then `b_g := n` (two operations on one
-//! key), `c_g += 1` (an increment), and `d_g := n` or removed (by the parity of
-//! `n`), in shuffled order. A crash image is taken at every fence (the
+//! key), `c_g += 1` (an increment), `d_g := n` or removed (by the parity of
+//! `n`), and `e_g`, a list leaf, merged with the insert of `n` at its front
+//! (its group's first batch puts the empty leaf first: a chain that folds
+//! from a put), in shuffled order. A crash image is taken at every fence (the
 //! cache-line simulator: what fences persisted plus any subset of the lines
 //! written since; or the power-loss simulator under msync: pages old, new or
 //! torn), and each image is recovered and checked: for every group, the keys
 //! hold one batch's values (`a_g = b_g = n`, `c_g` = the number of batches on
-//! the group up to `n`, `d_g` by the parity of `n`) or none, and that batch is
+//! the group up to `n`, `d_g` by the parity of `n`, `e_g` the group's values
+//! up to `n`, newest first: every merge once, in order) or none, and that batch is
 //! not older than the last one acknowledged before the image. Every few
 //! images the store is drained and the frontend checked against the backend.
 //!
@@ -23,6 +26,8 @@ mod common;
 use common::*;
 use engine::bullet::Variant;
 use engine::direct::BackendKind;
+use engine::types::edit::Edit;
+use engine::types::node::{Entry, Node};
 use engine::{Session, WriteBatch};
 use pmem::{CrashImage, CrashSim, Heap, HeapOptions, Strategy};
 use std::path::Path;
@@ -46,7 +51,7 @@ fn batch(n: u64, long: bool) -> WriteBatch {
     let len = if long { 300 + n % 200 } else { n % 40 };
     let v = format!("{n:08}-{}", "x".repeat(len as usize));
     let mut w = WriteBatch::new();
-    let mut parts: Vec<u8> = vec![0, 1, 2, 3];
+    let mut parts: Vec<u8> = vec![0, 1, 2, 3, 4];
     let mut x = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     for i in (1..parts.len()).rev() {
         x ^= x << 13;
@@ -62,6 +67,18 @@ fn batch(n: u64, long: bool) -> WriteBatch {
                 w.put(&key("b", g), v.as_bytes());
             }
             2 => w.incr(&key("c", g), 1),
+            4 => {
+                if n < GROUPS {
+                    w.put(&key("e", g), &Node::Leaf(Vec::new()).encode(false));
+                }
+                let mut edit = Vec::new();
+                Edit::LeafInsert {
+                    pos: 0,
+                    entry: Entry::new(0.0, v.as_bytes().to_vec()),
+                }
+                .encode(false, &mut edit);
+                w.merge(&key("e", g), &edit);
+            }
             _ => {
                 if n.is_multiple_of(2) {
                     w.put(&key("d", g), v.as_bytes())
@@ -84,9 +101,15 @@ fn read_group(s: &mut dyn Session, g: u64) -> Result<Option<u64>, String> {
             .map(|f| f.then(|| String::from_utf8_lossy(&out).into_owned()))
     };
     let (a, b, c, d) = (get("a")?, get("b")?, get("c")?, get("d")?);
+    let mut e = Vec::new();
+    let has_e = s
+        .get(&key("e", g), &mut e)
+        .map_err(|x| format!("get e{g}: {x}"))?;
     let Some(a) = a else {
-        if b.is_some() || c.is_some() || d.is_some() {
-            return Err(format!("group {g}: a absent, b {b:?} c {c:?} d {d:?}"));
+        if b.is_some() || c.is_some() || d.is_some() || has_e {
+            return Err(format!(
+                "group {g}: a absent, b {b:?} c {c:?} d {d:?} e {has_e}"
+            ));
         }
         return Ok(None);
     };
@@ -98,6 +121,28 @@ fn read_group(s: &mut dyn Session, g: u64) -> Result<Option<u64>, String> {
     if b.as_ref() != Some(&a) || c != Some(count.to_string()) || d != want_d {
         return Err(format!(
             "group {g}: a {a:?} b {b:?} c {c:?} (want {count}) d {d:?}: parts of different batches"
+        ));
+    }
+    // The leaf: the group's batches up to n, newest first.
+    let leaf = match has_e.then(|| Node::decode(&e, false)) {
+        Some(Ok(Node::Leaf(v))) => v,
+        x => return Err(format!("group {g}: e is not a leaf: {x:?}")),
+    };
+    let got: Vec<&[u8]> = leaf.iter().map(|x| &x.bytes[..8]).collect();
+    let want: Vec<String> = (0..count)
+        .rev()
+        .map(|i| format!("{:08}", g + i * GROUPS))
+        .collect();
+    if !got
+        .iter()
+        .map(|x| x.to_vec())
+        .eq(want.iter().map(|x| x.as_bytes().to_vec()))
+    {
+        return Err(format!(
+            "group {g} at batch {n}: e holds {:?}, want {want:?}",
+            got.iter()
+                .map(|x| String::from_utf8_lossy(x))
+                .collect::<Vec<_>>()
         ));
     }
     Ok(Some(n))
@@ -138,10 +183,24 @@ fn heap_o(c: &Cfg) -> HeapOptions {
 /// the history: it holds a batch started before the image was complete, not
 /// older than any acknowledged before the image began.
 fn check_image(c: &Cfg, path: &Path, img: &CrashImage, hist: &Hist, i: u64) -> Result<(), String> {
+    // A new file, not the previous image's truncated: the previous store's
+    // index may still have block frees deferred to the epoch (they hold its
+    // heap and run on whichever thread collects next), and a store into a
+    // truncated mapping is a SIGBUS.
+    let _ = std::fs::remove_file(path);
     pmem::sim::write_image(path, &img.bytes).unwrap();
     let rec = Heap::open(path, &heap_opts(4 << 20, 32 << 20, Strategy::FenceOnly))
         .map_err(|e| format!("open: {e}"))?;
     let (store, _heap) = open(c.kind, rec, LOG).map_err(|e| format!("recover: {e}"))?;
+    let r = check_store(&store, img, hist, i);
+    // Closed whatever the outcome: its threads must not outlive the image's
+    // file, which the next image overwrites.
+    let closed = store.close();
+    r?;
+    closed.map_err(|e| format!("close: {e}"))
+}
+
+fn check_store(store: &AnyStore, img: &CrashImage, hist: &Hist, i: u64) -> Result<(), String> {
     let mut s = store.session();
     for g in 0..GROUPS {
         let got = read_group(&mut *s, g)?;
@@ -171,7 +230,6 @@ fn check_image(c: &Cfg, path: &Path, img: &CrashImage, hist: &Hist, i: u64) -> R
             b.verify().map_err(|e| format!("verify: {e}"))?;
         }
     }
-    store.close().map_err(|e| format!("close: {e}"))?;
     Ok(())
 }
 
@@ -443,8 +501,9 @@ fn batches_sharing_keys_neither_deadlock_nor_mix() {
     }
 }
 
-/// A batch whose `Incr` finds a value that is not an integer fails whole:
-/// none of its operations is applied, and its keys stay usable.
+/// A batch whose `Incr` finds a value that is not an integer, or whose
+/// `Merge` does not fit its value, fails whole: none of its operations is
+/// applied, and its keys stay usable.
 #[test]
 fn a_failing_batch_applies_nothing() {
     for kind in KINDS {
@@ -471,6 +530,18 @@ fn a_failing_batch_applies_nothing() {
         assert!(!sess.get(b"new", &mut v).unwrap(), "{}", kind.name());
         assert!(sess.get(b"text", &mut v).unwrap() && v == b"abc");
         assert!(sess.get(b"gone", &mut v).unwrap() && v == b"g");
+        // A merge whose edit does not fit its value (no piece) fails the
+        // batch as well, with a put before it in batch order.
+        let mut edit = Vec::new();
+        Edit::LeafRemove { pos: 0 }.encode(false, &mut edit);
+        let mut w = WriteBatch::new();
+        w.put(b"x", b"1");
+        w.merge(b"text", &edit);
+        w.merge(b"absent", &edit);
+        assert!(sess.apply_batch(&w, &mut out).is_err(), "{}", kind.name());
+        assert!(out.is_empty(), "{}: {out:?}", kind.name());
+        assert!(!sess.get(b"x", &mut v).unwrap(), "{}", kind.name());
+        assert!(sess.get(b"text", &mut v).unwrap() && v == b"abc");
         // The keys stay usable (no batch mark left behind).
         sess.apply(b"x", engine::Op::Put(b"ok")).unwrap();
         assert!(sess.get(b"x", &mut v).unwrap() && v == b"ok");

@@ -12,12 +12,20 @@
 //! invented, none applied twice). At the end every counter must equal the number
 //! of increments, before and after draining the logs into the backend, and after a
 //! restart.
+//!
+//! The `merge` cases do the same with `Merge` operations: each "counter" is a
+//! list leaf, and an update inserts an element (thread, sequence number) at
+//! its front, an edit that is not idempotent. Besides the count bounds, every
+//! leaf read must hold, for each thread, exactly its elements 0..m in order,
+//! newest first: no acknowledged edit lost, none applied twice or out of order.
 
 mod common;
 
 use common::*;
 use engine::bullet::Variant;
 use engine::direct::BackendKind;
+use engine::types::edit::Edit;
+use engine::types::node::{Entry, Node};
 use engine::{Op, Outcome};
 use pmem::{CrashSim, Heap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,20 +42,67 @@ fn counter(i: usize) -> Vec<u8> {
     format!("counter:{i}").into_bytes()
 }
 
-fn read_counters(s: &mut dyn engine::Session) -> Vec<i64> {
+/// What the threads apply to the counters.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `Incr(1)`.
+    Incr,
+    /// `Merge` of a list leaf: an element inserted at the front.
+    Merge,
+}
+
+/// Thread `t`'s `n`th element of a counter in `Mode::Merge`.
+fn element(t: usize, n: u64) -> Vec<u8> {
+    format!("{t}.{n}").into_bytes()
+}
+
+/// The number of elements of a leaf in `Mode::Merge`, after checking that
+/// each thread's elements are its first ones, in order, newest first (each
+/// edit applied exactly once and in order).
+fn leaf_count(v: &[u8]) -> i64 {
+    let Node::Leaf(es) = Node::decode(v, false).expect("a counter holds a leaf") else {
+        panic!("a counter holds an inner node")
+    };
+    let mut next: Vec<Option<u64>> = vec![None; THREADS];
+    for e in &es {
+        let s = std::str::from_utf8(&e.bytes).unwrap();
+        let (t, n) = s.split_once('.').unwrap();
+        let (t, n): (usize, u64) = (t.parse().unwrap(), n.parse().unwrap());
+        // Newest first: each thread's sequence counts down to 0.
+        let want = next[t].map_or(n, |m| m.wrapping_sub(1));
+        assert_eq!(
+            n, want,
+            "thread {t}'s elements out of order or repeated: {s}"
+        );
+        next[t] = Some(n);
+    }
+    assert!(
+        next.iter().all(|n| n.is_none_or(|n| n == 0)),
+        "a thread's first elements are missing"
+    );
+    es.len() as i64
+}
+
+fn read_counters(s: &mut dyn engine::Session, mode: Mode) -> Vec<i64> {
     let mut out = Vec::new();
     (0..COUNTERS)
         .map(|i| {
-            if s.get(&counter(i), &mut out).unwrap() {
+            if !s.get(&counter(i), &mut out).unwrap() {
+                0
+            } else if mode == Mode::Incr {
                 engine::parse_i64(&out).expect("a counter holds an integer")
             } else {
-                0
+                leaf_count(&out)
             }
         })
         .collect()
 }
 
 fn run(kind: Kind) {
+    run_mode(kind, Mode::Incr)
+}
+
+fn run_mode(kind: Kind, mode: Mode) {
     let dir = tempfile::tempdir_in(shm_dir()).unwrap();
     let path = dir.path().join("c.heap");
     {
@@ -58,6 +113,16 @@ fn run(kind: Kind) {
     // fences, in the middle of appends, glean batches and head advances.
     let sim = Arc::new(CrashSim::new(7, 2000));
     let (store, heap, _) = open_sim(kind, &path, sim.clone(), LOG).unwrap();
+    if mode == Mode::Merge {
+        let mut sess = store.session();
+        let empty = Node::Leaf(Vec::new()).encode(false);
+        let mut w = engine::WriteBatch::new();
+        for c in 0..COUNTERS {
+            w.put(&counter(c), &empty);
+        }
+        sess.apply_batch(&w, &mut Vec::new()).unwrap();
+        sess.commit().unwrap();
+    }
     let acked: Arc<Vec<AtomicU64>> = Arc::new((0..COUNTERS).map(|_| AtomicU64::new(0)).collect());
     let done = AtomicBool::new(false);
     let mut images = Vec::new();
@@ -73,6 +138,8 @@ fn run(kind: Kind) {
                 // Increments are acknowledged at commit (group commit: one
                 // fence per batch of up to SLACK updates; a no-op otherwise).
                 let mut pending = [0u64; COUNTERS];
+                let mut seq = [0u64; COUNTERS];
+                let mut edit = Vec::new();
                 let mut batch = 0;
                 while n < OPS {
                     if batch > (x % SLACK as u64) as usize || n + 1 == OPS {
@@ -93,9 +160,22 @@ fn run(kind: Kind) {
                         let k = format!("other:{}", x % 17);
                         sess.apply(k.as_bytes(), Op::Put(&x.to_le_bytes())).unwrap();
                     } else {
-                        match sess.apply(&counter(c), Op::Incr(1)).unwrap() {
-                            Outcome::Int(_) => {}
-                            o => panic!("incr returned {o:?}"),
+                        let op = match mode {
+                            Mode::Incr => Op::Incr(1),
+                            Mode::Merge => {
+                                edit.clear();
+                                Edit::LeafInsert {
+                                    pos: 0,
+                                    entry: Entry::new(0.0, element(t, seq[c])),
+                                }
+                                .encode(false, &mut edit);
+                                seq[c] += 1;
+                                Op::Merge(&edit)
+                            }
+                        };
+                        match sess.apply(&counter(c), op).unwrap() {
+                            Outcome::Int(_) | Outcome::Merged(_) => {}
+                            o => panic!("{op:?} returned {o:?}"),
                         }
                         pending[c] += 1;
                     }
@@ -145,11 +225,21 @@ fn run(kind: Kind) {
         .map(|a| a.load(Ordering::SeqCst) as i64)
         .collect();
     let mut sess = store.session();
-    assert_eq!(read_counters(&mut *sess), total, "{}: live", kind.name());
+    assert_eq!(
+        read_counters(&mut *sess, mode),
+        total,
+        "{}: live",
+        kind.name()
+    );
     if let Some(b) = store.bullet() {
         b.drain().unwrap();
         b.verify().unwrap();
-        assert_eq!(read_counters(&mut *sess), total, "{}: drained", kind.name());
+        assert_eq!(
+            read_counters(&mut *sess, mode),
+            total,
+            "{}: drained",
+            kind.name()
+        );
     }
     drop(sess);
     store.close().unwrap();
@@ -159,7 +249,7 @@ fn run(kind: Kind) {
     let (store, heap, clean) = open_sim(kind, &path, Arc::new(CrashSim::new(1, 0)), LOG).unwrap();
     assert!(clean);
     assert_eq!(
-        read_counters(&mut *store.session()),
+        read_counters(&mut *store.session(), mode),
         total,
         "{}: restarted",
         kind.name()
@@ -174,6 +264,7 @@ fn run(kind: Kind) {
     for (n, img) in fence_images.iter().step_by(step).enumerate() {
         check_image(
             kind,
+            mode,
             dir.path(),
             &format!("fence image {n}"),
             img,
@@ -188,7 +279,15 @@ fn run(kind: Kind) {
             .iter()
             .map(|&a| a as i64 + (THREADS * SLACK) as i64)
             .collect();
-        check_image(kind, dir.path(), &format!("image {n}"), &img, &lo, &hi);
+        check_image(
+            kind,
+            mode,
+            dir.path(),
+            &format!("image {n}"),
+            &img,
+            &lo,
+            &hi,
+        );
     }
 }
 
@@ -196,6 +295,7 @@ fn run(kind: Kind) {
 /// Bullet, after draining the frontend equals the backend and the counters hold.
 fn check_image(
     kind: Kind,
+    mode: Mode,
     dir: &std::path::Path,
     what: &str,
     img: &pmem::CrashImage,
@@ -207,7 +307,7 @@ fn check_image(
     let (store, heap, clean) = open_sim(kind, &p, Arc::new(CrashSim::new(3, 0)), LOG)
         .unwrap_or_else(|e| panic!("{}: {what}: {e}", kind.name()));
     assert!(!clean, "{}: {what} says clean", kind.name());
-    let got = read_counters(&mut *store.session());
+    let got = read_counters(&mut *store.session(), mode);
     for c in 0..COUNTERS {
         assert!(
             got[c] >= lo[c] && got[c] <= hi[c],
@@ -221,7 +321,7 @@ fn check_image(
     if let Some(b) = store.bullet() {
         b.drain().unwrap();
         b.verify().unwrap();
-        assert_eq!(read_counters(&mut *store.session()), got);
+        assert_eq!(read_counters(&mut *store.session(), mode), got);
     }
     store.close().unwrap();
     drop(store);
@@ -267,4 +367,30 @@ fn bullet_dyn_phash_group_commit_counts_exactly() {
 #[test]
 fn direct_phash_counts_exactly() {
     run(Kind::Direct(BackendKind::PHash));
+}
+
+#[test]
+fn bullet_full_logfree_merges_exactly() {
+    run_mode(
+        Kind::Bullet(Variant::Full, BackendKind::LogFree),
+        Mode::Merge,
+    );
+}
+
+#[test]
+fn bullet_st_phash_merges_exactly() {
+    run_mode(Kind::Bullet(Variant::St, BackendKind::PHash), Mode::Merge);
+}
+
+#[test]
+fn bullet_dyn_phash_group_commit_merges_exactly() {
+    run_mode(
+        Kind::BulletGroup(Variant::Dyn, BackendKind::PHash),
+        Mode::Merge,
+    );
+}
+
+#[test]
+fn direct_logfree_merges_exactly() {
+    run_mode(Kind::Direct(BackendKind::LogFree), Mode::Merge);
 }

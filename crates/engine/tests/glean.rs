@@ -2,13 +2,17 @@
 //! distinct keys; a key seen again ends the group). Logs where keys repeat
 //! inside a group, and where more keys than a group interleave, must end with
 //! every record applied exactly once and flagged, with and without put
-//! collapsing, on both backends.
+//! collapsing, on both backends: with increments, and with merges (a list
+//! leaf's front inserts, after a put of the empty leaf) as the records that
+//! are not idempotent.
 
 mod common;
 
 use common::*;
 use engine::bullet::{check_logs, BulletStore, Variant};
 use engine::direct::BackendKind;
+use engine::types::edit::Edit;
+use engine::types::node::{Entry, Node};
 use engine::{Op, Session, Store};
 use pmem::{Heap, Strategy};
 use std::collections::BTreeMap;
@@ -35,8 +39,41 @@ fn op(i: u64) -> (Vec<u8>, Op<'static>) {
     (key, op)
 }
 
+/// `op(i)` with its increments made merges: a put of the empty leaf when
+/// the key is absent or `op` puts, else the insert of element `i` at the
+/// leaf's front (payload written to `buf`).
+fn merge_op<'b>(i: u64, live: bool, buf: &'b mut Vec<u8>) -> (Vec<u8>, Op<'b>) {
+    let (key, op) = op(i);
+    let op = match op {
+        Op::Remove => Op::Remove,
+        Op::Incr(_) if live => {
+            buf.clear();
+            Edit::LeafInsert {
+                pos: 0,
+                entry: Entry::new(0.0, i.to_string().into_bytes()),
+            }
+            .encode(false, buf);
+            Op::Merge(buf)
+        }
+        _ => {
+            *buf = Node::Leaf(Vec::new()).encode(false);
+            Op::Put(buf)
+        }
+    };
+    (key, op)
+}
+
 #[test]
 fn grouped_walks_apply_every_record_once() {
+    grouped_walks(false);
+}
+
+#[test]
+fn grouped_walks_apply_every_merge_once() {
+    grouped_walks(true);
+}
+
+fn grouped_walks(merges: bool) {
     for v in [Variant::Full, Variant::Dyn] {
         for b in [BackendKind::LogFree, BackendKind::PHash] {
             let dir = tempfile::tempdir_in(shm_dir()).unwrap();
@@ -46,22 +83,32 @@ fn grouped_walks_apply_every_record_once() {
             // Only the drain gleans (no advancer epoch ends during the writes).
             o.static_gleaners = 0;
             o.epoch = std::time::Duration::from_secs(60);
-            let mut model: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
+            let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            let mut buf = Vec::new();
             {
                 let heap = Heap::create(&path, &hopts).unwrap();
                 let st = BulletStore::create(&heap, &o).unwrap();
                 let mut s = st.session().unwrap();
                 for i in 0..3040u64 {
-                    let (key, op) = op(i);
-                    match op {
-                        Op::Remove => {
-                            model.remove(&key);
+                    let (key, op) = if merges {
+                        let live = model.contains_key(&op(i).0);
+                        merge_op(i, live, &mut buf)
+                    } else {
+                        op(i)
+                    };
+                    let old = model.get(&key).map(|v| v.as_slice());
+                    let new = match op {
+                        Op::Remove => None,
+                        Op::Put(v) => Some(v.to_vec()),
+                        Op::Incr(d) => {
+                            Some(engine::incr_value(old, d).unwrap().to_string().into_bytes())
                         }
-                        Op::Put(_) => {
-                            model.insert(key.clone(), 100);
-                        }
-                        Op::Incr(d) => *model.entry(key.clone()).or_insert(0) += d,
-                    }
+                        Op::Merge(p) => Some(engine::merge_value(old, p).unwrap()),
+                    };
+                    match new {
+                        Some(n) => model.insert(key.clone(), n),
+                        None => model.remove(&key),
+                    };
                     s.apply(&key, op).unwrap();
                 }
                 drop(s);
@@ -86,7 +133,7 @@ fn grouped_walks_apply_every_record_once() {
                 match model.get(&key) {
                     Some(n) => {
                         assert!(found, "{v:?} {b:?}: key k{k:03} lost");
-                        assert_eq!(out, n.to_string().as_bytes(), "{v:?} {b:?}: key k{k:03}");
+                        assert_eq!(&out, n, "{v:?} {b:?}: key k{k:03}");
                     }
                     None => assert!(!found, "{v:?} {b:?}: key k{k:03} invented"),
                 }

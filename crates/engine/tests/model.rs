@@ -15,6 +15,13 @@
 //! whole batch, and a crash right after it finds it whole), in the volatile
 //! store one by one (a failure leaves the prefix before it).
 //!
+//! `PutLeaf` and `Merge` are a collection's piece and its edits: a put of a
+//! list leaf, and a merge operation carrying an edit of it (insert, remove or
+//! replace an element at a position), which is not idempotent. The model
+//! applies the edit with `engine::merge_value`; an edit that does not fit the
+//! value (a position past the leaf's end, a value that is no leaf, an absent
+//! key) fails in the store as in the model, and fails a whole batch.
+//!
 //! `EMBER_ENGINE_MODEL_CASES=n` sets the cases per kind (default 16).
 
 mod common;
@@ -37,6 +44,10 @@ enum TOp {
     PutNum(usize, i64),
     Remove(usize),
     Incr(usize, i64),
+    /// A list leaf of 1 to 4 elements.
+    PutLeaf(usize, u8, u32),
+    /// An edit of a leaf: kind (insert, remove, set), position, element.
+    Merge(usize, u8, u32, u32),
     Get(usize),
     /// A `WriteBatch` of the operations above (keys may repeat).
     Batch(Vec<TOp>),
@@ -54,6 +65,8 @@ fn op_strategy(persistent: bool) -> BoxedStrategy<TOp> {
         2 => (k(), -1000i64..1000).prop_map(|(k, v)| TOp::PutNum(k, v)),
         2 => k().prop_map(TOp::Remove),
         3 => (k(), -50i64..50).prop_map(|(k, d)| TOp::Incr(k, d)),
+        3 => (k(), 1u8..5, any::<u32>()).prop_map(|(k, n, v)| TOp::PutLeaf(k, n, v)),
+        4 => (k(), 0u8..3, 0u32..5, any::<u32>()).prop_map(|(k, e, p, v)| TOp::Merge(k, e, p, v)),
     ];
     prop_oneof![
         10 => proptest::collection::vec(write, 2..6).prop_map(TOp::Batch),
@@ -61,6 +74,11 @@ fn op_strategy(persistent: bool) -> BoxedStrategy<TOp> {
         10 => (k(), -1000i64..1000).prop_map(|(k, v)| TOp::PutNum(k, v)),
         15 => k().prop_map(TOp::Remove),
         25 => (k(), -50i64..50).prop_map(|(k, d)| TOp::Incr(k, d)),
+        45 => prop_oneof![
+            15 => (k(), 1u8..5, any::<u32>()).prop_map(|(k, n, v)| TOp::PutLeaf(k, n, v)),
+            30 => (k(), 0u8..3, 0u32..5, any::<u32>())
+                .prop_map(|(k, e, p, v)| TOp::Merge(k, e, p, v)),
+        ],
         15 => k().prop_map(TOp::Get),
         2 => Just(TOp::Drain),
         restart => Just(TOp::Restart),
@@ -161,10 +179,11 @@ fn run_model(kind: Kind, ops: &[TOp]) -> Result<(), String> {
     for (i, op) in ops.iter().enumerate() {
         let what = format!("{} op {i} {op:?}", kind.name());
         match op {
-            TOp::Put(..) | TOp::PutNum(..) => {
+            TOp::Put(..) | TOp::PutNum(..) | TOp::PutLeaf(..) => {
                 let (k, val) = match op {
                     TOp::PutNum(k, n) => (k, n.to_string().into_bytes()),
                     TOp::Put(k, v) => (k, text(*v)),
+                    TOp::PutLeaf(k, n, v) => (k, leaf_piece(*n, *v)),
                     _ => unreachable!(),
                 };
                 let r = live
@@ -201,6 +220,18 @@ fn run_model(kind: Kind, ops: &[TOp]) -> Result<(), String> {
                     (r, w) => return Err(format!("{what}: {r:?}, the model says {w:?}")),
                 }
             }
+            TOp::Merge(k, e, p, v) => {
+                let payload = leaf_edit(*e, *p, *v);
+                let r = live.sess().apply(&key(*k), Op::Merge(&payload));
+                let want = engine::merge_value(model.get(k).map(|v| v.as_slice()), &payload);
+                match (r, want) {
+                    (Ok(Outcome::Merged(n)), Ok(new)) if n == new.len() => {
+                        model.insert(*k, new);
+                    }
+                    (Err(_), Err(_)) => {}
+                    (r, w) => return Err(format!("{what}: {r:?}, the model says {w:?}")),
+                }
+            }
             TOp::Batch(ops) => {
                 let mut w = engine::WriteBatch::new();
                 let mut after = model.clone();
@@ -212,16 +243,19 @@ fn run_model(kind: Kind, ops: &[TOp]) -> Result<(), String> {
                         TOp::PutNum(k, n) => w.put(&key(*k), n.to_string().as_bytes()),
                         TOp::Remove(k) => w.remove(&key(*k)),
                         TOp::Incr(k, d) => w.incr(&key(*k), *d),
+                        TOp::PutLeaf(k, n, v) => w.put(&key(*k), &leaf_piece(*n, *v)),
+                        TOp::Merge(k, e, p, v) => w.merge(&key(*k), &leaf_edit(*e, *p, *v)),
                         _ => unreachable!("batches hold writes"),
                     }
                     if fails {
                         continue;
                     }
                     let o = match o {
-                        TOp::Put(k, _) | TOp::PutNum(k, _) => {
+                        TOp::Put(k, _) | TOp::PutNum(k, _) | TOp::PutLeaf(k, ..) => {
                             let val = match o {
                                 TOp::PutNum(_, n) => n.to_string().into_bytes(),
                                 TOp::Put(_, v) => text(*v),
+                                TOp::PutLeaf(_, n, v) => leaf_piece(*n, *v),
                                 _ => unreachable!(),
                             };
                             let old = after.insert(*k, val);
@@ -243,6 +277,21 @@ fn run_model(kind: Kind, ops: &[TOp]) -> Result<(), String> {
                                 }
                             }
                         }
+                        TOp::Merge(k, e, p, v) => {
+                            let payload = leaf_edit(*e, *p, *v);
+                            match engine::merge_value(after.get(k).map(|v| v.as_slice()), &payload)
+                            {
+                                Ok(new) => {
+                                    let n = new.len();
+                                    after.insert(*k, new);
+                                    Outcome::Merged(n)
+                                }
+                                Err(_) => {
+                                    fails = true;
+                                    continue;
+                                }
+                            }
+                        }
                         _ => unreachable!(),
                     };
                     if !fails {
@@ -257,7 +306,7 @@ fn run_model(kind: Kind, ops: &[TOp]) -> Result<(), String> {
                 let r = live.sess().apply_batch(&w, &mut got);
                 match (r, fails) {
                     (Ok(()), false) if got == want => model = after,
-                    (Err(Error::NotInteger), true) if !persistent || got.is_empty() => {
+                    (Err(_), true) if !persistent || got.is_empty() => {
                         if !persistent && got != want {
                             return Err(format!("{what}: applied {got:?}, the model {want:?}"));
                         }

@@ -4,13 +4,15 @@
 //! The test binary re-executes itself as a child (`child_batches`, ignored
 //! when run directly) that opens (or creates) the store in a heap file and
 //! runs two threads, each on key groups of its own: batch `v` on group `g`
-//! is `a_g := v`, `b_g := v`, `c_g += 1` (`v` grows: round and sequence
-//! number). Before a batch a thread prints `@@ do <g> <v>`; after it returned
+//! is `a_g := v`, `b_g := v`, `c_g += 1` and `e_g`, an inner node of a
+//! collection's tree, merged with `ChildAdd(0, +1)` (`v` grows: round and
+//! sequence number; `e_g` is put before the group's first batch). Before a batch a thread prints `@@ do <g> <v>`; after it returned
 //! (and its commit, under group commit), `@@ ack <g> <v>`. The parent kills
 //! the child with SIGKILL at a random moment, several rounds on one file, and
 //! after each kill recovers and checks every group: `a_g` and `b_g` hold the
 //! same `v`, not older than the last acknowledged batch; `c_g` counts exactly
-//! the batches up to that one; for Bullet, after draining the logs the
+//! the batches up to that one, and so does `e_g`'s count (every merge applied
+//! once); for Bullet, after draining the logs the
 //! frontend equals the backend.
 //!
 //! `EMBER_ENGINE_SIGKILL_ROUNDS` (default 4).
@@ -20,6 +22,8 @@ mod common;
 use common::*;
 use engine::bullet::Variant;
 use engine::direct::BackendKind;
+use engine::types::edit::Edit;
+use engine::types::node::{Child, Entry, Node};
 use engine::WriteBatch;
 use pmem::{Heap, HeapOptions, Strategy};
 use std::collections::HashMap;
@@ -62,6 +66,24 @@ fn key(k: &str, g: u64) -> Vec<u8> {
     format!("{k}{g}").into_bytes()
 }
 
+/// An inner node with one child of count `n`.
+fn inner(n: u64) -> Vec<u8> {
+    Node::Inner(vec![Child {
+        id: 1,
+        count: n,
+        low: Entry::new(0.0, Vec::new()),
+    }])
+    .encode(false)
+}
+
+/// The count of `inner`'s child.
+fn inner_count(v: &[u8]) -> i64 {
+    match Node::decode(v, false) {
+        Ok(Node::Inner(c)) if c.len() == 1 => c[0].count as i64,
+        x => panic!("e holds {x:?}"),
+    }
+}
+
 #[test]
 #[ignore]
 fn child_batches() {
@@ -76,6 +98,16 @@ fn child_batches() {
             s.spawn(move || {
                 let mut sess = store.session();
                 let mut out = Vec::new();
+                let mut buf = Vec::new();
+                for g in t * GROUPS..(t + 1) * GROUPS {
+                    if !sess.get(&key("e", g), &mut buf).unwrap() {
+                        sess.apply(&key("e", g), engine::Op::Put(&inner(0)))
+                            .unwrap();
+                    }
+                }
+                sess.commit().unwrap();
+                let mut add = Vec::new();
+                Edit::ChildAdd { idx: 0, delta: 1 }.encode(false, &mut add);
                 let mut w = WriteBatch::new();
                 for n in 0u64.. {
                     if sess.maintain().unwrap() {
@@ -87,6 +119,7 @@ fn child_batches() {
                     w.clear();
                     w.put(&key("a", g), v.as_bytes());
                     w.incr(&key("c", g), 1);
+                    w.merge(&key("e", g), &add);
                     w.put(&key("b", g), v.as_bytes());
                     say(&format!("@@ do {g} {v}"));
                     out.clear();
@@ -125,7 +158,16 @@ fn read(kind: Kind, path: &Path) -> (State, Result<(), String>) {
         if a != b {
             err = Err(format!("{}: group {g}: a {a:?} b {b:?}", kind.name()));
         }
-        st.insert(g, (a, c.map_or(0, |c| c.parse().unwrap())));
+        let c = c.map_or(0, |c| c.parse().unwrap());
+        let e = if s.get(&key("e", g), &mut out).unwrap() {
+            inner_count(&out)
+        } else {
+            0
+        };
+        if e != c {
+            err = Err(format!("{}: group {g}: c {c}, e counts {e}", kind.name()));
+        }
+        st.insert(g, (a, c));
     }
     drop(s);
     if let Some(b) = store.bullet() {

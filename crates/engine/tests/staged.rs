@@ -5,7 +5,8 @@
 //! store is open) taken before the commit holds none of them, one taken after
 //! holds all. And a model-based run of a group-commit store on a real file,
 //! with kills and restarts: what comes back is always the last commit plus a
-//! prefix of the writes after it.
+//! prefix of the writes after it (puts, removes, increments, and merges of
+//! collection leaves, which are not idempotent).
 
 mod common;
 
@@ -127,6 +128,9 @@ fn group_commit_records_reach_the_file_at_the_commit() {
 enum TOp {
     Put(usize, u8),
     Incr(usize, i64),
+    /// A collection's list leaf, and a merge of an edit of it.
+    PutLeaf(usize, u8, u32),
+    Merge(usize, u8, u32, u32),
     Remove(usize),
     Get(usize),
     Commit,
@@ -142,6 +146,9 @@ fn op() -> impl Strategy<Value = TOp> {
     prop_oneof![
         6 => (0..NKEYS, any::<u8>()).prop_map(|(k, v)| TOp::Put(k, v)),
         3 => (0..NKEYS, -3i64..4).prop_map(|(k, d)| TOp::Incr(k, d)),
+        2 => (0..NKEYS, 1u8..5, any::<u32>()).prop_map(|(k, n, v)| TOp::PutLeaf(k, n, v)),
+        4 => (0..NKEYS, 0u8..3, 0u32..5, any::<u32>())
+            .prop_map(|(k, e, p, v)| TOp::Merge(k, e, p, v)),
         1 => (0..NKEYS).prop_map(TOp::Remove),
         2 => (0..NKEYS).prop_map(TOp::Get),
         3 => Just(TOp::Commit),
@@ -243,8 +250,12 @@ fn run(ops: &[TOp]) -> Result<(), String> {
         let what = format!("op {i} {op:?}");
         let model = states.last().unwrap().clone();
         match op {
-            TOp::Put(k, v) => {
-                let val = value(*k, *v);
+            TOp::Put(..) | TOp::PutLeaf(..) => {
+                let (k, val) = match op {
+                    TOp::Put(k, v) => (k, value(*k, *v)),
+                    TOp::PutLeaf(k, n, v) => (k, leaf_piece(*n, *v)),
+                    _ => unreachable!(),
+                };
                 let r = live
                     .sess
                     .as_mut()
@@ -286,6 +297,24 @@ fn run(ops: &[TOp]) -> Result<(), String> {
                         states.push(m);
                     }
                     (Err(Error::NotInteger), Err(Error::NotInteger)) => {}
+                    (r, w) => return Err(format!("{what}: {r:?}, the model says {w:?}")),
+                }
+            }
+            TOp::Merge(k, e, p, v) => {
+                let payload = leaf_edit(*e, *p, *v);
+                let r = live
+                    .sess
+                    .as_mut()
+                    .unwrap()
+                    .apply(&key(*k), Op::Merge(&payload));
+                let want = engine::merge_value(model.get(k).map(|v| v.as_slice()), &payload);
+                match (r, want) {
+                    (Ok(Outcome::Merged(n)), Ok(new)) if n == new.len() => {
+                        let mut m = model;
+                        m.insert(*k, new);
+                        states.push(m);
+                    }
+                    (Err(_), Err(_)) => {}
                     (r, w) => return Err(format!("{what}: {r:?}, the model says {w:?}")),
                 }
             }

@@ -57,15 +57,19 @@ impl Pieces for KsPieces<'_> {
         Ok(())
     }
 
-    /// Applies the edit to the piece and stages the new piece whole. (The
-    /// edit itself is the operation a log could carry instead; the stores do
-    /// not take merge operations yet.)
+    /// Applies the edit to the piece, for the command's later reads, and
+    /// stages the edit itself as a merge operation (`Keyspace::edit_piece`):
+    /// the log carries the edit, not the piece's new bytes.
     fn edit(&mut self, id: u64, ordered: bool, e: &Edit) -> engine::Result<()> {
         let old = self
             .get(id)?
             .ok_or_else(|| engine::Error::Corrupt(format!("piece {id} to edit is missing")))?;
         let new = e.apply(ordered, &old)?;
-        self.put(id, new)
+        let mut enc = Vec::new();
+        e.encode(ordered, &mut enc);
+        piece_key(self.id, id, &mut self.kbuf);
+        self.ks.edit_piece(&self.kbuf, new, &enc);
+        Ok(())
     }
 
     fn remove(&mut self, id: u64) -> engine::Result<()> {

@@ -235,6 +235,21 @@ fn lazy_entry<'a>(skey: &[u8], op: &Op<'a>) -> Option<&'a [u8]> {
     }
 }
 
+/// What the running command wrote to one piece. Its reads see the piece's
+/// newest bytes either way; the batch carries what the variant says.
+enum PieceWrite {
+    /// Written whole (a put of these bytes, or a remove: None).
+    Whole(Option<Vec<u8>>),
+    /// Changed by edits only: the batch carries one `Merge` per edit, in
+    /// order (each an encoded [`engine::types::edit::Edit`]); `bytes` is
+    /// the piece after them, `logged` the log bytes of their records.
+    Edits {
+        bytes: Vec<u8>,
+        edits: Vec<Vec<u8>>,
+        logged: u64,
+    },
+}
+
 /// One worker's door into the keyspace: its store session and scratch buffers.
 pub struct Keyspace {
     pub sess: Box<dyn Session>,
@@ -243,11 +258,11 @@ pub struct Keyspace {
     kbuf: Vec<u8>,
     /// The running command's writes, not yet applied.
     staged: WriteBatch,
-    /// The running command's piece writes, newest only (None: removed): a
-    /// command may change one piece many times (3,000 pushes fill a leaf
-    /// 128 times), and its batch carries each piece once. Staged by
-    /// [`Keyspace::apply`].
-    pieces: std::collections::HashMap<Vec<u8>, Option<Vec<u8>>>,
+    /// The running command's piece writes (see [`PieceWrite`]): a command
+    /// may change one piece many times (3,000 pushes fill a leaf 128
+    /// times), and its batch carries each piece once, whole or as its
+    /// edits, whichever logs fewer bytes. Staged by [`Keyspace::apply`].
+    pieces: std::collections::HashMap<Vec<u8>, PieceWrite>,
     /// For each staged remove, the key's state its caller found (Some(has a
     /// TTL)); None for puts (a put learns what it replaced from its outcome).
     before: Vec<Option<bool>>,
@@ -298,13 +313,19 @@ impl Keyspace {
     pub fn apply(&mut self) -> KsResult<()> {
         for (k, v) in self.pieces.drain() {
             match v {
-                Some(b) => {
+                PieceWrite::Whole(Some(b)) => {
                     self.staged.put(&k, &b);
                     self.before.push(None);
                 }
-                None => {
+                PieceWrite::Whole(None) => {
                     self.staged.remove(&k);
                     self.before.push(Some(false));
+                }
+                PieceWrite::Edits { edits, .. } => {
+                    for e in edits {
+                        self.staged.merge(&k, &e);
+                        self.before.push(None);
+                    }
                 }
             }
         }
@@ -350,9 +371,10 @@ impl Keyspace {
                     old_first,
                 } => Some(old_first.is_some_and(|t| t & EXPIRY_BIT != 0)),
                 Outcome::Removed(true) => Some(before.unwrap_or(false)),
-                Outcome::Put { created: true, .. } | Outcome::Removed(false) | Outcome::Int(_) => {
-                    None
-                }
+                Outcome::Put { created: true, .. }
+                | Outcome::Removed(false)
+                | Outcome::Int(_)
+                | Outcome::Merged(_) => None,
             };
             counts.add(
                 self.shard,
@@ -394,6 +416,7 @@ impl Keyspace {
                 Op::Put(v) => self.staged.put(k, v),
                 Op::Remove => self.staged.remove(k),
                 Op::Incr(n) => self.staged.incr(k, n),
+                Op::Merge(m) => self.staged.merge(k, m),
             }
             self.before.push(b);
         }
@@ -426,10 +449,14 @@ impl Keyspace {
     pub fn get_piece(&mut self, pkey: &[u8], out: &mut Vec<u8>) -> KsResult<bool> {
         if let Some(v) = self.pieces.get(pkey) {
             out.clear();
-            if let Some(b) = v {
+            let b = match v {
+                PieceWrite::Whole(b) => b.as_deref(),
+                PieceWrite::Edits { bytes, .. } => Some(bytes.as_slice()),
+            };
+            if let Some(b) = b {
                 out.extend_from_slice(b);
             }
-            return Ok(v.is_some());
+            return Ok(b.is_some());
         }
         match self.staged.newest(pkey) {
             Some(Op::Put(v)) => {
@@ -438,18 +465,60 @@ impl Keyspace {
                 Ok(true)
             }
             Some(Op::Remove) => Ok(false),
-            Some(Op::Incr(_)) | None => Ok(self.sess.get(pkey, out)?),
+            // Piece merges are staged by `apply` only, never before a read.
+            Some(Op::Incr(_) | Op::Merge(_)) | None => Ok(self.sess.get(pkey, out)?),
         }
     }
 
     /// Stages a piece's new bytes (the collection's stripe lock held).
     pub fn put_piece(&mut self, pkey: &[u8], bytes: &[u8]) {
-        self.pieces.insert(pkey.to_vec(), Some(bytes.to_vec()));
+        self.pieces
+            .insert(pkey.to_vec(), PieceWrite::Whole(Some(bytes.to_vec())));
+    }
+
+    /// Stages an edit of a piece (the collection's stripe lock held): `new`
+    /// is the piece after it, which the command's later reads see, and
+    /// `edit` the encoded [`engine::types::edit::Edit`] that the batch
+    /// carries as a `Merge` (the engine computes `new` again from the
+    /// store's piece, in order with the piece's other writes). A piece the
+    /// command also wrote whole stays one put of its newest bytes; a piece
+    /// whose edits would log more than the piece itself (many edits in one
+    /// command) becomes one put too: either way the store ends with `new`.
+    pub fn edit_piece(&mut self, pkey: &[u8], new: Vec<u8>, edit: &[u8]) {
+        let cost = engine::crl::record_len(pkey.len(), edit.len());
+        let whole = engine::crl::record_len(pkey.len(), new.len());
+        match self.pieces.get_mut(pkey) {
+            Some(PieceWrite::Edits {
+                bytes,
+                edits,
+                logged,
+            }) if *logged + cost <= whole => {
+                *bytes = new;
+                edits.push(edit.to_vec());
+                *logged += cost;
+            }
+            // Written whole in this command, or edits outgrowing the piece.
+            Some(w) => *w = PieceWrite::Whole(Some(new)),
+            None if cost > whole => {
+                self.pieces
+                    .insert(pkey.to_vec(), PieceWrite::Whole(Some(new)));
+            }
+            None => {
+                self.pieces.insert(
+                    pkey.to_vec(),
+                    PieceWrite::Edits {
+                        bytes: new,
+                        edits: vec![edit.to_vec()],
+                        logged: cost,
+                    },
+                );
+            }
+        }
     }
 
     /// Stages a piece's removal (the collection's stripe lock held).
     pub fn remove_piece(&mut self, pkey: &[u8]) {
-        self.pieces.insert(pkey.to_vec(), None);
+        self.pieces.insert(pkey.to_vec(), PieceWrite::Whole(None));
     }
 
     /// Stages a raw store value (RENAME's move; stripe lock held).
@@ -481,8 +550,9 @@ impl Keyspace {
             }
             Some(Op::Remove) => return Ok((None, false)),
             // The keyspace stages no `Incr`: its values begin with a tag that
-            // the engine's integer operation does not read.
-            Some(Op::Incr(_)) | None => {
+            // the engine's integer operation does not read; `Merge`s are
+            // pieces' only.
+            Some(Op::Incr(_) | Op::Merge(_)) | None => {
                 if !self.sess.get(skey, &mut self.raw)? {
                     return Ok((None, false));
                 }
@@ -705,5 +775,121 @@ mod tests {
         ks.apply().unwrap();
         assert!(!probe.get(&a, &mut out).unwrap());
         assert_eq!(counts.get(0), Some((1, 1)));
+    }
+
+    /// Keys and opcodes, in the order applied.
+    type Applied = Arc<Mutex<Vec<(Vec<u8>, u8)>>>;
+
+    /// A session that records the operations it applies.
+    struct Recorder {
+        inner: Box<dyn Session>,
+        ops: Applied,
+    }
+
+    impl Session for Recorder {
+        fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> engine::Result<bool> {
+            self.inner.get(key, out)
+        }
+        fn apply(&mut self, key: &[u8], op: Op<'_>) -> engine::Result<Outcome> {
+            self.ops.lock().unwrap().push((key.to_vec(), op.code()));
+            self.inner.apply(key, op)
+        }
+        fn scan(
+            &mut self,
+            cursor: u64,
+            count: usize,
+            out: &mut Vec<Vec<u8>>,
+        ) -> engine::Result<u64> {
+            self.inner.scan(cursor, count, out)
+        }
+    }
+
+    /// A piece's edits reach the store as merge operations, in order, and
+    /// the command's reads see the edited piece before then; a piece also
+    /// written whole in the command, or whose edits outgrow it, is one put.
+    #[test]
+    fn piece_edits_are_staged_as_merges() {
+        use engine::types::edit::Edit;
+        use engine::types::node::{Entry, Node};
+        use engine::volatile::VolatileStore;
+        use engine::Store as _;
+        let store = Arc::new(VolatileStore::new(64));
+        let counts = Arc::new(KeyCounts::new(1, store.key_hasher()));
+        let ops = Arc::new(Mutex::new(Vec::new()));
+        let rec = Recorder {
+            inner: Box::new(store.session().unwrap()),
+            ops: ops.clone(),
+        };
+        let mut ks = Keyspace::new(
+            Box::new(rec),
+            counts.clone(),
+            0,
+            std::sync::Arc::new(crate::housekeep::Housekeeping::new(false)),
+        );
+        counts.finish(&mut store.session().unwrap()).unwrap();
+        let p = [PIECE_PREFIX, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2];
+        // About 2 KiB: a few edits log less than the piece.
+        let filler = |n: usize| (0..n).map(|_| Entry::new(0.0, vec![b'x'; 50]));
+        let mut piece = Node::Leaf(filler(40).collect()).encode(false);
+        let edit = |ks: &mut Keyspace, piece: &mut Vec<u8>, e: Edit| {
+            let mut enc = Vec::new();
+            e.encode(false, &mut enc);
+            *piece = e.apply(false, piece).unwrap();
+            ks.edit_piece(&p, piece.clone(), &enc);
+        };
+        let ins = |x: &[u8]| Edit::LeafInsert {
+            pos: 0,
+            entry: Entry::new(0.0, x.to_vec()),
+        };
+        let got = |ks: &mut Keyspace| {
+            let mut out = Vec::new();
+            assert!(ks.get_piece(&p, &mut out).unwrap());
+            out
+        };
+        ks.put_piece(&p, &piece);
+        ks.apply().unwrap();
+        ops.lock().unwrap().clear();
+        // Two edits: two merges, in order; reads see both before the apply.
+        edit(&mut ks, &mut piece, ins(b"b"));
+        edit(&mut ks, &mut piece, Edit::LeafRemove { pos: 1 });
+        assert_eq!(got(&mut ks), piece);
+        ks.apply().unwrap();
+        assert_eq!(
+            std::mem::take(&mut *ops.lock().unwrap()),
+            [
+                (p.to_vec(), engine::OPC_MERGE),
+                (p.to_vec(), engine::OPC_MERGE)
+            ]
+        );
+        assert_eq!(got(&mut ks), piece);
+        assert_eq!(
+            Node::decode(&piece, false).unwrap(),
+            Node::Leaf(
+                std::iter::once(Entry::new(0.0, b"b".to_vec()))
+                    .chain(filler(39))
+                    .collect()
+            )
+        );
+        // Written whole, then edited: one put of the newest bytes.
+        piece = Node::Leaf(filler(40).collect()).encode(false);
+        ks.put_piece(&p, &piece);
+        edit(&mut ks, &mut piece, ins(b"c"));
+        ks.apply().unwrap();
+        assert_eq!(
+            std::mem::take(&mut *ops.lock().unwrap()),
+            [(p.to_vec(), engine::OPC_PUT)]
+        );
+        assert_eq!(got(&mut ks), piece);
+        // Edits that would log more than the piece: one put.
+        for i in 0..40 {
+            edit(&mut ks, &mut piece, ins(format!("{i}").as_bytes()));
+            edit(&mut ks, &mut piece, Edit::LeafRemove { pos: 0 });
+        }
+        ks.apply().unwrap();
+        assert_eq!(
+            std::mem::take(&mut *ops.lock().unwrap()),
+            [(p.to_vec(), engine::OPC_PUT)]
+        );
+        assert_eq!(got(&mut ks), piece);
     }
 }

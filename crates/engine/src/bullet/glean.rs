@@ -2,7 +2,7 @@
 
 use super::{fold, heap_full, Shared, GLOCKS};
 use crate::crl::{Header, Pool, RecPtr, OPC_PAD};
-use crate::{lentry, value, Error, Result, OPC_PUT, OPC_REMOVE};
+use crate::{idempotent_opcode, lentry, value, Error, Result};
 use index::any::AnyHandle;
 use index::{Index, Ops};
 use std::sync::atomic::Ordering;
@@ -653,7 +653,7 @@ impl Gleaner {
         let last_idem = self
             .chain
             .iter()
-            .rposition(|(_, h)| h.opcode == OPC_PUT || h.opcode == OPC_REMOVE);
+            .rposition(|(_, h)| idempotent_opcode(h.opcode));
         let (mut val, from) = match last_idem {
             Some(k) => {
                 self.load_payload(sh, k);

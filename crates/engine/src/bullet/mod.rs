@@ -26,7 +26,10 @@
 //!   [`crate::value`]), which makes re-applying a record after a crash
 //!   harmless. With put collapsing (variant `full`), a chain is
 //!   folded in DRAM from its newest idempotent record (or from the backend value
-//!   when it has none) and written once. At the end of a batch the backend is
+//!   when it has none) and written once. Increments and merges (a
+//!   collection piece's edit: the writer computes the new piece in the
+//!   frontend, the record carries the edit) are folded in chain order, each
+//!   exactly once. At the end of a batch the backend is
 //!   synced once, the records' `applied` flags set and fenced, each chain's
 //!   `lentry` released with a compare-and-swap, and only then the keys' gleaner
 //!   locks given back.
@@ -73,8 +76,8 @@ pub use session::BulletSession;
 use crate::crl::{Pool, RecPtr, OPC_PAD};
 use crate::table::{Blob, Table};
 use crate::{
-    incr_value, lentry, value, Durability, Error, Result, Store, StoreStats, OPC_INCR, OPC_PUT,
-    OPC_REMOVE,
+    incr_value, lentry, merge_value, value, Durability, Error, Result, Store, StoreStats, OPC_INCR,
+    OPC_MERGE, OPC_PUT, OPC_REMOVE,
 };
 use glean::Gleaner;
 use index::any::AnyIndex;
@@ -375,6 +378,9 @@ fn fold(val: Option<Vec<u8>>, opcode: u8, payload: &[u8]) -> Result<Option<Vec<u
             })?;
             Some(n.to_string().into_bytes())
         }
+        OPC_MERGE => Some(merge_value(val.as_deref(), payload).map_err(|e| {
+            Error::Corrupt(format!("Merge record does not apply to its value: {e}"))
+        })?),
         o => return Err(Error::Corrupt(format!("opcode {o}"))),
     })
 }
@@ -612,6 +618,7 @@ impl Store for BulletStore {
             records_appended: c.appended.load(Ordering::Relaxed),
             records_applied: c.applied.load(Ordering::Relaxed),
             records_collapsed: c.collapsed.load(Ordering::Relaxed),
+            log_bytes_appended: self.sh.pool.appended_bytes(),
             backend_loads: c.loads.load(Ordering::Relaxed),
             evictions: c.evictions.load(Ordering::Relaxed),
             log_full_waits: c.waits.load(Ordering::Relaxed),

@@ -10,7 +10,7 @@ use super::{
 use crate::crl::{self, Pool, RecPtr, OPC_PAD};
 use crate::direct::{backend_kind, create_backend, BackendKind};
 use crate::table::{Blob, Table};
-use crate::{Error, Result, OPC_INCR, OPC_PUT, OPC_REMOVE};
+use crate::{known_opcode, Error, Result};
 use index::any::{attach_any, AnyIndex};
 use index::{Index, KeyHasher, PHash, PHashOptions, RecoverStats, Recoverable};
 use pmem::{Heap, PPtr, Recovery};
@@ -136,7 +136,7 @@ pub fn check_logs(heap: &Heap, root: PPtr<u8>) -> Result<LogFacts> {
             if h.opcode == OPC_PAD {
                 continue;
             }
-            if !matches!(h.opcode, OPC_PUT | OPC_REMOVE | OPC_INCR) {
+            if !known_opcode(h.opcode) {
                 return Err(Error::Corrupt(format!("log {i}: opcode {}", h.opcode)));
             }
             f.records += 1;

@@ -2,7 +2,7 @@
 
 use super::{fold, BulletRecovery, VERSION_SHIFT};
 use crate::crl::{Header, Pool, RecPtr, OPC_PAD};
-use crate::{value, Error, Result, OPC_INCR, OPC_PUT, OPC_REMOVE};
+use crate::{idempotent_opcode, known_opcode, value, Error, Result};
 use index::any::{AnyHandle, AnyIndex};
 use index::{Index, KeyHasher, Ops};
 use std::sync::atomic::Ordering;
@@ -76,7 +76,7 @@ pub(super) fn replay(
             if h.opcode == OPC_PAD {
                 continue;
             }
-            if !matches!(h.opcode, OPC_PUT | OPC_REMOVE | OPC_INCR) {
+            if !known_opcode(h.opcode) {
                 return Err(Error::Corrupt(format!(
                     "log {i} record at {}: opcode {}",
                     p.pos(),
@@ -291,7 +291,10 @@ impl Replayer<'_> {
         // a heap whose pages are all cold.
         let split = recs.partition_point(|r| r.h.version <= maxflag);
         let unflagged = &recs[split..];
-        if let Some(k) = unflagged.iter().rposition(|r| r.h.opcode != OPC_INCR) {
+        if let Some(k) = unflagged
+            .iter()
+            .rposition(|r| idempotent_opcode(r.h.opcode))
+        {
             // Older than a record flagged applied: in the backend too (chains
             // are applied in order). Flag them, or no chain walk from the
             // frontend entry (which stops at the flagged record) reaches them
@@ -325,8 +328,9 @@ impl Replayer<'_> {
             return Ok(());
         }
         self.replayed += pending.len() as u64;
-        // Increments only (a put or remove would have been folded above, or
-        // is in the backend): onto the backend value.
+        // Increments and merges only (a put or remove would have been folded
+        // above, or is in the backend): onto the backend value, each record
+        // above its stamp exactly once.
         let base = if found {
             value::decode(&self.buf).map(|(_, v)| v.to_vec())
         } else {
@@ -383,6 +387,39 @@ mod tests {
         }
     }
 
+    /// Runs `round` for each of `drained` (then drains the store: their
+    /// records are in the backend), `glean` (then one glean batch of one
+    /// log applies and flags some of them, which stay in the log: no head
+    /// advance) and `after`, with session `s` and then new ones; returns the
+    /// last.
+    fn rounds_in_tiers(
+        st: &BulletStore,
+        mut s: BulletSession,
+        round: &mut dyn FnMut(&mut BulletSession, usize),
+        drained: &[usize],
+        glean: &[usize],
+        after: &[usize],
+    ) -> BulletSession {
+        for &r in drained {
+            round(&mut s, r);
+        }
+        drop(s);
+        st.drain().unwrap();
+        let mut s = st.session().unwrap();
+        for &r in glean {
+            round(&mut s, r);
+        }
+        drop(s);
+        let mut g = Gleaner::new(&st.sh).unwrap();
+        assert!(g.glean_batch(&st.sh).unwrap());
+        g.retire(&st.sh);
+        let mut s = st.session().unwrap();
+        for &r in after {
+            round(&mut s, r);
+        }
+        s
+    }
+
     /// The two halves of a recovery's fold each take a heap thread slot (a
     /// backend handle); with one slot the second half cannot get one, and the
     /// halves run one after the other instead.
@@ -432,7 +469,7 @@ mod tests {
         {
             let heap = Heap::create(&path, &heap_opts()).unwrap();
             let st = BulletStore::create(&heap, &opts()).unwrap();
-            let mut s = st.session().unwrap();
+            let s = st.session().unwrap();
             let mut round = |s: &mut BulletSession, r: usize| {
                 for k in 0..200usize {
                     let key = format!("key-{k}{}", "x".repeat(k % 3));
@@ -474,23 +511,10 @@ mod tests {
                     model.insert(key, Some((n + c as i64 + 1).to_string().into_bytes()));
                 }
             };
-            round(&mut s, 0);
-            round(&mut s, 1);
-            // Part of the records in the backend and flagged, the rest not.
-            drop(s);
-            st.drain().unwrap();
-            let mut s = st.session().unwrap();
-            round(&mut s, 2);
-            round(&mut s, 3);
-            drop(s);
-            // One batch of one log: its records are applied and flagged but
-            // stay in the log (no head advance), so recovery finds flagged
-            // records, and increments after them (folded onto the backend).
-            let mut g = Gleaner::new(&st.sh).unwrap();
-            assert!(g.glean_batch(&st.sh).unwrap());
-            g.retire(&st.sh);
-            let mut s = st.session().unwrap();
-            round(&mut s, 6);
+            // Part of the records in the backend and flagged, the rest not;
+            // recovery finds flagged records, and increments after them
+            // (folded onto the backend).
+            let mut s = rounds_in_tiers(&st, s, &mut round, &[0, 1], &[2, 3], &[6]);
             // Increments only since the batch, for the keys holding numbers:
             // recovery folds them onto the backend's value.
             for (k, v) in model.iter_mut() {
@@ -527,5 +551,81 @@ mod tests {
         drop(s);
         st.drain().unwrap();
         st.verify().unwrap();
+    }
+
+    /// Recovery folds merges (edits of a list leaf, not idempotent) exactly
+    /// once: keys whose unflagged records are all merges get them folded
+    /// onto the backend value (part of their chain applied by a drain and by
+    /// one glean batch whose flags stay in the log), keys whose unflagged
+    /// records hold a put fold from it without a backend read; after the
+    /// replay, a drain and a second restart, every leaf is the model's.
+    #[test]
+    fn replay_folds_merges_exactly_once() {
+        use crate::types::edit::Edit;
+        use crate::types::node::{Entry, Node};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h");
+        let mut model: HashMap<String, Vec<u8>> = HashMap::new();
+        let mut edit = Vec::new();
+        {
+            let heap = Heap::create(&path, &heap_opts()).unwrap();
+            let st = BulletStore::create(&heap, &opts()).unwrap();
+            let s = st.session().unwrap();
+            let empty = Node::Leaf(Vec::new()).encode(false);
+            let mut round = |s: &mut BulletSession, r: usize| {
+                for k in 0..120usize {
+                    let key = format!("leaf-{k}");
+                    if r == 0 || (k + r).is_multiple_of(17) {
+                        // A put: the chain folds from it.
+                        s.apply(key.as_bytes(), Op::Put(&empty)).unwrap();
+                        model.insert(key.clone(), empty.clone());
+                    }
+                    for j in 0..1 + (k % 3) {
+                        edit.clear();
+                        let e = if j == 2 {
+                            Edit::LeafRemove { pos: 0 }
+                        } else {
+                            Edit::LeafInsert {
+                                pos: (k % 2) as u32 & j as u32,
+                                entry: Entry::new(0.0, format!("{r}.{k}.{j}").into_bytes()),
+                            }
+                        };
+                        e.encode(false, &mut edit);
+                        let new = crate::merge_value(model.get(&key).map(|v| v.as_slice()), &edit)
+                            .unwrap();
+                        match s.apply(key.as_bytes(), Op::Merge(&edit)).unwrap() {
+                            crate::Outcome::Merged(n) => assert_eq!(n, new.len()),
+                            o => panic!("{o:?}"),
+                        }
+                        model.insert(key.clone(), new);
+                    }
+                }
+            };
+            drop(rounds_in_tiers(&st, s, &mut round, &[0, 1], &[2], &[3, 4]));
+            // Dropped without `close`: the next open replays the logs.
+        }
+        for pass in 0..2 {
+            let rec = Heap::open(&path, &heap_opts()).unwrap();
+            let (st, stats) = BulletStore::open(rec, &opts()).unwrap();
+            if pass == 0 {
+                assert!(
+                    stats.replayed > 0 && stats.replayed < stats.records,
+                    "{stats:?}"
+                );
+            }
+            let mut s = st.session().unwrap();
+            let mut out = Vec::new();
+            for (k, v) in &model {
+                assert!(
+                    s.get(k.as_bytes(), &mut out).unwrap(),
+                    "pass {pass}: {k} lost"
+                );
+                assert_eq!(&out, v, "pass {pass}: key {k}");
+            }
+            drop(s);
+            st.drain().unwrap();
+            st.verify().unwrap();
+            st.close().unwrap();
+        }
     }
 }

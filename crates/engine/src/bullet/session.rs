@@ -6,8 +6,8 @@ use super::{heap_full, BulletStore, FMeta, Life, Shared};
 use crate::crl::{self, RecPtr};
 use crate::table::{prefetch_keys, Blob, TOMB_TAG};
 use crate::{
-    check_op, incr_value, lentry, min_cursor, Error, Op, Outcome, PendingCommit, Result, Session,
-    WriteBatch,
+    check_op, incr_value, lentry, merge_value, min_cursor, Error, Op, Outcome, PendingCommit,
+    Result, Session, WriteBatch,
 };
 use index::phash::PHashHandle;
 use index::{Index, Ops};
@@ -66,6 +66,8 @@ enum Cur<'n, 'b> {
     Old(Option<&'n [u8]>),
     Batch(&'b [u8]),
     Int(i64),
+    /// A merge's result.
+    Owned(Vec<u8>),
     None,
 }
 
@@ -75,17 +77,19 @@ impl Cur<'_, '_> {
             Cur::Old(v) => f(*v),
             Cur::Batch(v) => f(Some(v)),
             Cur::Int(i) => f(Some(i.to_string().as_bytes())),
+            Cur::Owned(v) => f(Some(v)),
             Cur::None => f(None),
         }
     }
 }
 
 /// The value a batch leaves a key with.
-#[derive(Clone, Copy)]
 enum Fin<'b> {
     Unchanged,
     Bytes(&'b [u8]),
     Int(i64),
+    /// A merge's result.
+    Owned(Vec<u8>),
     Tomb,
 }
 
@@ -93,7 +97,7 @@ enum Fin<'b> {
 #[inline]
 fn plen(op: &Op<'_>) -> usize {
     match op {
-        Op::Put(v) => v.len(),
+        Op::Put(v) | Op::Merge(v) => v.len(),
         Op::Incr(_) => 8,
         Op::Remove => 0,
     }
@@ -331,8 +335,8 @@ impl BulletSession {
     /// plans its operations `ops` (batch index, operation; in batch order) on
     /// the entry's value: their outcomes go to `outcomes` by batch index; the
     /// plan holds the records to append and the value to publish. An `Incr`
-    /// on a value that is not an integer (or that overflows) fails here, and
-    /// the key is left unmarked.
+    /// on a value that is not an integer (or that overflows), or a `Merge`
+    /// that does not fit the value, fails here, and the key is left unmarked.
     fn plan_key<'b>(
         &mut self,
         hash: u64,
@@ -418,6 +422,21 @@ impl BulletSession {
                             break;
                         }
                     },
+                    // The new piece is computed here, in DRAM; the record
+                    // carries only the edit.
+                    Op::Merge(p) => match cur.with(|b| merge_value(b, p)) {
+                        Ok(v) => {
+                            let len = v.len();
+                            cur = Cur::Owned(v);
+                            live = true;
+                            recs.push(op);
+                            Outcome::Merged(len)
+                        }
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
+                    },
                 };
                 outcomes[idx] = Some(outcome);
             }
@@ -425,6 +444,7 @@ impl BulletSession {
                 Cur::Old(_) => Fin::Unchanged,
                 Cur::Batch(v) => Fin::Bytes(v),
                 Cur::Int(v) => Fin::Int(v),
+                Cur::Owned(v) => Fin::Owned(v),
                 Cur::None => Fin::Tomb,
             };
             let plan = Planned {
@@ -549,9 +569,10 @@ impl BulletSession {
                 }
                 continue;
             }
-            let new = match k.fin {
+            let new = match &k.fin {
                 Fin::Bytes(v) => Blob::new(v),
                 Fin::Int(v) => Blob::new(v.to_string().as_bytes()),
+                Fin::Owned(v) => Blob::new(v),
                 Fin::Tomb => Blob::tomb(),
                 Fin::Unchanged => unreachable!("a key with records has a new value"),
             };
@@ -614,6 +635,7 @@ impl BulletSession {
                 match op {
                     Op::Put(v) => self.payload.extend_from_slice(v),
                     Op::Incr(d) => self.payload.extend_from_slice(&d.to_le_bytes()),
+                    Op::Merge(p) => self.payload.extend_from_slice(p),
                     Op::Remove => {}
                 }
                 left -= 1;
@@ -895,6 +917,14 @@ impl Session for BulletSession {
                 let n = incr_value(cur, d)?;
                 (Outcome::Int(n), Blob::new(n.to_string().as_bytes()))
             }
+            Op::Merge(p) => {
+                // The writer computes the new piece in DRAM (the frontend
+                // replaces a value whole); the record carries the edit only,
+                // which the gleaner or recovery folds onto the backend value.
+                let cur: Option<&[u8]> = node.and_then(|n| n.value(g).get());
+                let new = merge_value(cur, p)?;
+                (Outcome::Merged(new.len()), Blob::new(&new))
+            }
         };
         let base = sh.epoch_base();
         let version = node
@@ -908,6 +938,7 @@ impl Session for BulletSession {
         match op {
             Op::Put(v) => self.payload.extend_from_slice(v),
             Op::Incr(d) => self.payload.extend_from_slice(&d.to_le_bytes()),
+            Op::Merge(p) => self.payload.extend_from_slice(p),
             Op::Remove => {}
         }
         let group = sh.pool.group_commit.load(Ordering::Relaxed);

@@ -39,7 +39,7 @@
 //!                record is detected; bits 56-63: gen bits 16-23)
 //! 24 u64 prev    (the key's previous record, in any log; 0 = none)
 //! 32 u64 version (per key, increasing; also the backend value's stamp)
-//! 40 key bytes, then the payload (value bytes, or an i64 for Incr)
+//! 40 key bytes, then the payload (value bytes, an i64 for Incr, an edit for Merge)
 //! ```
 //! A record that would straddle the end of the buffer is preceded by a pad record
 //! (opcode [`OPC_PAD`]) filling the rest of the buffer; when fewer than a header's

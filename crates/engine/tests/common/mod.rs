@@ -325,3 +325,30 @@ pub fn child_args(env_heap: &str, env_kind: &str, kinds: &[Kind]) -> Option<(Str
     let kind = *kinds.iter().find(|k| k.name() == name).unwrap();
     Some((path, kind))
 }
+
+/// A collection's list leaf of `n` elements (a piece), for merge tests.
+pub fn leaf_piece(n: u8, v: u32) -> Vec<u8> {
+    use engine::types::node::{Entry, Node};
+    Node::Leaf(
+        (0..n)
+            .map(|i| Entry::new(0.0, format!("e{v:x}.{i}").into_bytes()))
+            .collect(),
+    )
+    .encode(false)
+}
+
+/// A merge payload: an edit of a list leaf (`kind` 0 inserts, 1 removes,
+/// 2 replaces the element at `pos`); it fails on a leaf too short for `pos`.
+pub fn leaf_edit(kind: u8, pos: u32, v: u32) -> Vec<u8> {
+    use engine::types::edit::Edit;
+    use engine::types::node::Entry;
+    let entry = Entry::new(0.0, format!("m{v:x}").into_bytes());
+    let e = match kind {
+        0 => Edit::LeafInsert { pos, entry },
+        1 => Edit::LeafRemove { pos },
+        _ => Edit::LeafSet { pos, entry },
+    };
+    let mut out = Vec::new();
+    e.encode(false, &mut out);
+    out
+}

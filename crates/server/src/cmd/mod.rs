@@ -21,8 +21,8 @@ pub use table::{
 
 pub use conn::REDIS_COMPAT_VERSION;
 pub use error::CmdError;
-pub(crate) use strings::float_arg;
 pub use keys::finish_flushes;
+pub(crate) use strings::float_arg;
 
 use crate::clock::Stamp;
 use crate::keyspace::Keyspace;
