@@ -11,6 +11,13 @@ use clap::{Parser, Subcommand};
 use std::ffi::OsString;
 use std::process::ExitCode;
 
+/// mimalloc instead of glibc's malloc: the collection paths allocate many
+/// small, short-lived buffers per command (pieces copied, decoded, spliced),
+/// where glibc's malloc spent a third of a worker's time (`perf`, LPUSH and
+/// ZADD -P 16); see BENCHMARKS.md for the measured change.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "ember",

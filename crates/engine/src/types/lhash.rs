@@ -259,7 +259,7 @@ impl<'a, P: super::tree::Pieces> Table<'a, P> {
                 true
             }
             Some(bytes) => {
-                let created = Bucket::decode(&bytes)?.find(field).is_none();
+                let created = Bucket::lookup(&bytes, field)?.is_none();
                 let e = Edit::BucketSet {
                     field: field.to_vec(),
                     value: value.to_vec(),
@@ -284,11 +284,12 @@ impl<'a, P: super::tree::Pieces> Table<'a, P> {
         let Some(bytes) = self.p.get(id)? else {
             return Ok(false);
         };
-        let bucket = Bucket::decode(&bytes)?;
-        if bucket.find(field).is_none() {
+        if Bucket::lookup(&bytes, field)?.is_none() {
             return Ok(false);
         }
-        if bucket.0.len() == 1 {
+        // The pair count (after the kind byte): the bucket's last pair goes
+        // with the bucket.
+        if bytes.get(1..3) == Some(&1u16.to_le_bytes()[..]) {
             self.p.remove(id)?;
         } else {
             self.p.edit(

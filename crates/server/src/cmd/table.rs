@@ -492,7 +492,7 @@ pub static SUBCOMMANDS: &[SubSpec] = &[
     sub!("memory", "malloc-stats", 2, [], []),
     sub!("memory", "purge", 2, [], []),
     sub!("memory", "stats", 2, [], []),
-    sub!("memory", "usage", -3, [READONLY], [KEYSPACE], (2, 2, 1)),
+    sub!("memory", "usage", -3, [READONLY], [], (2, 2, 1)),
     sub!("object", "encoding", 3, [READONLY], [KEYSPACE], (2, 2, 1)),
     sub!("object", "freq", 3, [READONLY], [KEYSPACE], (2, 2, 1)),
     sub!("object", "help", 2, [LOADING, STALE], [KEYSPACE]),
