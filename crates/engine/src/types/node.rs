@@ -137,6 +137,7 @@ pub(crate) fn corrupt(what: String) -> Error {
     Error::Corrupt(format!("collection piece: {what}"))
 }
 
+#[inline]
 pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push(v as u8 | 0x80);
@@ -173,6 +174,7 @@ pub(crate) struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    #[inline]
     pub fn u8(&mut self) -> Result<u8> {
         let v = *self
             .b
@@ -182,6 +184,7 @@ impl<'a> Reader<'a> {
         Ok(v)
     }
 
+    #[inline]
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self
             .at
@@ -193,11 +196,13 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 
+    #[inline]
     pub fn u64(&mut self) -> Result<u64> {
         let s = self.bytes(8)?;
         Ok(u64::from_le_bytes(s.try_into().expect("8 bytes")))
     }
 
+    #[inline]
     pub fn varint(&mut self) -> Result<u64> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
@@ -211,11 +216,13 @@ impl<'a> Reader<'a> {
     }
 
     /// A varint length and that many bytes.
+    #[inline]
     pub fn blob(&mut self) -> Result<Vec<u8>> {
         let len = usize::try_from(self.varint()?).map_err(|_| corrupt("length".into()))?;
         Ok(self.bytes(len)?.to_vec())
     }
 
+    #[inline]
     pub fn entry(&mut self, ordered: bool) -> Result<Entry> {
         let score = if ordered {
             f64::from_bits(self.u64()?)
@@ -230,6 +237,7 @@ impl<'a> Reader<'a> {
         })
     }
 
+    #[inline]
     pub fn child(&mut self, ordered: bool) -> Result<Child> {
         let id = self.u64()?;
         let count = self.u64()?;
