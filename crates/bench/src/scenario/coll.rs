@@ -9,7 +9,8 @@
 //!    16-byte strings `m:NNNNNNNNNNNNNN` (hash: field `f:...` with a 16-byte
 //!    value `v:...`; sorted set: score = the element's number), written with
 //!    commands of 1,000 elements each (RPUSH, HSET, SADD, ZADD) pipelined
-//!    `PIPELINE` at a time over a raw RESP connection. After each step INFO
+//!    `PIPELINE` at a time over a raw RESP connection. After each step, once
+//!    Ember's gleaners have applied its logs (`log_occupancy` 0), INFO
 //!    memory gives `used_memory_rss` (both servers: the process's RSS; for
 //!    Ember it counts the heap pages mapped in and the DRAM frontend) and
 //!    `used_memory` (Redis: its allocator's bytes; Ember: the persistent heap
@@ -17,8 +18,10 @@
 //!    step divided by its elements is the row's bytes per element. The large
 //!    list is `biglist` (`--list-elements`), the large sorted set `big`
 //!    (`--zset-elements`); the large hash and set have 1,000,000 elements.
-//! 2. Restart with that data. Ember: SIGKILL right after the build (the logs
-//!    hold what the gleaners had not applied yet), start, time from the spawn
+//! 2. Restart with that data. First the small keys of step 1 are written
+//!    again under other names (not measured), then Ember is killed with
+//!    SIGKILL right away (its logs hold what its gleaners had not applied
+//!    yet: `log_occupancy_before`), started, time from the spawn
 //!    to the first answered `ZRANGE big 0 9` (ten members) and then to the
 //!    first answered `LINDEX biglist 0`; then SHUTDOWN and the same timing
 //!    (its INFO `last_start_*` fields say what each start read). Redis:
@@ -33,6 +36,7 @@ use super::servers::{data_bytes, redis_version, Kind, RedisMode, Server, Spec};
 use super::table::{Labels, Table};
 use super::udorn::{labels_of, server_spec, server_version};
 use super::{median, BenchResult, Ctx, Report};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Elements per command of the fills.
@@ -43,6 +47,8 @@ const PIPELINE: u64 = 10;
 const SMALL: u64 = 1_000;
 const SMALL_KEYS: u64 = 100;
 const QUICK_SMALL_KEYS: u64 = 5;
+/// Longest wait for Ember's gleaners to apply its logs before a memory reading.
+const SETTLE: Duration = Duration::from_secs(120);
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Type {
@@ -131,9 +137,31 @@ fn fill(c: &mut Conn, t: Type, key: &str, n: u64) -> BenchResult<()> {
     Ok(())
 }
 
-/// (used_memory_rss, used_memory) from INFO memory, after a pause: Redis
-/// refreshes its RSS figure in its 100 ms timer, not when INFO asks.
-fn memory(s: &Server) -> BenchResult<(f64, f64)> {
+/// (used_memory_rss, used_memory) from INFO memory once the server is
+/// settled: Ember's gleaners have applied its logs to the heap (else the
+/// backend's share of a step would land in the next step's growth), and then
+/// a pause, as Redis refreshes its RSS figure in its 100 ms timer, not when
+/// INFO asks.
+fn memory(s: &Server, kind: Kind, stop: &AtomicBool) -> BenchResult<(f64, f64)> {
+    if let Kind::Ember { .. } = kind {
+        let deadline = Instant::now() + SETTLE;
+        while log_occupancy(s)?
+            .parse::<f64>()
+            .map_err(|e| format!("log_occupancy: {e}"))?
+            > 0.0
+        {
+            if stop.load(Ordering::Relaxed) {
+                return Err("interrupted".into());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "Ember's logs were not applied within {} s of the last write",
+                    SETTLE.as_secs()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
     std::thread::sleep(Duration::from_millis(300));
     let info = s
         .conn(Duration::from_secs(60))?
@@ -319,7 +347,7 @@ pub fn run(ctx: &mut Ctx) -> BenchResult<Report> {
             for (ti, &t) in TYPES.iter().enumerate() {
                 for (si, &(per_key, keys)) in sizes(t).iter().enumerate() {
                     ctx.check_stop()?;
-                    let (rss0, used0) = memory(&s)?;
+                    let (rss0, used0) = memory(&s, kind, ctx.stop_flag())?;
                     let t0 = Instant::now();
                     for k in 0..keys {
                         let key = if keys == 1 {
@@ -331,7 +359,7 @@ pub fn run(ctx: &mut Ctx) -> BenchResult<Report> {
                             .map_err(|e| format!("{}: {e}", kind.label()))?;
                     }
                     let build = t0.elapsed().as_secs_f64();
-                    let (rss1, used1) = memory(&s)?;
+                    let (rss1, used1) = memory(&s, kind, ctx.stop_flag())?;
                     let n = (per_key * keys) as f64;
                     let rss_pe = (rss1 - rss0) / n;
                     let used_pe = (used1 - used0) / n;
@@ -354,6 +382,15 @@ pub fn run(ctx: &mut Ctx) -> BenchResult<Report> {
                     cells.extend(std::iter::repeat_n(String::new(), 8));
                     cells.push(server_version.clone());
                     table.push(&lab, cells);
+                }
+            }
+            // More writes, not measured, so that Ember's logs hold records its
+            // gleaners have not applied yet when it is killed (the memory
+            // steps waited for them): the same again under other keys.
+            for &t in &TYPES {
+                for k in 0..small_keys {
+                    let key = format!("tail:{}:{k}", t.name());
+                    fill(&mut c, t, &key, SMALL).map_err(|e| format!("{}: {e}", kind.label()))?;
                 }
             }
             drop(c);
