@@ -15,7 +15,8 @@
 //!    Ember it counts the heap pages mapped in and the DRAM frontend) and
 //!    `used_memory` (Redis: its allocator's bytes; Ember: the persistent heap
 //!    in use, `heap_used`, without the DRAM frontend); the growth over the
-//!    step divided by its elements is the row's bytes per element. The large
+//!    step divided by its elements is the row's bytes per element; a row of
+//!    type `all` divides the growth over every step by every element. The large
 //!    list is `biglist` (`--list-elements`), the large sorted set `big`
 //!    (`--zset-elements`); the large hash and set have 1,000,000 elements.
 //! 2. Restart with that data. First the small keys of step 1 are written
@@ -283,6 +284,9 @@ const COLUMNS: [&str; 21] = [
 struct Got {
     /// (type, size index) -> RSS bytes per element of every round.
     mem: Vec<Vec<Vec<f64>>>,
+    /// RSS bytes per element over every memory step of a round, per round
+    /// (Ember's RSS grows in lumps that one step can take for another).
+    all: Vec<f64>,
     /// restart ("sigkill", "shutdown") -> (zrange ms, lindex ms) of every round.
     restart: Vec<(&'static str, Vec<f64>, Vec<f64>)>,
 }
@@ -325,6 +329,7 @@ pub fn run(ctx: &mut Ctx) -> BenchResult<Report> {
     let mut got = vec![
         Got {
             mem: vec![vec![Vec::new(); 2]; TYPES.len()],
+            all: Vec::new(),
             restart: Vec::new(),
         };
         kinds.len()
@@ -344,6 +349,8 @@ pub fn run(ctx: &mut Ctx) -> BenchResult<Report> {
             let server_version = server_version(kind, &version);
             let mut c = s.conn(io)?;
             let mut summary = Vec::new();
+            // RSS growth and elements over every memory step.
+            let (mut all_growth, mut all_used, mut all_n) = (0.0, 0.0, 0.0);
             for (ti, &t) in TYPES.iter().enumerate() {
                 for (si, &(per_key, keys)) in sizes(t).iter().enumerate() {
                     ctx.check_stop()?;
@@ -364,6 +371,9 @@ pub fn run(ctx: &mut Ctx) -> BenchResult<Report> {
                     let rss_pe = (rss1 - rss0) / n;
                     let used_pe = (used1 - used0) / n;
                     got[ki].mem[ti][si].push(rss_pe);
+                    all_growth += rss1 - rss0;
+                    all_used += used1 - used0;
+                    all_n += n;
                     summary.push(format!("{} {per_key}: {rss_pe:.0} B/el", t.name()));
                     let mut cells = vec![
                         round.to_string(),
@@ -384,6 +394,21 @@ pub fn run(ctx: &mut Ctx) -> BenchResult<Report> {
                     table.push(&lab, cells);
                 }
             }
+            // The whole run's growth: a row of type `all`.
+            got[ki].all.push(all_growth / all_n);
+            summary.push(format!("all: {:.0} B/el", all_growth / all_n));
+            let mut cells = vec![round.to_string(), "memory".into(), "all".into()];
+            cells.extend([String::new(), String::new(), format!("{all_n:.0}")]);
+            cells.extend([String::new(), String::new()]);
+            cells.extend([
+                format!("{all_growth:.0}"),
+                format!("{all_used:.0}"),
+                format!("{:.1}", all_growth / all_n),
+                format!("{:.1}", all_used / all_n),
+            ]);
+            cells.extend(std::iter::repeat_n(String::new(), 8));
+            cells.push(server_version.clone());
+            table.push(&lab, cells);
             // More writes, not measured, so that Ember's logs hold records its
             // gleaners have not applied yet when it is killed (the memory
             // steps waited for them): the same again under other keys.
@@ -475,6 +500,7 @@ pub fn run(ctx: &mut Ctx) -> BenchResult<Report> {
                 .into_iter()
                 .map(move |(n, _)| format!("{} {}", t.name(), super::chart::short(n as f64)))
         })
+        .chain(["all steps".to_string()])
         .collect();
     let mem_panel = Panel::Bars(Bars {
         title: "bytes per element (growth of RSS over the elements written)".into(),
@@ -490,6 +516,7 @@ pub fn run(ctx: &mut Ctx) -> BenchResult<Report> {
                     .flat_map(|per_size| {
                         per_size.iter().map(|v| (!v.is_empty()).then(|| median(v)))
                     })
+                    .chain([(!g.all.is_empty()).then(|| median(&g.all))])
                     .collect();
                 (k.label().to_string(), vals)
             })
