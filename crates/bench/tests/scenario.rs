@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 12] = [
     "bullet-fig5",
     "bullet-fig6",
     "bullet-fig7",
@@ -25,6 +25,7 @@ const SCENARIOS: [&str; 11] = [
     "udorn-fig4",
     "udorn-fig5",
     "udorn-sustained",
+    "udorn-coll-restart",
     "serve-recovery",
 ];
 
@@ -200,8 +201,16 @@ fn run(name: &str, extra: &[&str], columns: &[&str]) -> (Vec<String>, Vec<Vec<St
 
 /// The values of column `c`.
 fn column<'a>(header: &[String], rows: &'a [Vec<String>], c: &str) -> Vec<&'a str> {
-    let i = header.iter().position(|h| h == c).unwrap();
+    let i = col_of(header, c);
     rows.iter().map(|r| r[i].as_str()).collect()
+}
+
+/// The index of column `c`.
+fn col_of(header: &[String], c: &str) -> usize {
+    header
+        .iter()
+        .position(|h| h == c)
+        .unwrap_or_else(|| panic!("no column {c} in {header:?}"))
 }
 
 #[test]
@@ -375,8 +384,39 @@ fn udorn_fig5() {
     need("redis-benchmark", "redis-tools");
     let (h, rows) = run("udorn-fig5", &[], &["test", "pipeline", "rps"]);
     let tests = column(&h, &rows, "test");
-    for t in ["SET", "GET", "INCR"] {
-        assert!(tests.contains(&t), "{tests:?}");
+    for t in [
+        "SET",
+        "GET",
+        "INCR",
+        "LPUSH",
+        "RPUSH",
+        "LPOP",
+        "RPOP",
+        "SADD",
+        "HSET",
+        "SPOP",
+        "ZADD",
+        "ZPOPMIN",
+        "LRANGE_100 (first 100 elements)",
+        "LRANGE_300 (first 300 elements)",
+        "LRANGE_600 (first 600 elements)",
+        "MSET (10 keys)",
+    ] {
+        assert!(tests.contains(&t), "{t} missing from {tests:?}");
+    }
+    // Every server ran every test at both depths.
+    for d in ["pmem", "msync", "aof"] {
+        for p in ["1", "16"] {
+            let n = rows
+                .iter()
+                .filter(|r| {
+                    r[col_of(&h, "durability")] == d
+                        && r[col_of(&h, "pipeline")] == p
+                        && r[col_of(&h, "test")] == "ZADD"
+                })
+                .count();
+            assert!(n >= 1, "no ZADD row of {d} at -P {p}");
+        }
     }
     let durability = column(&h, &rows, "durability");
     assert!(
@@ -410,6 +450,83 @@ fn udorn_sustained() {
         .zip(column(&h, &rows, "log_full_waits"))
     {
         assert_eq!(*e == "ember", w.parse::<u64>().is_ok(), "{e}: {w:?}");
+    }
+}
+
+#[test]
+fn udorn_coll_restart() {
+    need("redis-server", "redis-server");
+    let (h, rows) = run(
+        "udorn-coll-restart",
+        &["--zset-elements", "3000", "--list-elements", "2000"],
+        &[
+            "phase",
+            "type",
+            "elements",
+            "rss_bytes_per_element",
+            "used_memory_bytes_per_element",
+            "restart",
+            "zrange_ms",
+            "lindex_ms",
+            "last_start_clean",
+        ],
+    );
+    let cell = |r: &Vec<String>, c: &str| r[col_of(&h, c)].clone();
+    // A memory row for each type and size, on both servers.
+    for engine in ["ember", "redis"] {
+        for t in ["list", "hash", "set", "zset"] {
+            let sizes: Vec<String> = rows
+                .iter()
+                .filter(|r| {
+                    cell(r, "engine") == engine
+                        && cell(r, "phase") == "memory"
+                        && cell(r, "type") == t
+                })
+                .map(|r| cell(r, "elements_per_key"))
+                .collect();
+            assert_eq!(sizes.len(), 2, "{engine} {t}: {sizes:?}");
+            assert_eq!(sizes[0], "1000");
+        }
+    }
+    // The knobs size the large list and sorted set.
+    let big = |t: &str| {
+        rows.iter()
+            .find(|r| {
+                cell(r, "engine") == "ember" && cell(r, "type") == t && cell(r, "keys") == "1"
+            })
+            .map(|r| cell(r, "elements"))
+    };
+    assert_eq!(big("zset").as_deref(), Some("3000"));
+    assert_eq!(big("list").as_deref(), Some("2000"));
+    // Ember restarts after SIGKILL (a recovery) and after SHUTDOWN (clean);
+    // Redis after SHUTDOWN SAVE. Each answered ZRANGE and then LINDEX.
+    let restarts: Vec<(String, String, String)> = rows
+        .iter()
+        .filter(|r| cell(r, "phase") == "restart")
+        .map(|r| {
+            (
+                cell(r, "engine"),
+                cell(r, "restart"),
+                cell(r, "last_start_clean"),
+            )
+        })
+        .collect();
+    assert!(
+        restarts.contains(&("ember".into(), "sigkill".into(), "0".into())),
+        "{restarts:?}"
+    );
+    assert!(
+        restarts.contains(&("ember".into(), "shutdown".into(), "1".into())),
+        "{restarts:?}"
+    );
+    assert!(
+        restarts.contains(&("redis".into(), "shutdown save".into(), "".into())),
+        "{restarts:?}"
+    );
+    for r in rows.iter().filter(|r| cell(r, "phase") == "restart") {
+        let z: f64 = cell(r, "zrange_ms").parse().unwrap();
+        let l: f64 = cell(r, "lindex_ms").parse().unwrap();
+        assert!(z > 0.0 && l >= z, "{r:?}");
     }
 }
 

@@ -14,6 +14,7 @@
 mod bullet;
 mod chart;
 mod child;
+mod coll;
 mod logfree;
 mod progress;
 mod resp;
@@ -72,6 +73,19 @@ pub struct ScenarioArgs {
     /// serve-recovery) measure [default: the `ember` next to this program].
     #[arg(long, value_name = "PATH")]
     pub ember: Option<PathBuf>,
+    /// Rounds of the scenarios that alternate servers (udorn-fig4, udorn-fig5,
+    /// udorn-sustained, udorn-coll-restart, serve-recovery) [default: each
+    /// scenario's own, 1 with --quick].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: Option<u32>,
+    /// udorn-coll-restart: elements of the sorted set whose restart is timed
+    /// [default: 1000000; 20000 with --quick].
+    #[arg(long, value_name = "N")]
+    pub zset_elements: Option<u64>,
+    /// udorn-coll-restart: elements of the list whose restart is timed
+    /// [default: 1000000; 20000 with --quick].
+    #[arg(long, value_name = "N")]
+    pub list_elements: Option<u64>,
 }
 
 /// What a scenario produces: its rows and its chart.
@@ -129,13 +143,18 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "udorn-fig5",
-        about: "UDORN Fig. 5: redis-benchmark SET/GET/INCR at -P 1 and 16, Ember (pmem, msync) against redis-server (AOF everysec, always)",
+        about: "UDORN Fig. 5/6: redis-benchmark SET/GET/INCR and the collection workloads (LPUSH ... ZPOPMIN, LRANGE_100/300/600, MSET) at -P 1 and 16, Ember (pmem, msync) against redis-server (AOF everysec, always)",
         run: udorn::fig5,
     },
     Scenario {
         name: "udorn-sustained",
         about: "Sustained writes: redis-benchmark SET -P 16 long enough to fill Bullet's logs, Ember (pmem, msync) against redis-server (AOF everysec, always): throughput, p99 and max latency",
         run: udorn::sustained,
+    },
+    Scenario {
+        name: "udorn-coll-restart",
+        about: "Large collections: time from process start to the first answered ZRANGE/LINDEX on a big sorted set and list after SHUTDOWN and SIGKILL (redis-server: RDB load), and bytes per element of lists, hashes, sets and sorted sets at 1,000 and 1,000,000 elements, Ember against redis-server",
+        run: coll::run,
     },
     Scenario {
         name: "serve-recovery",
@@ -153,6 +172,11 @@ pub struct Ctx {
     pub read_ns: u64,
     pub strategy: String,
     pub max_threads: usize,
+    /// `--rounds`: overrides a scenario's round count.
+    rounds: Option<u32>,
+    /// `--zset-elements` and `--list-elements` (udorn-coll-restart).
+    pub zset_elements: Option<u64>,
+    pub list_elements: Option<u64>,
     pub machine: Machine,
     /// This program: the benchmarks run as its children.
     pub exe: PathBuf,
@@ -173,6 +197,16 @@ impl Ctx {
             "quick"
         } else {
             "full"
+        }
+    }
+
+    /// The rounds of a scenario whose full run has `full` rounds: 1 in quick
+    /// mode, unless `--rounds` says otherwise.
+    pub fn rounds(&self, full: usize) -> usize {
+        match self.rounds {
+            Some(n) => n as usize,
+            None if self.quick => 1,
+            None => full,
         }
     }
 
@@ -361,6 +395,9 @@ pub fn run(args: &ScenarioArgs) -> BenchResult<()> {
             read_ns: args.read_ns,
             strategy: args.strategy.clone(),
             max_threads: args.max_threads,
+            rounds: args.rounds,
+            zset_elements: args.zset_elements,
+            list_elements: args.list_elements,
             machine: machine.clone(),
             exe: exe.clone(),
             ember: ember.clone(),

@@ -66,7 +66,7 @@ fn info_cell(info: &str, field: &str) -> String {
 
 pub fn run(ctx: &mut Ctx) -> BenchResult<Report> {
     let sizes: &[u64] = if ctx.quick { &[1, 4] } else { &[1, 4, 16, 64] };
-    let rounds = if ctx.quick { 1 } else { 3 };
+    let rounds = ctx.rounds(3);
     // Load at least min_s, then until the logs are FULL_ENOUGH, at most max_s.
     let (min_s, max_s) = if ctx.quick { (1.0, 3.0) } else { (4.0, 30.0) };
     let restart_timeout = Duration::from_secs(if ctx.quick { 60 } else { 120 });

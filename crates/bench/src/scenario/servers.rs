@@ -92,6 +92,13 @@ pub struct Server {
     pub port: u16,
     log: PathBuf,
     what: String,
+    /// When the process was spawned.
+    started: Instant,
+}
+
+/// Readiness as [`Spec::start`] means it: PING answers +PONG.
+fn pong(c: &mut Conn) -> bool {
+    matches!(c.call(&[b"PING"]), Ok(Reply::Simple(s)) if s == "PONG")
 }
 
 /// A port nothing listens on now (the kernel's choice for port 0).
@@ -204,6 +211,20 @@ impl Spec<'_> {
         timeout: Duration,
         stop: &AtomicBool,
     ) -> BenchResult<(Server, Duration)> {
+        self.start_until(port, timeout, stop, &mut pong)
+    }
+
+    /// Starts the server on `port` and waits until `ready` returns true for a
+    /// fresh connection (tried every 0.5 ms, at most `timeout`), e.g. until a
+    /// command on a key of the loaded data answers with that data; returns it
+    /// and the time from the spawn to that answer.
+    pub fn start_until(
+        &self,
+        port: u16,
+        timeout: Duration,
+        stop: &AtomicBool,
+        ready: &mut dyn FnMut(&mut Conn) -> bool,
+    ) -> BenchResult<(Server, Duration)> {
         let log = self.log_path();
         let f = OpenOptions::new()
             .create(true)
@@ -223,14 +244,21 @@ impl Spec<'_> {
             port,
             log,
             what,
+            started: t0,
         };
-        s.wait_ready(t0, timeout, stop)?;
+        s.wait_ready(t0, timeout, stop, ready)?;
         Ok((s, t0.elapsed()))
     }
 }
 
 impl Server {
-    fn wait_ready(&mut self, t0: Instant, timeout: Duration, stop: &AtomicBool) -> BenchResult<()> {
+    fn wait_ready(
+        &mut self,
+        t0: Instant,
+        timeout: Duration,
+        stop: &AtomicBool,
+        ready: &mut dyn FnMut(&mut Conn) -> bool,
+    ) -> BenchResult<()> {
         let deadline = t0 + timeout;
         loop {
             if let Some(st) = self.guard.try_wait()? {
@@ -241,10 +269,8 @@ impl Server {
                 ));
             }
             if let Ok(mut c) = Conn::connect(self.port, Duration::from_secs(5)) {
-                if let Ok(Reply::Simple(s)) = c.call(&[b"PING"]) {
-                    if s == "PONG" {
-                        return Ok(());
-                    }
+                if ready(&mut c) {
+                    return Ok(());
                 }
             }
             if stop.load(Ordering::Relaxed) {
@@ -252,7 +278,7 @@ impl Server {
             }
             if Instant::now() >= deadline {
                 return Err(format!(
-                    "{} did not answer PING with PONG within {:.0} s; its log ends:\n{}",
+                    "{} was not ready (PING, or the scenario's probe) within {:.0} s; its log ends:\n{}",
                     self.what,
                     timeout.as_secs_f64(),
                     tail(&read_log(&self.log), 15)
@@ -275,6 +301,11 @@ impl Server {
             ));
         }
         Ok(())
+    }
+
+    /// When the process was spawned.
+    pub fn started(&self) -> Instant {
+        self.started
     }
 
     /// The end of the server's log (every start so far).

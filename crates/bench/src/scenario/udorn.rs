@@ -10,7 +10,12 @@
 //! Figure 5: `redis-benchmark -t set,get,incr -d 100 -r 100000 -c 50` at -P 1
 //! and -P 16 against Ember (pmem and msync durability) and Redis with AOF
 //! (appendfsync everysec and always), servers in alternating order, a fresh
-//! data directory each time; each server is killed after its benchmarks.
+//! data directory each time; each server is killed after its benchmarks. With
+//! the same options, UDORN's collection workloads (Fig. 5/6): `-t
+//! lpush,rpush,lpop,rpop,sadd,hset,spop,zadd,zpopmin,mset` with half the
+//! requests of SET, and `-t lrange_100,lrange_300,lrange_600` with a twentieth
+//! (each reply carries 100 to 600 values), on the same server after the string
+//! tests.
 
 use super::chart::{Bars, Chart, Lines, Panel, Series};
 use super::child::{run_capture, TempDir};
@@ -19,6 +24,7 @@ use super::servers::{
 };
 use super::table::{Labels, Table};
 use super::{median, BenchResult, Ctx, Report};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 const VALUE_SIZE: usize = 100;
@@ -65,8 +71,36 @@ pub(super) fn server_labels(ctx: &Ctx, kind: Kind, ember_info: Option<EmberInfo>
     }
 }
 
+/// How to start `kind` in `dir` with the scenario's options (Ember: a new
+/// heap of `heap_mib` MiB, sparse).
+pub(super) fn server_spec<'a>(
+    ctx: &Ctx,
+    kind: Kind,
+    dir: &'a std::path::Path,
+    ember: &'a std::path::Path,
+    heap_mib: u64,
+) -> Spec<'a> {
+    Spec {
+        kind,
+        dir,
+        ember,
+        fence_ns: ctx.fence_ns,
+        heap_mib,
+        extra: Vec::new(),
+    }
+}
+
+/// The labels of a running server's rows (Ember's from its INFO).
+pub(super) fn labels_of(ctx: &Ctx, kind: Kind, s: &Server) -> BenchResult<Labels> {
+    let info = match kind {
+        Kind::Ember { .. } => Some(ember_info(s)?),
+        Kind::Redis(_) => None,
+    };
+    Ok(server_labels(ctx, kind, info))
+}
+
 /// What the server_version column says.
-fn server_version(kind: Kind, redis: &str) -> String {
+pub(super) fn server_version(kind: Kind, redis: &str) -> String {
     match kind {
         Kind::Ember { .. } => format!("ember {}", env!("CARGO_PKG_VERSION")),
         Kind::Redis(_) => format!("redis {redis}"),
@@ -104,7 +138,7 @@ pub fn fig4(ctx: &mut Ctx) -> BenchResult<Report> {
     } else {
         &[100_000, 1_000_000, 5_000_000]
     };
-    let rounds = if ctx.quick { 1 } else { 3 };
+    let rounds = ctx.rounds(3);
     let msync = ctx.strategy == "msync";
     let kinds = [
         Kind::Ember { msync },
@@ -139,14 +173,7 @@ pub fn fig4(ctx: &mut Ctx) -> BenchResult<Report> {
                 let dir =
                     TempDir::new_in(ctx.work_dir(), &format!("{}-{keys}-{round}", kind.tag()))?;
                 let ember = ctx.ember()?;
-                let spec = Spec {
-                    kind,
-                    dir: dir.path(),
-                    ember: &ember,
-                    fence_ns: ctx.fence_ns,
-                    heap_mib: heap_mib(keys),
-                    extra: Vec::new(),
-                };
+                let spec = server_spec(ctx, kind, dir.path(), &ember, heap_mib(keys));
                 let c = launch_cycle(ctx, &spec, keys)?;
                 let (s_ms, l_ms) = (c.shutdown_ms, c.launch_ms);
                 let lab = server_labels(ctx, kind, c.ember);
@@ -274,6 +301,13 @@ fn launch_cycle(ctx: &Ctx, spec: &Spec<'_>, keys: u64) -> BenchResult<Cycle> {
     })
 }
 
+/// The collection workloads of `udorn-fig5` (UDORN Fig. 5/6), MSET with them.
+/// `redis-benchmark` runs them in its own order (pushes before pops).
+const COLL_TESTS: &str = "lpush,rpush,lpop,rpop,sadd,hset,spop,zadd,zpopmin,mset";
+/// The LRANGE tests of `udorn-fig5` (`redis-benchmark` fills the list first,
+/// a row named `LPUSH (needed to benchmark LRANGE)`).
+const LRANGE_TESTS: &str = "lrange_100,lrange_300,lrange_600";
+
 /// The servers of the `redis-benchmark` scenarios, in chart order: each Ember
 /// mode beside the Redis mode it is compared with.
 const LOAD_KINDS: [Kind; 4] = [
@@ -352,20 +386,9 @@ fn start_for_load(
         .start(format!("{}, round {round}", kind.label()));
     let dir = TempDir::new_in(ctx.work_dir(), &format!("{}-{round}", kind.tag()))?;
     let ember = ctx.ember()?;
-    let spec = Spec {
-        kind,
-        dir: dir.path(),
-        ember: &ember,
-        fence_ns: ctx.fence_ns,
-        heap_mib: 1024,
-        extra: Vec::new(),
-    };
+    let spec = server_spec(ctx, kind, dir.path(), &ember, 1024);
     let (s, _) = spec.start(Duration::from_secs(30), ctx.stop_flag())?;
-    let info = match kind {
-        Kind::Ember { .. } => Some(ember_info(&s)?),
-        Kind::Redis(_) => None,
-    };
-    let lab = server_labels(ctx, kind, info);
+    let lab = labels_of(ctx, kind, &s)?;
     if matches!(kind, Kind::Ember { .. }) {
         let note = format!("{} ({})", lab.durability, lab.strategy);
         if !ember_note.contains(&note) {
@@ -375,17 +398,81 @@ fn start_for_load(
     Ok(LoadServer { s, lab, _dir: dir })
 }
 
+/// One `redis-benchmark` invocation of `udorn-fig5` at each pipeline depth:
+/// its tests and its requests at -P 1 (four times as many at -P 16).
+struct Fig5Run {
+    tests: &'static str,
+    requests: u64,
+}
+
+/// The chart panels of `udorn-fig5` (one of each per pipeline depth): the
+/// title and the tests in it, by [`short_test`] name.
+const FIG5_PANELS: [(&str, &[&str]); 3] = [
+    ("strings", &["SET", "GET", "INCR", "MSET"]),
+    (
+        "collections",
+        &[
+            "LPUSH", "RPUSH", "LPOP", "RPOP", "SADD", "HSET", "SPOP", "ZADD", "ZPOPMIN",
+        ],
+    ),
+    ("list ranges", &["LRANGE_100", "LRANGE_300", "LRANGE_600"]),
+];
+
+/// A `redis-benchmark` test name without its explanation: `MSET (10 keys)` is
+/// MSET, `LRANGE_100 (first 100 elements)` LRANGE_100. The list fill before
+/// the LRANGE tests, `LPUSH (needed to benchmark LRANGE)`, keeps its name (it
+/// is a row, not a bar).
+fn short_test(test: &str) -> &str {
+    if test.contains("needed to") {
+        return test;
+    }
+    test.split(" (").next().unwrap_or(test)
+}
+
 pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
     let kinds = LOAD_KINDS;
     let pipelines = [1u32, 16];
-    let rounds = if ctx.quick { 1 } else { 3 };
-    let base = if ctx.quick { 5_000 } else { 200_000 };
-    let tests = ["SET", "GET", "INCR"];
+    let rounds = ctx.rounds(3);
+    // SET/GET/INCR as before; the collection workloads with half the requests
+    // (each is a test of its own, thirteen of them), and the LRANGE tests,
+    // whose replies are 100 to 600 values of 100 bytes, with a twentieth.
+    let runs = if ctx.quick {
+        [
+            Fig5Run {
+                tests: "set,get,incr",
+                requests: 5_000,
+            },
+            Fig5Run {
+                tests: COLL_TESTS,
+                requests: 2_000,
+            },
+            Fig5Run {
+                tests: LRANGE_TESTS,
+                requests: 500,
+            },
+        ]
+    } else {
+        [
+            Fig5Run {
+                tests: "set,get,incr",
+                requests: 200_000,
+            },
+            Fig5Run {
+                tests: COLL_TESTS,
+                requests: 100_000,
+            },
+            Fig5Run {
+                tests: LRANGE_TESTS,
+                requests: 10_000,
+            },
+        ]
+    };
     let version = load_preamble(ctx)?;
     ctx.progress.plan((rounds * kinds.len()) as u64);
     let mut table = Table::new(ctx, &[&LOAD_COLUMNS[..], &["server_version"]].concat());
-    // (pipeline, kind, test) -> rps of every round.
-    let mut rps = vec![vec![vec![Vec::new(); tests.len()]; kinds.len()]; pipelines.len()];
+    // (pipeline, kind, short test name) -> rps of every round.
+    let mut rps: Vec<Vec<BTreeMap<String, Vec<f64>>>> =
+        vec![vec![BTreeMap::new(); kinds.len()]; pipelines.len()];
     let mut ember_note = Vec::new();
     let stop = ctx.stop.clone();
     let stop = &*stop;
@@ -395,24 +482,31 @@ pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
             let (s, lab) = (&server.s, &server.lab);
             let mut summary = Vec::new();
             for (pi, &p) in pipelines.iter().enumerate() {
-                let load = BenchLoad {
-                    tests: "set,get,incr",
-                    requests: if p == 1 { base } else { base * 4 },
-                    clients: 50,
-                    pipeline: p,
-                    data_size: VALUE_SIZE,
-                    keyspace: 100_000,
-                };
-                let timeout = Duration::from_secs(if ctx.quick { 120 } else { 1800 });
-                let lines = redis_benchmark(s.port, &load, timeout, stop)?;
-                for l in &lines {
-                    let mut cells = load_cells(l, &load, round);
-                    cells.push(server_version(kind, &version));
-                    table.push(lab, cells);
-                    if let Some(ti) = tests.iter().position(|t| *t == l.test) {
-                        rps[pi][si][ti].push(l.rps);
+                for run in &runs {
+                    let load = BenchLoad {
+                        tests: run.tests,
+                        requests: if p == 1 {
+                            run.requests
+                        } else {
+                            run.requests * 4
+                        },
+                        clients: 50,
+                        pipeline: p,
+                        data_size: VALUE_SIZE,
+                        keyspace: 100_000,
+                    };
+                    let timeout = Duration::from_secs(if ctx.quick { 300 } else { 1800 });
+                    let lines = redis_benchmark(s.port, &load, timeout, stop)?;
+                    for l in &lines {
+                        let mut cells = load_cells(l, &load, round);
+                        cells.push(server_version(kind, &version));
+                        table.push(lab, cells);
+                        let t = short_test(&l.test);
+                        rps[pi][si].entry(t.to_string()).or_default().push(l.rps);
+                        if ["SET", "GET", "INCR", "LPUSH", "ZADD", "LRANGE_600"].contains(&t) {
+                            summary.push(format!("{t} P{p} {:.0}k/s", l.rps / 1e3));
+                        }
                     }
-                    summary.push(format!("{} P{p} {:.0}k/s", l.test, l.rps / 1e3));
                 }
             }
             // Killed, not shut down: nothing here depends on the stop, and its
@@ -422,33 +516,37 @@ pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
             ctx.progress.done(&summary.join(", "));
         }
     }
-    let panels = pipelines
-        .iter()
-        .zip(&rps)
-        .map(|(p, per_kind)| {
-            Panel::Bars(Bars {
-                title: format!("-P {p} (pipeline depth), 50 clients"),
+    let mut panels = Vec::new();
+    for (title, tests) in FIG5_PANELS {
+        for (p, per_kind) in pipelines.iter().zip(&rps) {
+            panels.push(Panel::Bars(Bars {
+                title: format!("{title}, -P {p} (pipeline depth), 50 clients"),
                 y_label: "requests per second".into(),
                 groups: tests.iter().map(|t| t.to_string()).collect(),
                 series: kinds
                     .iter()
                     .zip(per_kind)
                     .map(|(k, per_test)| {
-                        let vals = per_test
+                        let vals = tests
                             .iter()
-                            .map(|v| (!v.is_empty()).then(|| median(v)))
+                            .map(|t| {
+                                per_test
+                                    .get(*t)
+                                    .filter(|v| !v.is_empty())
+                                    .map(|v| median(v))
+                            })
                             .collect();
                         (k.label().to_string(), vals)
                     })
                     .collect(),
-            })
-        })
-        .collect();
+            }));
+        }
+    }
     Ok(Report {
         table,
         chart: Chart {
             title: format!(
-                "udorn-fig5: redis-benchmark -d {VALUE_SIZE} -r 100000, Ember against redis-server {version} with AOF (UDORN Fig. 5; median of {rounds})"
+                "udorn-fig5: redis-benchmark -d {VALUE_SIZE} -r 100000, Ember against redis-server {version} with AOF (UDORN Fig. 5/6; median of {rounds})"
             ),
             subtitle: ctx.subtitle(&durability_note(ctx, &ember_note.join(", "))),
             panels,
@@ -464,7 +562,7 @@ pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
 /// and for Ember the times a writer found every log full (`log_full_waits`).
 pub fn sustained(ctx: &mut Ctx) -> BenchResult<Report> {
     let kinds = LOAD_KINDS;
-    let rounds = if ctx.quick { 1 } else { 2 };
+    let rounds = ctx.rounds(2);
     let requests = if ctx.quick { 20_000 } else { 6_000_000 };
     let version = load_preamble(ctx)?;
     ctx.progress.plan((rounds * kinds.len()) as u64);
