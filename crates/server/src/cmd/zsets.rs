@@ -941,7 +941,7 @@ pub fn zremrangebylex(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 
 /// What a pop replies (Redis's `genericZpopCommand` reply shapes).
 #[derive(Clone, Copy)]
-pub(crate) struct PopShape {
+struct PopShape {
     /// Name the key first (BZPOPMIN/MAX, ZMPOP, BZMPOP).
     pub emit_key: bool,
     /// [member, score] pairs (ZMPOP, and ZPOPMIN with a count in RESP3).
@@ -1000,9 +1000,9 @@ fn reply_pop(c: &mut Client, key: Option<&[u8]>, popped: &[Entry], shape: PopSha
 }
 
 /// Tries a pop over `keys` (user keys, in `c`'s db) and replies when a key
-/// has elements: what ZPOPMIN/ZMPOP do at once and what BZPOPMIN/BZMPOP do
-/// once data arrives. Returns false, replying nothing, when no key exists.
-pub(crate) fn try_pop(
+/// has elements (ZPOPMIN, ZPOPMAX, ZMPOP; the blocking forms pop through
+/// `serve_zpop`). Returns false, replying nothing, when no key exists.
+fn try_pop(
     ctx: &mut Ctx,
     c: &mut Client,
     keys: &[Vec<u8>],
@@ -1056,7 +1056,7 @@ pub fn zpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 
 /// The arguments of ZMPOP/BZMPOP after the timeout: `numkeys key... MIN|MAX
 /// [COUNT n]` at `a[at..]`: the keys, `max`, the count.
-pub(crate) fn parse_mpop(a: &[Vec<u8>], at: usize) -> Result<(Vec<Vec<u8>>, bool, u64), CmdError> {
+fn parse_mpop(a: &[Vec<u8>], at: usize) -> Result<(Vec<Vec<u8>>, bool, u64), CmdError> {
     let numkeys = proto::int::parse_i64(&a[at])
         .filter(|&n| n >= 1)
         .ok_or(CmdError::NumkeysNotPositive)? as usize;
