@@ -238,7 +238,12 @@ fn tls_serves_redis_cli_and_the_redis_crate_beside_plain_tcp() {
         .unwrap();
     let (out, ok) = certs.cli(port, None, &["PING"]);
     assert!(!(ok && out == "PONG"), "{out}");
-    assert_eq!(info_field(&mut plain, "stats", "rejected_connections"), "1");
+    // At least this client was refused (redis-cli may try more than one
+    // connection: the exact count was 2 in one loaded run).
+    let rejected: u64 = info_field(&mut plain, "stats", "rejected_connections")
+        .parse()
+        .unwrap();
+    assert!(rejected >= 1, "rejected_connections {rejected}");
 }
 
 #[test]
