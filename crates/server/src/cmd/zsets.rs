@@ -159,6 +159,32 @@ fn remove(ctx: &mut Ctx, head: &mut ZsetHead, score: f64, m: &[u8]) -> Result<()
     }
 }
 
+/// Moves member `m` from score `old` to `new`: in a tree, a remove and an
+/// insert in the order and one overwrite in the table (not a delete and an
+/// insert there, which could shrink and regrow it).
+fn rescore(
+    ctx: &mut Ctx,
+    head: &mut ZsetHead,
+    old: f64,
+    new: f64,
+    m: &[u8],
+) -> Result<(), CmdError> {
+    match head {
+        ZsetHead::Inline(_) => {
+            remove(ctx, head, old, m)?;
+            insert(ctx, head, new, m)
+        }
+        ZsetHead::Tree { id, tree, map } => {
+            with_tree(ctx, *id, tree, |t| {
+                t.remove_key(old, m)?;
+                t.insert_key(new, m)
+            })?;
+            with_map(ctx, *id, map, |t| t.set(m, &new.to_le_bytes()))?;
+            Ok(())
+        }
+    }
+}
+
 /// The rank (from the lowest) of member `m` whose score is `score`.
 fn rank_of(ctx: &mut Ctx, head: &ZsetHead, score: f64, m: &[u8]) -> Result<Option<u64>, CmdError> {
     match head {
@@ -576,8 +602,7 @@ pub fn zadd(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                         continue;
                     }
                     if new != cur {
-                        remove(ctx, &mut z.head, cur, m)?;
-                        insert(ctx, &mut z.head, new, m)?;
+                        rescore(ctx, &mut z.head, cur, new, m)?;
                         updated += 1;
                     }
                     processed += 1;
