@@ -911,11 +911,27 @@ pub fn zrangestore(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             Some(z) => select(ctx, &z.head, &q, &b)?,
             None => Vec::new(),
         };
-        let mut out = out;
-        if q.rev {
-            out.reverse();
+        if out.len() > MAX_INLINE_ENTRIES {
+            let mut out = out;
+            if q.rev {
+                out.reverse();
+            }
+            return store(ctx, &dst, out);
         }
-        store(ctx, &dst, out)
+        // Redis starts a result this small as a listpack and adds the
+        // elements in the order it emits them, converting before the first
+        // member past 64 bytes: the scores added before it lose a `-0`, the
+        // ones after keep it. `insert` does just that.
+        ctx.ks.delete(&dst, ctx.now)?;
+        let n = out.len() as u64;
+        if n > 0 {
+            let mut z = new_zset();
+            for e in out {
+                insert(ctx, &mut z.head, e.score, &e.bytes)?;
+            }
+            save(ctx, &dst, &z);
+        }
+        Ok(n)
     })?;
     c.int(n as i64);
     Ok(())
