@@ -11,6 +11,7 @@ mod lists;
 mod maps;
 mod multi;
 mod sets;
+mod streams;
 mod strings;
 mod table;
 pub mod unit;
