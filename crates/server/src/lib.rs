@@ -54,6 +54,7 @@ pub mod housekeep;
 pub mod info;
 pub mod keyspace;
 pub mod metrics;
+pub mod rdb;
 #[allow(unsafe_code)]
 mod rlimit;
 pub mod server;

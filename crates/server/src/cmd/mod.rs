@@ -4,6 +4,7 @@
 mod acl;
 mod admin;
 mod conn;
+mod dump;
 mod error;
 mod hashes;
 mod keys;

@@ -1882,6 +1882,120 @@ fn full_group(
     ]))
 }
 
+/// The whole stream at `sk` (DUMP; the unit holds its lock), None when
+/// absent.
+pub(crate) fn export(
+    ctx: &mut Ctx,
+    sk: &[u8],
+) -> Result<Option<crate::rdb::StreamValue>, CmdError> {
+    let Some(mut s) = load(ctx, sk)? else {
+        return Ok(None);
+    };
+    let h = &mut s.head;
+    let members = range(ctx, h, Sid::MIN, Sid::MAX, 0, false)?;
+    let mut entries = Vec::with_capacity(members.len());
+    for m in &members {
+        entries.push(decode_entry(m)?);
+    }
+    let first = first_id(ctx, h)?;
+    let mut groups = Vec::with_capacity(h.groups.len());
+    for gi in 0..h.groups.len() {
+        let mut pel = Vec::new();
+        let mut pos = 0;
+        while let Some(p) = pel_at(ctx, h, gi, pos)? {
+            pos += 1;
+            pel.push((p.id, p.delivered, p.count, p.consumer));
+        }
+        let g = &h.groups[gi];
+        groups.push(crate::rdb::GroupValue {
+            name: g.name.clone(),
+            last: g.last,
+            entries_read: g.entries_read,
+            pel,
+            consumers: g
+                .consumers
+                .iter()
+                .map(|c| (c.name.clone(), c.seen))
+                .collect(),
+        });
+    }
+    Ok(Some(crate::rdb::StreamValue {
+        entries,
+        last: h.last,
+        first,
+        max_deleted: h.max_deleted,
+        entries_added: h.entries_added,
+        groups,
+    }))
+}
+
+/// Stages stream `v` at `sk`, which is absent (RESTORE; the unit holds its
+/// lock): every tree bulk-loaded, each piece written once.
+pub(crate) fn import(
+    ctx: &mut Ctx,
+    sk: &[u8],
+    v: &crate::rdb::StreamValue,
+) -> Result<(), CmdError> {
+    let bad = || CmdError::Msg("Bad data format");
+    let mut s = new_stream(ctx);
+    let h = &mut s.head;
+    let members: Vec<Entry> = v
+        .entries
+        .iter()
+        .map(|(id, pairs)| {
+            let refs: Vec<(&[u8], &[u8])> = pairs
+                .iter()
+                .map(|(f, x)| (f.as_slice(), x.as_slice()))
+                .collect();
+            Entry::new(0.0, entry_member(*id, &refs))
+        })
+        .collect();
+    let cid = h.id;
+    with_tree(ctx, cid, &mut h.entries, |t| t.bulk_load(members))?;
+    h.last = v.last;
+    h.max_deleted = v.max_deleted;
+    h.entries_added = v.entries_added;
+    for g in &v.groups {
+        let Err(at) = h.group(&g.name) else {
+            return Err(bad());
+        };
+        let slot = h.next_slot;
+        h.next_slot += 1;
+        let mut grp = Group::new(g.name.clone(), g.last, g.entries_read, slot);
+        for (name, seen) in &g.consumers {
+            match grp.consumer(name) {
+                Ok(_) => return Err(bad()),
+                Err(i) => grp.consumers.insert(
+                    i,
+                    Consumer {
+                        name: name.clone(),
+                        seen: *seen,
+                        pending: 0,
+                    },
+                ),
+            }
+        }
+        let mut pel = Vec::with_capacity(g.pel.len());
+        for (id, delivered, count, consumer) in &g.pel {
+            let Ok(i) = grp.consumer(consumer) else {
+                return Err(bad());
+            };
+            grp.consumers[i].pending += 1;
+            let p = Pending {
+                id: *id,
+                delivered: *delivered,
+                count: *count,
+                consumer: consumer.clone(),
+            };
+            pel.push(Entry::new(0.0, p.member()));
+        }
+        with_tree(ctx, cid, &mut grp.pel, |t| t.bulk_load(pel))?;
+        h.groups.insert(at, grp);
+    }
+    save(ctx, sk, &s);
+    Ok(())
+}
+
 /// OBJECT ENCODING of a stream.
 pub(crate) fn encoding() -> &'static str {
     "stream"

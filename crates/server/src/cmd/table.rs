@@ -3,7 +3,9 @@
 //! handler. `COMMAND`, dispatch, the statistics and (later) ACL, MULTI and
 //! replication all read it; a new command is a handler and one row here.
 
-use super::{acl, admin, conn, hashes, keys, lists, multi, sets, streams, strings, zsets, Handler};
+use super::{
+    acl, admin, conn, dump, hashes, keys, lists, multi, sets, streams, strings, zsets, Handler,
+};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -431,6 +433,8 @@ pub static TABLE: &[Spec] = &[
     spec!("scan", -2, [READONLY], [KEYSPACE], (0, 0, 0), "generic", "2.8.0", "Iterates over the key names in the database.", keys::scan),
     spec!("rename", 3, [WRITE], [KEYSPACE], (1, 2, 1), "generic", "1.0.0", "Renames a key and overwrites the destination.", keys::rename),
     spec!("copy", -3, [WRITE, DENYOOM], [KEYSPACE], (1, 2, 1), "generic", "6.2.0", "Copies the value of a key to a new key.", keys::copy),
+    spec!("dump", 2, [READONLY], [KEYSPACE], (1, 1, 1), "generic", "2.6.0", "Returns a serialized representation of the value stored at a key.", dump::dump),
+    spec!("restore", -4, [WRITE, DENYOOM], [KEYSPACE, DANGEROUS], (1, 1, 1), "generic", "2.6.0", "Creates a key from the serialized representation of a value.", dump::restore),
     spec!("move", 3, [WRITE, FAST], [KEYSPACE], (1, 1, 1), "generic", "1.0.0", "Moves a key to another database.", keys::move_),
     spec!("renamenx", 3, [WRITE, FAST], [KEYSPACE], (1, 2, 1), "generic", "1.0.0", "Renames a key only when the target key name doesn't exist.", keys::renamenx),
     spec!("dbsize", 1, [READONLY, FAST], [KEYSPACE], (0, 0, 0), "server", "1.0.0", "Returns the number of keys in the database.", keys::dbsize),
@@ -599,6 +603,7 @@ pub static KEY_ACCESS: &[(&str, &str, &str)] = &[
     ("renamenx", "RW", "W"),
     ("exists", "-", "-"),
     ("watch", "R", "R"),
+    ("restore", "W", "W"),
     ("type", "-", "-"),
     ("touch", "-", "-"),
     ("strlen", "-", "-"),

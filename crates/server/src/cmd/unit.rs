@@ -46,7 +46,8 @@ pub fn needs_all(name: &str) -> bool {
     )
 }
 
-/// Runs `body` as one unit under `locks` (see the module's text): the
+/// Runs `body` as one unit under `locks` (see the module's text; inside a
+/// running unit, `body` simply runs as part of it): the
 /// commands it runs with [`call`] take no locks and stage their writes,
 /// which are applied as one batch when it returns; clients blocked on keys
 /// it wrote are woken after. When a command escaped the declared keys,
@@ -60,6 +61,12 @@ pub fn run(
     locks: Locks,
     mut body: impl FnMut(&mut Ctx, &mut Client) -> R,
 ) -> R {
+    if ctx.ks.in_unit() {
+        // Inside another unit (a script in a transaction, DUMP in a
+        // script): its runner holds the locks and applies the writes; a key
+        // outside them escapes it as any command's would.
+        return body(ctx, c);
+    }
     let sh = ctx.sh;
     let mark = c.out.len();
     let db = c.db;
@@ -168,4 +175,35 @@ pub fn call(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
     }
     ctx.ws
         .record(i, crate::clock::Stamp::now().micros_since(t0), failed);
+}
+
+/// Runs a request that a command builds for itself inside its unit (RESTORE
+/// filling a key, DUMP reading one) and returns its reply, which is not
+/// written to the client: no ACL check (the command itself was checked)
+/// and no statistics (the client did not send it).
+pub fn internal(
+    ctx: &mut Ctx,
+    c: &mut Client,
+    args: &[&[u8]],
+) -> Result<proto::Reply, super::CmdError> {
+    let args: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
+    let Some(i) = lookup(&args[0]) else {
+        return Err(super::CmdError::UnknownCommand(args));
+    };
+    let spec = &TABLE[i];
+    if !spec.arity_ok(args.len()) {
+        return Err(arity_error(spec.name));
+    }
+    let mark = c.out.len();
+    let resp = c.resp;
+    c.resp = proto::Version::Resp2;
+    run_spec(ctx, c, spec, &args);
+    c.resp = resp;
+    let r = proto::reply::parse_reply(&c.out[mark..]);
+    c.out.truncate(mark);
+    match r {
+        Ok(Some((proto::Reply::Error(e), _))) => Err(super::CmdError::Text(e)),
+        Ok(Some((r, _))) => Ok(r),
+        _ => Err(super::CmdError::Msg("an internal request gave no reply")),
+    }
 }
