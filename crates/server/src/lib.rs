@@ -48,6 +48,7 @@ pub mod config;
 pub mod counts;
 mod embedded;
 mod expire;
+pub mod geohash;
 pub mod glob;
 pub mod housekeep;
 #[allow(unsafe_code)]

@@ -121,6 +121,24 @@ impl Conn {
         }
     }
 
+    /// Sends a request and returns its reply's bytes exactly as sent (to
+    /// compare formatting that parsing would hide, such as a RESP3
+    /// double's digits).
+    pub fn call_raw<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Vec<u8> {
+        let mut req = Vec::new();
+        encode_request(args, &mut req);
+        self.s.write_all(&req).unwrap();
+        let mut chunk = [0u8; 16384];
+        loop {
+            if let Some((_, n)) = parse_reply(&self.buf).unwrap() {
+                return self.buf.drain(..n).collect();
+            }
+            let n = self.s.read(&mut chunk).unwrap();
+            assert!(n > 0, "the server closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
     pub fn call<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Reply {
         let mut req = Vec::new();
         encode_request(args, &mut req);
