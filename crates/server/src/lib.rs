@@ -55,6 +55,7 @@ pub mod housekeep;
 pub mod info;
 pub mod keyspace;
 pub mod metrics;
+pub mod pqsort;
 #[allow(unsafe_code)]
 mod rlimit;
 pub mod server;

@@ -11,10 +11,12 @@ use super::zsets;
 use super::{eq, int_arg, locked, CmdError, Ctx, R};
 use crate::geohash::{self, Shape, ShapeKind};
 use crate::keyspace::skey;
+use crate::pqsort::pqsort;
 use crate::server::Client;
 use engine::types::head::ZsetHead;
 use engine::types::node::Entry;
 use proto::Version;
+use std::cmp::Ordering;
 
 /// A longitude and latitude argument pair, within Redis's limits.
 fn lonlat(a: &[Vec<u8>]) -> Result<(f64, f64), CmdError> {
@@ -471,17 +473,44 @@ fn search_cmd(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], form: Form) -> R {
             0
         };
         let mut points = search(ctx, head, &shape, limit)?;
-        // Redis sorts with the C library's qsort, a stable merge sort:
-        // equal distances keep the scan order. (Its partial sort for COUNT
-        // below the number found may order equal distances differently.)
-        match sort {
-            Sort::Asc => points.sort_by(|x, y| x.dist.total_cmp(&y.dist)),
-            Sort::Desc => points.sort_by(|x, y| y.dist.total_cmp(&x.dist)),
-            Sort::None => {}
+        // Redis sorts with the C library's qsort, a stable merge sort (equal
+        // distances keep the scan order), or, when COUNT keeps fewer points
+        // than were found, with its partial quicksort, whose order of equal
+        // distances `pqsort` reproduces.
+        let keep = match usize::try_from(count) {
+            Ok(c) if c > 0 => c.min(points.len()),
+            _ => points.len(),
+        };
+        if sort != Sort::None && !points.is_empty() {
+            let desc = sort == Sort::Desc;
+            if keep == points.len() {
+                points.sort_by(|x, y| {
+                    let o = x.dist.total_cmp(&y.dist);
+                    if desc {
+                        o.reverse()
+                    } else {
+                        o
+                    }
+                });
+            } else {
+                pqsort(&mut points, 0, keep - 1, |x, y| {
+                    // `sort_gp_asc`, negated for DESC.
+                    let o = if x.dist > y.dist {
+                        Ordering::Greater
+                    } else if x.dist == y.dist {
+                        Ordering::Equal
+                    } else {
+                        Ordering::Less
+                    };
+                    if desc {
+                        o.reverse()
+                    } else {
+                        o
+                    }
+                });
+            }
         }
-        if count > 0 && (count as u64) < points.len() as u64 {
-            points.truncate(count as usize);
-        }
+        points.truncate(keep);
         for p in &mut points {
             p.dist /= shape.conversion;
         }

@@ -16,6 +16,7 @@
 
 use super::{eq, lists, maps, zsets, CmdError, Ctx, R};
 use crate::keyspace::{skey, KIND_HASH, KIND_LIST, KIND_SET, KIND_STRING, KIND_ZSET};
+use crate::pqsort::pqsort;
 use crate::server::Client;
 use engine::types::head::MapHead;
 use std::cmp::Ordering;
@@ -375,17 +376,25 @@ fn run(
                 }
             }
         }
-        // A stable sort, as the C library's qsort (a merge sort): equal
-        // items keep the collection's order.
         let has_by = by.is_some();
-        items.sort_by(|x, y| {
+        let cmp = |x: &Item, y: &Item| {
             let o = compare(x, y, alpha, has_by);
             if req.desc {
                 o.reverse()
             } else {
                 o
             }
-        });
+        };
+        let whole = start == 0 && end == len as i64 - 1;
+        if has_by && !whole && end >= start {
+            // Redis's partial quicksort for a window of BY weights: equal
+            // weights end up in its order.
+            pqsort(&mut items, start as usize, end as usize, cmp);
+        } else {
+            // A stable sort, as the C library's qsort (a merge sort): equal
+            // items keep the collection's order.
+            items.sort_by(cmp);
+        }
     }
     if bad_weight {
         return Err(CmdError::Msg(
