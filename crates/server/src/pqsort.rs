@@ -166,7 +166,8 @@ mod tests {
         // (n, mod, mul, add, lo, hi, tags): items keyed (i * mul + add) % mod
         // and tagged i, compared by key only, leave Redis's pqsort.c (built
         // from 7.0.15's source) with their tags in this order.
-        let cases: &[(usize, usize, usize, usize, usize, usize, &[usize])] = &[
+        type Case = (usize, usize, usize, usize, usize, usize, &'static [usize]);
+        let cases: &[Case] = &[
             (12, 3, 1, 0, 0, 4, &[0, 3, 6, 9, 10, 1, 7, 4, 11, 5, 8, 2]),
             (
                 50,
