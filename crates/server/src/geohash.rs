@@ -133,6 +133,31 @@ pub fn decode(lon_r: Range, lat_r: Range, h: Hash) -> Area {
     }
 }
 
+/// C's `(uint64_t)` conversion of a double as x86-64 compilers emit it
+/// (`cvttsd2si`, on `x - 2^63` for values from 2^63): a score GEOADD did
+/// not write (ZADD of a negative or huge score) decodes to the position
+/// Redis reports for it.
+fn c_to_u64(x: f64) -> u64 {
+    const TWO63: f64 = 9_223_372_036_854_775_808.0;
+    // `cvttsd2si`'s answer for a value out of the signed range.
+    const INDEFINITE: u64 = 1 << 63;
+    if x < TWO63 {
+        if x >= -TWO63 {
+            x as i64 as u64
+        } else {
+            INDEFINITE
+        }
+    } else {
+        let y = x - TWO63;
+        let r = if y < TWO63 {
+            y as i64 as u64
+        } else {
+            INDEFINITE
+        };
+        r ^ (1 << 63)
+    }
+}
+
 /// The point a stored score stands for: the centre of its cell, clamped to
 /// Redis's limits (`decodeGeohash`). The score is truncated to an integer
 /// first, as C's conversion to `uint64_t` does.
@@ -141,7 +166,7 @@ pub fn decode_score(score: f64) -> (f64, f64) {
         LON_RANGE,
         LAT_RANGE,
         Hash {
-            bits: score as u64,
+            bits: c_to_u64(score),
             step: STEP_MAX,
         },
     );

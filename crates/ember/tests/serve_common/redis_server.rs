@@ -40,6 +40,9 @@ impl RedisServer {
                 .args(["--appendonly", "no"])
                 .args(["--bind", "127.0.0.1"])
                 .args(extra)
+                // SORT ALPHA compares with strcoll: the C locale makes that
+                // byte order, as Ember compares.
+                .env("LC_ALL", "C")
                 .arg("--dir")
                 .arg(dir.path())
                 .current_dir(dir.path())
