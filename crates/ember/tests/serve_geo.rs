@@ -637,6 +637,14 @@ fn edge_cases_match_redis() {
         "SORT zn STORE sd3",
         "SET k2 v",
         "ACL SETUSER sortu on nopass +@all ~l* ~sd*",
+        // A STORE replaces the destination and its TTL.
+        "SET sdt x EX 1000",
+        "SORT l STORE sdt",
+        "ZADD gdt 1 x",
+        "EXPIRE gdt 1000",
+        "GEORADIUS k 15 37 200 km STORE gdt",
+        "SET gdt2 x EX 1000",
+        "GEOSEARCHSTORE gdt2 k FROMLONLAT 15 37 BYRADIUS 200 km",
     ];
     let reads = [
         "GEOPOS k Palermo Catania ne sw zero se nosuch",
@@ -722,6 +730,12 @@ fn edge_cases_match_redis() {
         "SORT l BOGUS",
         "SORT zn",
         "SORT zn ALPHA DESC",
+        "TTL sdt",
+        "LRANGE sdt 0 -1",
+        "TTL gdt",
+        "ZRANGE gdt 0 -1 WITHSCORES",
+        "TTL gdt2",
+        "TYPE gdt2",
         "OBJECT FREQ k",
         "OBJECT FREQ nokey",
         "OBJECT IDLETIME nokey",
