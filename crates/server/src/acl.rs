@@ -788,6 +788,19 @@ impl User {
         self.root.allcommands && self.root.allkeys
     }
 
+    /// Whether a selector that allows request `args` (table entry `i`) has
+    /// `allkeys`: Redis lets only such a user read keys that SORT's BY and
+    /// GET patterns name (`ACLUserCheckCmdWithUnrestrictedKeyAccess`).
+    pub fn all_keys_for(&self, i: usize, args: &[Vec<u8>]) -> bool {
+        if self.unrestricted() {
+            return true;
+        }
+        let id = resolve(i, args).unwrap_or(i);
+        std::iter::once(&self.root)
+            .chain(self.selectors.iter())
+            .any(|s| s.allkeys && s.check(id, args).is_ok())
+    }
+
     /// Whether the user may run `args`, a request for table entry `i` (arity
     /// checked). A container's unknown subcommand passes: its handler
     /// replies the error.

@@ -48,12 +48,14 @@ pub mod config;
 pub mod counts;
 mod embedded;
 mod expire;
+pub mod geohash;
 pub mod glob;
 pub mod housekeep;
 #[allow(unsafe_code)]
 pub mod info;
 pub mod keyspace;
 pub mod metrics;
+pub mod pqsort;
 pub mod rdb;
 #[allow(unsafe_code)]
 mod rlimit;

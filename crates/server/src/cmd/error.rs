@@ -185,6 +185,18 @@ pub enum CmdError {
     UnblockReason,
     /// The reply of a client that CLIENT UNBLOCK ... ERROR unblocked.
     UnblockedByClient,
+    /// A longitude or latitude beyond Redis's geo limits.
+    GeoLonLat(f64, f64),
+    /// GEOSEARCH(STORE) without FROMMEMBER or FROMLONLAT (the command name
+    /// as given).
+    GeoSearchFrom(Vec<u8>),
+    /// GEOSEARCH(STORE) without BYRADIUS or BYBOX.
+    GeoSearchBy(Vec<u8>),
+    /// SORT with BY or GET patterns by a user who may not read every key
+    /// (the option's name).
+    SortPatternDenied(&'static str),
+    /// OBJECT FREQ without an LFU maxmemory policy.
+    NoLfuPolicy,
     /// A container's subcommand with an argument count it refuses, where
     /// Redis checks it in the subcommand (`sub` as given).
     SubcommandArgs {
@@ -353,6 +365,21 @@ impl CmdError {
             E::ExecAbort => {
                 return "EXECABORT Transaction discarded because of previous errors.".into()
             }
+            E::GeoLonLat(lon, lat) => {
+                format!("ERR invalid longitude,latitude pair {lon:.6},{lat:.6}")
+            }
+            E::GeoSearchFrom(cmd) => format!(
+                "ERR exactly one of FROMMEMBER or FROMLONLAT can be specified for {}",
+                String::from_utf8_lossy(until_nul(cmd))
+            ),
+            E::GeoSearchBy(cmd) => format!(
+                "ERR exactly one of BYRADIUS and BYBOX can be specified for {}",
+                String::from_utf8_lossy(until_nul(cmd))
+            ),
+            E::SortPatternDenied(opt) => {
+                format!("ERR {opt} option of SORT denied due to insufficient ACL permissions.")
+            }
+            E::NoLfuPolicy => "ERR An LFU maxmemory policy is not selected, access frequency not tracked. Please note that when switching between policies at runtime LRU and LFU data will take some time to adjust.".to_string(),
             E::AtLeastOneKey(cmd) => {
                 format!("ERR at least 1 input key is needed for '{cmd}' command")
             }

@@ -634,11 +634,17 @@ pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             "ENCODING <key>",
             "    Return the kind of internal representation used in order to store the value",
             "    associated with a <key>.",
+            "FREQ <key>",
+            "    Return the access frequency index of the <key>. The returned integer is",
+            "    proportional to the logarithm of the recent access frequency of the key.",
+            "IDLETIME <key>",
+            "    Return the idle time of the <key>, that is the approximated number of",
+            "    seconds elapsed since the last access to the key.",
             "REFCOUNT <key>",
             "    Return the number of references of the value associated with the specified",
             "    <key>.",
             "HELP",
-            "    Print this help.",
+            "    Prints this help.",
         ];
         super::help(c, &lines);
         return Ok(());
@@ -673,12 +679,12 @@ pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             let shared = proto::int::parse_i64(v).is_some_and(|n| (0..10_000).contains(&n));
             c.int(if shared { i32::MAX as i64 } else { 1 });
         }
-        s => {
-            return Err(CmdError::NotSupported {
-                what: format!("OBJECT {}", s.to_ascii_uppercase()),
-                why: " (it keeps no access clock or counter)",
-            })
-        }
+        // Ember has no maxmemory policy; Redis's default (noeviction) is
+        // not an LFU one, so FREQ is Redis's error for it.
+        "freq" => return Err(CmdError::NoLfuPolicy),
+        // Ember keeps no access clock per key: every key reads as just
+        // accessed (Redis's answer for a key read this second).
+        _ => c.int(0),
     }
     Ok(())
 }

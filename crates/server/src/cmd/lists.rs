@@ -156,6 +156,33 @@ fn range(
     Ok(out)
 }
 
+/// Every element of the list at `sk` (stripe lock held), in order: None
+/// when absent, WRONGTYPE for another type (SORT's input).
+pub(crate) fn items(ctx: &mut Ctx, sk: &[u8]) -> Result<Option<Vec<Vec<u8>>>, CmdError> {
+    let Some(mut l) = load(ctx, sk)? else {
+        return Ok(None);
+    };
+    match l.head.len() {
+        0 => Ok(Some(Vec::new())),
+        n => range(ctx, &mut l.head, 0, n - 1, false).map(Some),
+    }
+}
+
+/// Stages `items` as the new list at `dst`, replacing whatever it held
+/// (SORT ... STORE); no items deletes `dst`. One batch with the command's
+/// other writes.
+pub(crate) fn store(ctx: &mut Ctx, dst: &[u8], items: Vec<Vec<u8>>) -> Result<(), CmdError> {
+    ctx.ks.delete(dst, ctx.now)?;
+    if items.is_empty() {
+        return Ok(());
+    }
+    let mut l = new_list();
+    l.head = ListHead::Inline(items.into_iter().map(|b| Entry::new(0.0, b)).collect());
+    grow(ctx, &mut l.head)?;
+    save(ctx, dst, &l);
+    Ok(())
+}
+
 /// Redis's range normalisation (LRANGE, LTRIM): negative indexes count
 /// from the end; None when the range is empty.
 fn norm_range(start: i64, end: i64, len: u64) -> Option<(u64, u64)> {

@@ -25,12 +25,12 @@ const MAX_INLINE_ENTRIES: usize = 128;
 const MAX_INLINE_VALUE: usize = 64;
 
 /// A sorted set read under its stripe lock.
-struct Zset {
+pub(crate) struct Zset {
     expire: Option<i64>,
-    head: ZsetHead,
+    pub(crate) head: ZsetHead,
 }
 
-fn load(ctx: &mut Ctx, sk: &[u8]) -> Result<Option<Zset>, CmdError> {
+pub(crate) fn load(ctx: &mut Ctx, sk: &[u8]) -> Result<Option<Zset>, CmdError> {
     Ok(super::load_head(ctx, sk, KIND_ZSET, ZsetHead::decode)?
         .map(|(expire, head)| Zset { expire, head }))
 }
@@ -80,7 +80,7 @@ fn decode_score(b: &[u8]) -> Result<f64, CmdError> {
 // ---- the structure's operations ----
 
 /// The score of member `m`.
-fn score_of(ctx: &mut Ctx, head: &ZsetHead, m: &[u8]) -> Result<Option<f64>, CmdError> {
+pub(crate) fn score_of(ctx: &mut Ctx, head: &ZsetHead, m: &[u8]) -> Result<Option<f64>, CmdError> {
     match head {
         ZsetHead::Inline(v) => Ok(v.iter().find(|e| e.bytes == m).map(|e| e.score)),
         ZsetHead::Tree { id, map, .. } => {
@@ -198,7 +198,7 @@ fn rank_of(ctx: &mut Ctx, head: &ZsetHead, score: f64, m: &[u8]) -> Result<Optio
 
 /// Elements of ranks `start..=end` (valid ranks), from `end` down when
 /// `rev`.
-fn range(
+pub(crate) fn range(
     ctx: &mut Ctx,
     head: &ZsetHead,
     start: u64,
@@ -229,7 +229,7 @@ fn range(
 }
 
 /// Every element, in order (O(n)).
-fn all(ctx: &mut Ctx, head: &ZsetHead) -> Result<Vec<Entry>, CmdError> {
+pub(crate) fn all(ctx: &mut Ctx, head: &ZsetHead) -> Result<Vec<Entry>, CmdError> {
     match head.len() {
         0 => Ok(Vec::new()),
         n => range(ctx, head, 0, n - 1, false),
@@ -238,7 +238,7 @@ fn all(ctx: &mut Ctx, head: &ZsetHead) -> Result<Vec<Entry>, CmdError> {
 
 /// How many elements satisfy `before`, a predicate true for a prefix of the
 /// order: the rank where the rest begins.
-fn count_before(
+pub(crate) fn count_before(
     ctx: &mut Ctx,
     head: &ZsetHead,
     before: impl Fn(&Entry) -> bool,
@@ -299,7 +299,7 @@ fn build(ctx: &mut Ctx, entries: Vec<Entry>) -> Result<ZsetHead, CmdError> {
 
 /// Stages `entries` (in order) as the new value of `dst`, replacing
 /// whatever it held; an empty result deletes `dst`. Returns the size.
-fn store(ctx: &mut Ctx, dst: &[u8], entries: Vec<Entry>) -> Result<u64, CmdError> {
+pub(crate) fn store(ctx: &mut Ctx, dst: &[u8], entries: Vec<Entry>) -> Result<u64, CmdError> {
     ctx.ks.delete(dst, ctx.now)?;
     let n = entries.len() as u64;
     if n > 0 {
@@ -660,7 +660,7 @@ pub fn zrem(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 
 /// Runs `f` on the sorted set at `key` under its stripe lock (None when
 /// absent).
-fn read<T>(
+pub(crate) fn read<T>(
     ctx: &mut Ctx,
     c: &Client,
     key: &[u8],
