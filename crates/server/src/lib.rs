@@ -49,6 +49,7 @@ pub mod counts;
 mod embedded;
 mod expire;
 pub mod glob;
+pub mod hll;
 pub mod housekeep;
 #[allow(unsafe_code)]
 pub mod info;

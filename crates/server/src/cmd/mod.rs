@@ -3,10 +3,13 @@
 
 mod acl;
 mod admin;
+mod bits;
 mod conn;
 mod error;
 mod hashes;
+mod hll;
 mod keys;
+mod lcs;
 mod lists;
 mod maps;
 mod sets;

@@ -107,7 +107,7 @@ pub fn expire_at(
 }
 
 /// Writes a string under the caller's lock; a past expiry deletes the key.
-fn store(ctx: &mut Ctx, sk: &[u8], expire: Option<i64>, v: &[u8]) -> R {
+pub(super) fn store(ctx: &mut Ctx, sk: &[u8], expire: Option<i64>, v: &[u8]) -> R {
     if v.len() as i64 > MAX_STRING {
         return Err(CmdError::StringTooLong);
     }
