@@ -22,6 +22,7 @@ pub use table::{
     TABLE,
 };
 
+pub(crate) use bits::bitfield_reads_only;
 pub use conn::REDIS_COMPAT_VERSION;
 pub use error::CmdError;
 pub use keys::finish_flushes;
