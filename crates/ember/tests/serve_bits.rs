@@ -10,8 +10,11 @@
 //! - `hll_sequences_match_redis`: thousands of PFADDs on a few keys (sparse
 //!   ones that turn dense on the way), PFCOUNT of one and several keys,
 //!   PFMERGE of sparse and dense HLLs, and GET of the HLLs' bytes.
+//! - `lcs_sequences_match_redis`: LCS (plain, LEN, IDX with MINMATCHLEN and
+//!   WITHMATCHLEN) of random strings over a three-letter alphabet.
 //! - `edge_cases_match_redis`: a curated list (error texts, limits, corrupt
-//!   HLLs, LCS's documented examples).
+//!   HLLs, LCS's documented examples, TTLs kept or dropped, ACL key access,
+//!   `hll-sparse-max-bytes` and `proto-max-bulk-len` changed at run time).
 //! - `setrange_of_exactly_512mb`: the largest string Redis accepts is
 //!   stored (direct engine) and one byte more is refused; with Bullet's
 //!   default logs the write is refused with an error naming `--log-size`.
@@ -383,6 +386,38 @@ fn bit_sequences_match_redis() {
     run("bits", &[1, 2, 3], 800, bit_step);
 }
 
+/// LCS over short strings of a small alphabet (many ties, many ranges).
+fn lcs_step(d: &mut Diff, g: &mut Gen) {
+    for k in ["x", "y"] {
+        if g.p(0.5) {
+            let n = g.n(0, 24) as usize;
+            let v: Vec<u8> = (0..n).map(|_| b"abc"[g.n(0, 3) as usize]).collect();
+            d.cmd(&[b"SET", k.as_bytes(), &v]);
+        }
+    }
+    let mut a: Vec<Vec<u8>> = vec![b"LCS".to_vec(), b"x".to_vec(), b"y".to_vec()];
+    match g.n(0, 4) {
+        0 => {}
+        1 => a.push(b"LEN".to_vec()),
+        _ => {
+            a.push(b"IDX".to_vec());
+            if g.p(0.5) {
+                a.push(b"MINMATCHLEN".to_vec());
+                a.push(g.n(0, 4).to_string().into());
+            }
+            if g.p(0.5) {
+                a.push(b"WITHMATCHLEN".to_vec());
+            }
+        }
+    }
+    d.call(&a);
+}
+
+#[test]
+fn lcs_sequences_match_redis() {
+    run("lcs", &[31, 32], 600, lcs_step);
+}
+
 /// HLL keys: the first two collect many elements (they turn dense), the
 /// others few.
 const HLL_KEYS: &[&str] = &["h1", "h2", "s1", "s2", "m"];
@@ -592,6 +627,26 @@ fn edge_cases_match_redis() {
                 c.call(&["CONFIG", "SET", "hll-sparse-max-bytes", "200"]),
                 Reply::ok()
             );
+        }
+        // PFADD, PFMERGE and PFCOUNT keep the TTL; BITOP's destination
+        // loses it.
+        for req in [
+            "SET t1 abc",
+            "EXPIRE t1 1000",
+            "SETBIT t1 100 1",
+            "BITFIELD t1 INCRBY u8 0 1",
+            "TTL t1",
+            "BITOP NOT t1 t1",
+            "TTL t1",
+            "PFADD t2 a",
+            "EXPIRE t2 1000",
+            "PFADD t2 b c",
+            "PFCOUNT t2",
+            "PFMERGE t2 h",
+            "TTL t2",
+        ] {
+            let a: Vec<&[u8]> = req.split(' ').map(|w| w.as_bytes()).collect();
+            d.cmd(&a);
         }
         let mut a: Vec<Vec<u8>> = vec![b"PFADD".to_vec(), b"p".to_vec()];
         a.extend((0..120).map(|i| format!("e{i}").into_bytes()));
