@@ -19,10 +19,14 @@ fn value(ctx: &mut Ctx, c: &Client, key: &[u8]) -> Result<Option<Vec<u8>>, CmdEr
 /// One match range: (start, end) in each string.
 type Range = ((usize, usize), (usize, usize));
 
-/// The LCS table `(alen+1) x (blen+1)` of u32 lengths, row-major.
-fn table(a: &[u8], b: &[u8]) -> Vec<u32> {
+/// The LCS table `(alen+1) x (blen+1)` of u32 lengths, row-major; None
+/// when the memory for it cannot be had.
+fn table(a: &[u8], b: &[u8]) -> Option<Vec<u32>> {
     let w = b.len() + 1;
-    let mut t = vec![0u32; (a.len() + 1) * w];
+    let cells = (a.len() + 1).checked_mul(w)?;
+    let mut t = Vec::new();
+    t.try_reserve_exact(cells).ok()?;
+    t.resize(cells, 0u32);
     for i in 1..=a.len() {
         for j in 1..=b.len() {
             t[i * w + j] = if a[i - 1] == b[j - 1] {
@@ -32,7 +36,7 @@ fn table(a: &[u8], b: &[u8]) -> Vec<u32> {
             };
         }
     }
-    t
+    Some(t)
 }
 
 /// Walks the table back from the end: the LCS itself and the match ranges
@@ -118,7 +122,9 @@ pub fn lcs(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     if cells.saturating_mul(4) > ctx.sh.cfg().proto_max_bulk_len {
         return Err(CmdError::LcsTooLarge);
     }
-    let t = table(&x, &y);
+    let t = table(&x, &y).ok_or(CmdError::Msg(
+        "Insufficient memory, failed allocating transient memory for LCS",
+    ))?;
     let total = t[t.len() - 1];
     if getlen {
         c.int(i64::from(total));
@@ -165,11 +171,11 @@ mod tests {
     #[test]
     fn redis_documentation_example() {
         let (a, b) = (b"ohmytext".as_slice(), b"mynewtext".as_slice());
-        let t = table(a, b);
+        let t = table(a, b).unwrap();
         let (res, ranges) = walk(a, b, &t);
         assert_eq!(res, b"mytext");
         assert_eq!(ranges, vec![((4, 7), (5, 8)), ((2, 3), (0, 1))]);
-        let t = table(b"", b"abc");
+        let t = table(b"", b"abc").unwrap();
         assert_eq!(walk(b"", b"abc", &t), (Vec::new(), Vec::new()));
     }
 }
