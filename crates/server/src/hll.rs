@@ -520,6 +520,31 @@ fn tau(mut x: f64) -> f64 {
     }
 }
 
+/// The registers of a dense HLL `v` (checked), one value each.
+pub fn dense_registers(v: &[u8]) -> Vec<u8> {
+    (0..REGISTERS).map(|i| dense_get(&v[HDR..], i)).collect()
+}
+
+/// A sparse HLL's opcodes as PFDEBUG DECODE prints them (`z:len` ZERO,
+/// `Z:len` XZERO, `v:value,len` VAL, separated by spaces).
+pub fn decode_sparse(v: &[u8]) -> String {
+    let mut out = Vec::new();
+    let mut p = HDR;
+    while p < v.len() {
+        let b = v[p];
+        let (span, oplen) = opcode(v, p);
+        out.push(if is_zero(b) {
+            format!("z:{span}")
+        } else if is_val(b) {
+            format!("v:{},{span}", val_value(b))
+        } else {
+            format!("Z:{span}")
+        });
+        p += oplen;
+    }
+    out.join(" ")
+}
+
 /// Writes merged registers into the HLL `v` (checked; PFMERGE's
 /// destination, Redis's loop of `hllDenseSet`/`hllSparseSet` over the
 /// non-zero registers in order).

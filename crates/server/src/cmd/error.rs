@@ -71,6 +71,8 @@ pub enum CmdError {
     HllCorrupt,
     /// LCS whose table would exceed `proto-max-bulk-len`.
     LcsTooLarge,
+    /// PFDEBUG's unknown subcommand (as given).
+    UnknownPfdebug(Vec<u8>),
     /// INCR/INCRBY past the 64-bit range.
     IncrOverflow,
     /// DECRBY of `i64::MIN`.
@@ -276,6 +278,9 @@ impl CmdError {
             E::BitfieldType => return "ERR Invalid bitfield type. Use something like i16 u8. Note that u64 is not supported but i64 is.".into(),
             E::NotHll => return "WRONGTYPE Key is not a valid HyperLogLog string value.".into(),
             E::HllCorrupt => return "INVALIDOBJ Corrupted HLL object detected".into(),
+            E::UnknownPfdebug(sub) => {
+                format!("ERR Unknown PFDEBUG subcommand '{}'", c_str(sub))
+            }
             E::LcsTooLarge => return "ERR Insufficient memory, transient memory for LCS exceeds proto-max-bulk-len".into(),
             E::IncrOverflow => return "ERR increment or decrement would overflow".into(),
             E::DecrOverflow => return "ERR decrement would overflow".into(),

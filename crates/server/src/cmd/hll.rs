@@ -1,7 +1,8 @@
 //! HyperLogLog commands: PFADD, PFCOUNT, PFMERGE (Redis 7.0's
 //! `hyperloglog.c` semantics). An HLL is a string value in Redis's byte
 //! format ([`crate::hll`]): GET returns the bytes Redis would hold. PFDEBUG
-//! and PFSELFTEST, Redis's internal testing commands, reply not supported.
+//! answers as Redis; PFSELFTEST, Redis's self-test of its C internals,
+//! replies not supported.
 //!
 //! PFADD and PFMERGE keep the key's TTL. PFCOUNT of one key stores the
 //! count it computed in the value's header (the cached cardinality), as
@@ -130,10 +131,42 @@ pub fn pfmerge(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     Ok(())
 }
 
-pub fn pfdebug(_ctx: &mut Ctx, _c: &mut Client, _a: &[Vec<u8>]) -> R {
-    Err(CmdError::NotSupported {
-        what: "PFDEBUG".into(),
-        why: " (Redis's internal HyperLogLog debugging command)",
+/// PFDEBUG GETREG|DECODE|ENCODING|TODENSE key: Redis's debugging view of
+/// an HLL (GETREG and TODENSE convert a sparse one to dense, as in Redis).
+pub fn pfdebug(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let sk = skey(c.db, &a[2]);
+    locked(ctx, &[&sk], |ctx| {
+        let Some((mut v, expire)) = load(ctx, &sk)? else {
+            return Err(CmdError::Msg("The specified key does not exist"));
+        };
+        let sub = a[1].to_ascii_lowercase();
+        match sub.as_slice() {
+            b"getreg" | b"todense" => {
+                let sparse = !hll::is_dense(&v);
+                if sparse {
+                    hll::to_dense(&mut v)?;
+                    ctx.ks.put(&sk, KIND_STRING, expire, &v);
+                }
+                if sub == b"todense" {
+                    c.int(i64::from(sparse));
+                } else {
+                    let regs = hll::dense_registers(&v);
+                    c.array_header(regs.len());
+                    for r in regs {
+                        c.int(i64::from(r));
+                    }
+                }
+            }
+            b"decode" => {
+                if hll::is_dense(&v) {
+                    return Err(CmdError::Msg("HLL encoding is not sparse"));
+                }
+                c.bulk(hll::decode_sparse(&v).as_bytes());
+            }
+            b"encoding" => c.simple(if hll::is_dense(&v) { "dense" } else { "sparse" }),
+            _ => return Err(CmdError::UnknownPfdebug(a[1].clone())),
+        }
+        Ok(())
     })
 }
 
