@@ -161,6 +161,7 @@ pub fn set_register(
     count: u8,
     sparse_max: usize,
 ) -> Result<bool, Error> {
+    check(v)?;
     match v.get(4) {
         Some(&DENSE) => Ok(dense_set(&mut v[HDR..], index, count)),
         Some(&SPARSE) => sparse_set(v, index, count, sparse_max),
@@ -373,6 +374,7 @@ fn promote(v: &mut Vec<u8>, index: usize, count: u8) -> Result<bool, Error> {
 /// Converts a sparse HLL to dense (Redis's `hllSparseToDense`; the header,
 /// cached cardinality included, is kept). A dense one is left alone.
 pub fn to_dense(v: &mut Vec<u8>) -> Result<(), Error> {
+    check(v)?;
     if is_dense(v) {
         return Ok(());
     }
@@ -406,6 +408,7 @@ pub fn to_dense(v: &mut Vec<u8>) -> Result<(), Error> {
 /// Raises `max[i]` to register `i` of the HLL `v` (checked), for PFMERGE and
 /// the union PFCOUNT (Redis's `hllMerge`).
 pub fn merge_into(max: &mut [u8; REGISTERS], v: &[u8]) -> Result<(), Error> {
+    check(v)?;
     if is_dense(v) {
         for (i, m) in max.iter_mut().enumerate() {
             *m = (*m).max(dense_get(&v[HDR..], i));
@@ -438,6 +441,7 @@ pub fn merge_into(max: &mut [u8; REGISTERS], v: &[u8]) -> Result<(), Error> {
 /// ignoring the cache. A sparse value whose opcodes do not cover the
 /// registers exactly is corrupt.
 pub fn count(v: &[u8]) -> Result<u64, Error> {
+    check(v)?;
     let mut histo = [0u64; 64];
     if is_dense(v) {
         for i in 0..REGISTERS {
@@ -522,7 +526,8 @@ fn tau(mut x: f64) -> f64 {
 
 /// The registers of a dense HLL `v` (checked), one value each.
 pub fn dense_registers(v: &[u8]) -> Vec<u8> {
-    (0..REGISTERS).map(|i| dense_get(&v[HDR..], i)).collect()
+    let regs = v.get(HDR..).unwrap_or_default();
+    (0..REGISTERS).map(|i| dense_get(regs, i)).collect()
 }
 
 /// A sparse HLL's opcodes as PFDEBUG DECODE prints them (`z:len` ZERO,
@@ -645,6 +650,15 @@ mod tests {
 
     #[test]
     fn bad_values_are_errors_not_panics() {
+        for short in [&b""[..], b"HYLL", b"HYLL\x00", b"HYLL\x01\0\0"] {
+            let mut v = short.to_vec();
+            assert_eq!(count(&v), Err(Error::NotHll));
+            assert_eq!(add(&mut v, b"a", 3000), Err(Error::NotHll));
+            assert_eq!(to_dense(&mut v), Err(Error::NotHll));
+            assert!(merge_into(&mut [0; REGISTERS], &v).is_err());
+            assert_eq!(dense_registers(&v).len(), REGISTERS);
+            let _ = decode_sparse(&v);
+        }
         assert_eq!(check(b"HYLL"), Err(Error::NotHll));
         assert_eq!(check(b"HYLX\x01\0\0\0\0\0\0\0\0\0\0\0"), Err(Error::NotHll));
         assert_eq!(check(b"HYLL\x02\0\0\0\0\0\0\0\0\0\0\0"), Err(Error::NotHll));
