@@ -55,12 +55,14 @@ pub mod housekeep;
 pub mod info;
 pub mod keyspace;
 pub mod metrics;
+pub mod rdb;
 #[allow(unsafe_code)]
 mod rlimit;
 pub mod server;
 pub mod stats;
 pub mod store;
 pub mod tls;
+pub mod watch;
 mod worker;
 
 pub use config::{Config, ServeArgs};

@@ -4,8 +4,8 @@ use super::{eq, int_arg, locked, CmdError, Ctx, R};
 use crate::glob::Glob;
 use crate::housekeep::flush_key;
 use crate::keyspace::{
-    skey, type_name, Keyspace, KsError, KIND_HASH, KIND_LIST, KIND_SET, KIND_STRING, KIND_ZSET,
-    PIECE_PREFIX,
+    skey, type_name, Keyspace, KsError, KIND_HASH, KIND_LIST, KIND_SET, KIND_STREAM, KIND_STRING,
+    KIND_ZSET, PIECE_PREFIX,
 };
 use crate::server::{Client, Shared};
 use proto::Reply;
@@ -178,7 +178,7 @@ pub fn dbsize(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
 }
 
 /// Serialises flushes: two at once could each find the other's marker gone.
-static FLUSHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+pub(crate) static FLUSHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Keys deleted per batch by a flush.
 const FLUSH_BATCH: usize = 64;
@@ -193,7 +193,9 @@ const FLUSH_BATCH: usize = 64;
 /// in between leaves those keys deleted: the one case where a flush is not
 /// all-or-nothing).
 fn flush_dbs(ctx: &mut Ctx, dbs: &[u8]) -> R {
-    let _f = FLUSHING.lock().unwrap_or_else(|p| p.into_inner());
+    // A transaction or script that flushes took FLUSHING and every stripe
+    // lock before it began (`cmd::unit`).
+    let _f = (!ctx.ks.in_unit()).then(|| FLUSHING.lock().unwrap_or_else(|p| p.into_inner()));
     let mut marked = false;
     let mut mark = |ks: &mut Keyspace| -> Result<(), KsError> {
         if marked {
@@ -245,7 +247,7 @@ fn delete_all(
         for chunk in page.chunks(FLUSH_BATCH) {
             before(ks)?;
             let refs: Vec<&[u8]> = chunk.iter().map(|k| k.as_slice()).collect();
-            let _g = sh.stripes.lock_many(&refs);
+            let _g = (!ks.in_unit()).then(|| sh.stripes.lock_many(&refs));
             let now = crate::keyspace::now_ms();
             for k in chunk {
                 ks.delete(k, now)?;
@@ -661,6 +663,7 @@ pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 // Redis 7.0 keeps every list as a quicklist.
                 KIND_LIST => "quicklist",
                 KIND_ZSET => super::zsets::encoding(v),
+                KIND_STREAM => super::streams::encoding(),
                 _ => "unknown",
             };
             c.bulk(e.as_bytes());

@@ -3,7 +3,10 @@
 //! handler. `COMMAND`, dispatch, the statistics and (later) ACL, MULTI and
 //! replication all read it; a new command is a handler and one row here.
 
-use super::{acl, admin, bits, conn, hashes, hll, keys, lcs, lists, sets, strings, zsets, Handler};
+use super::{
+    acl, admin, bits, conn, dump, hashes, hll, keys, lcs, lists, multi, sets, streams, strings,
+    zsets, Handler,
+};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -146,6 +149,7 @@ pub fn movable_keys(name: &str, args: &[Vec<u8>]) -> Vec<usize> {
             numkeys_at(args, 1)
         }
         "blmpop" | "bzmpop" => numkeys_at(args, 2),
+        "xread" | "xreadgroup" => streams_keys(args),
         "zunionstore" | "zinterstore" | "zdiffstore" => {
             let mut keys = vec![1];
             keys.extend(numkeys_at(args, 2));
@@ -153,6 +157,24 @@ pub fn movable_keys(name: &str, args: &[Vec<u8>]) -> Vec<usize> {
         }
         _ => Vec::new(),
     }
+}
+
+/// XREAD's and XREADGROUP's keys: the first half of the arguments after
+/// STREAMS (the first STREAMS after the options, as the command parses it).
+fn streams_keys(args: &[Vec<u8>]) -> Vec<usize> {
+    let Some(at) = args
+        .iter()
+        .skip(1)
+        .position(|a| a.eq_ignore_ascii_case(b"streams"))
+        .map(|p| p + 2)
+    else {
+        return Vec::new();
+    };
+    let rest = args.len() - at;
+    if !rest.is_multiple_of(2) {
+        return Vec::new();
+    }
+    (at..at + rest / 2).collect()
 }
 
 impl KeyPos {
@@ -265,6 +287,12 @@ pub static TABLE: &[Spec] = &[
     spec!("auth", -2, [FAST, STALE, NO_AUTH, NOSCRIPT, LOADING], [CONNECTION], (0, 0, 0), "connection", "1.0.0", "Authenticates the connection.", conn::auth),
     spec!("client", -2, [STALE, NOSCRIPT, LOADING], [], (0, 0, 0), "connection", "2.4.0", "A container for client connection commands.", conn::client),
     spec!("reset", 1, [FAST, STALE, NO_AUTH, NOSCRIPT, LOADING], [CONNECTION], (0, 0, 0), "connection", "6.2.0", "Resets the connection.", conn::reset),
+    // transactions
+    spec!("multi", 1, [NOSCRIPT, LOADING, STALE, FAST, ALLOW_BUSY], [TRANSACTION], (0, 0, 0), "transactions", "1.2.0", "Starts a transaction.", multi::multi),
+    spec!("exec", 1, [NOSCRIPT, LOADING, STALE, SKIP_SLOWLOG], [TRANSACTION], (0, 0, 0), "transactions", "1.2.0", "Executes all commands in a transaction.", multi::exec),
+    spec!("discard", 1, [NOSCRIPT, LOADING, STALE, FAST, ALLOW_BUSY], [TRANSACTION], (0, 0, 0), "transactions", "2.0.0", "Discards a transaction.", multi::discard),
+    spec!("watch", -2, [NOSCRIPT, LOADING, STALE, FAST, ALLOW_BUSY], [TRANSACTION], (1, -1, 1), "transactions", "2.2.0", "Monitors changes to keys to determine the execution of a transaction.", multi::watch),
+    spec!("unwatch", 1, [NOSCRIPT, LOADING, STALE, FAST, ALLOW_BUSY], [TRANSACTION], (0, 0, 0), "transactions", "2.2.0", "Forgets about watched keys of a transaction.", multi::unwatch),
     // strings
     spec!("get", 2, [READONLY, FAST], [STRING], (1, 1, 1), "string", "1.0.0", "Returns the string value of a key.", strings::get),
     spec!("set", -3, [WRITE, DENYOOM], [STRING], (1, 1, 1), "string", "1.0.0", "Sets the string value of a key, ignoring its type. The key is created if it doesn't exist.", strings::set),
@@ -396,6 +424,22 @@ pub static TABLE: &[Spec] = &[
     spec!("zdiffstore", -4, [WRITE, DENYOOM, MOVABLEKEYS], [SORTEDSET], (1, 1, 1), "sorted_set", "6.2.0", "Stores the difference of multiple sorted sets in a key.", zsets::zdiffstore),
     spec!("zintercard", -3, [READONLY, MOVABLEKEYS], [SORTEDSET], (0, 0, 0), "sorted_set", "7.0.0", "Returns the number of members of the intersect of multiple sorted sets.", zsets::zintercard),
     spec!("zscan", -3, [READONLY], [SORTEDSET], (1, 1, 1), "sorted_set", "2.8.0", "Iterates over members and scores of a sorted set.", zsets::zscan),
+    // streams
+    spec!("xadd", -5, [WRITE, DENYOOM, FAST], [STREAM], (1, 1, 1), "stream", "5.0.0", "Appends a new message to a stream. Creates the key if it doesn't exist.", streams::xadd),
+    spec!("xrange", -4, [READONLY], [STREAM], (1, 1, 1), "stream", "5.0.0", "Returns the messages from a stream within a range of IDs.", streams::xrange),
+    spec!("xrevrange", -4, [READONLY], [STREAM], (1, 1, 1), "stream", "5.0.0", "Returns the messages from a stream within a range of IDs in reverse order.", streams::xrevrange),
+    spec!("xlen", 2, [READONLY, FAST], [STREAM], (1, 1, 1), "stream", "5.0.0", "Return the number of messages in a stream.", streams::xlen),
+    spec!("xread", -4, [READONLY, BLOCKING, MOVABLEKEYS], [STREAM], (0, 0, 0), "stream", "5.0.0", "Returns messages from multiple streams with IDs greater than the ones requested. Blocks until a message is available otherwise.", streams::xread),
+    spec!("xreadgroup", -7, [WRITE, BLOCKING, MOVABLEKEYS], [STREAM], (0, 0, 0), "stream", "5.0.0", "Returns new or historical messages from a stream for a consumer in a group. Blocks until a message is available otherwise.", streams::xreadgroup),
+    spec!("xdel", -3, [WRITE, FAST], [STREAM], (1, 1, 1), "stream", "5.0.0", "Returns the number of messages after removing them from a stream.", streams::xdel),
+    spec!("xtrim", -4, [WRITE], [STREAM], (1, 1, 1), "stream", "5.0.0", "Deletes messages from the beginning of a stream.", streams::xtrim),
+    spec!("xack", -4, [WRITE, FAST], [STREAM], (1, 1, 1), "stream", "5.0.0", "Returns the number of messages that were successfully acknowledged by the consumer group member of a stream.", streams::xack),
+    spec!("xpending", -3, [READONLY], [STREAM], (1, 1, 1), "stream", "5.0.0", "Returns the information and entries from a stream consumer group's pending entries list.", streams::xpending),
+    spec!("xclaim", -6, [WRITE, FAST], [STREAM], (1, 1, 1), "stream", "5.0.0", "Changes, or acquires, ownership of a message in a consumer group, as if the message was delivered a consumer group member.", streams::xclaim),
+    spec!("xautoclaim", -6, [WRITE, FAST], [STREAM], (1, 1, 1), "stream", "6.2.0", "Changes, or acquires, ownership of messages in a consumer group, as if the messages were delivered to as consumer group member.", streams::xautoclaim),
+    spec!("xsetid", -3, [WRITE, DENYOOM, FAST], [STREAM], (1, 1, 1), "stream", "5.0.0", "An internal command for replicating stream values.", streams::xsetid),
+    spec!("xgroup", -2, [], [], (0, 0, 0), "stream", "5.0.0", "A container for consumer groups commands.", streams::xgroup),
+    spec!("xinfo", -2, [], [], (0, 0, 0), "stream", "5.0.0", "A container for stream introspection commands.", streams::xinfo),
     // keyspace
     spec!("del", -2, [WRITE], [KEYSPACE], (1, -1, 1), "generic", "1.0.0", "Deletes one or more keys.", keys::del),
     spec!("unlink", -2, [WRITE, FAST], [KEYSPACE], (1, -1, 1), "generic", "4.0.0", "Asynchronously deletes one or more keys.", keys::del),
@@ -405,6 +449,8 @@ pub static TABLE: &[Spec] = &[
     spec!("scan", -2, [READONLY], [KEYSPACE], (0, 0, 0), "generic", "2.8.0", "Iterates over the key names in the database.", keys::scan),
     spec!("rename", 3, [WRITE], [KEYSPACE], (1, 2, 1), "generic", "1.0.0", "Renames a key and overwrites the destination.", keys::rename),
     spec!("copy", -3, [WRITE, DENYOOM], [KEYSPACE], (1, 2, 1), "generic", "6.2.0", "Copies the value of a key to a new key.", keys::copy),
+    spec!("dump", 2, [READONLY], [KEYSPACE], (1, 1, 1), "generic", "2.6.0", "Returns a serialized representation of the value stored at a key.", dump::dump),
+    spec!("restore", -4, [WRITE, DENYOOM], [KEYSPACE, DANGEROUS], (1, 1, 1), "generic", "2.6.0", "Creates a key from the serialized representation of a value.", dump::restore),
     spec!("move", 3, [WRITE, FAST], [KEYSPACE], (1, 1, 1), "generic", "1.0.0", "Moves a key to another database.", keys::move_),
     spec!("renamenx", 3, [WRITE, FAST], [KEYSPACE], (1, 2, 1), "generic", "1.0.0", "Renames a key only when the target key name doesn't exist.", keys::renamenx),
     spec!("dbsize", 1, [READONLY, FAST], [KEYSPACE], (0, 0, 0), "server", "1.0.0", "Returns the number of keys in the database.", keys::dbsize),
@@ -513,6 +559,16 @@ pub static SUBCOMMANDS: &[SubSpec] = &[
     sub!("object", "help", 2, [LOADING, STALE], [KEYSPACE]),
     sub!("object", "idletime", 3, [READONLY], [KEYSPACE], (2, 2, 1)),
     sub!("object", "refcount", 3, [READONLY], [KEYSPACE], (2, 2, 1)),
+    sub!("xgroup", "create", -5, [WRITE, DENYOOM], [STREAM], (2, 2, 1)),
+    sub!("xgroup", "createconsumer", 5, [WRITE, DENYOOM], [STREAM], (2, 2, 1)),
+    sub!("xgroup", "delconsumer", 5, [WRITE], [STREAM], (2, 2, 1)),
+    sub!("xgroup", "destroy", 4, [WRITE], [STREAM], (2, 2, 1)),
+    sub!("xgroup", "help", 2, [LOADING, STALE], [STREAM]),
+    sub!("xgroup", "setid", -5, [WRITE], [STREAM], (2, 2, 1)),
+    sub!("xinfo", "consumers", 4, [READONLY], [STREAM], (2, 2, 1)),
+    sub!("xinfo", "groups", 3, [READONLY], [STREAM], (2, 2, 1)),
+    sub!("xinfo", "help", 2, [LOADING, STALE], [STREAM]),
+    sub!("xinfo", "stream", -3, [READONLY], [STREAM], (2, 2, 1)),
     sub!("config", "get", -3, [ADMIN, NOSCRIPT, LOADING, STALE], []),
     sub!("config", "help", 2, [LOADING, STALE], []),
     sub!("config", "resetstat", 2, [ADMIN, NOSCRIPT, LOADING, STALE], []),
@@ -568,6 +624,8 @@ pub static KEY_ACCESS: &[(&str, &str, &str)] = &[
     ("move", "RW", "RW"),
     ("renamenx", "RW", "W"),
     ("exists", "-", "-"),
+    ("watch", "R", "R"),
+    ("restore", "W", "W"),
     ("type", "-", "-"),
     ("touch", "-", "-"),
     ("strlen", "-", "-"),
