@@ -587,7 +587,11 @@ impl Selector {
                 c.keys.indexes(args.len()).collect()
             };
             for (n, k) in keys.into_iter().enumerate() {
-                let need = c.access[usize::from(n > 0)] | if reads { READ } else { 0 };
+                let mut need = c.access[usize::from(n > 0)] | if reads { READ } else { 0 };
+                // BITFIELD with GETs only reads (Redis's `bitfieldGetKeys`).
+                if c.name == "bitfield" && crate::cmd::bitfield_reads_only(args) {
+                    need = READ;
+                }
                 let ok = self
                     .keys
                     .iter()

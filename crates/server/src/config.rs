@@ -358,6 +358,9 @@ pub struct Config {
     pub tls_auth_clients: TlsAuth,
     /// `client-output-buffer-limit` per class (`OBUF_CLASSES`).
     pub client_output_buffer_limit: [ObufLimit; 3],
+    /// Bytes above which a sparse HyperLogLog becomes dense (Redis's
+    /// `hll-sparse-max-bytes`).
+    pub hll_sparse_max_bytes: u64,
     /// Redis directives accepted with no effect here (name → value as given).
     pub no_effect: BTreeMap<String, String>,
     /// The file the configuration was read from.
@@ -420,6 +423,7 @@ impl Default for Config {
                     soft_seconds: 60,
                 },
             ],
+            hll_sparse_max_bytes: crate::hll::SPARSE_MAX_BYTES as u64,
             no_effect: BTreeMap::new(),
             config_file: None,
         }
@@ -465,7 +469,6 @@ pub const NO_EFFECT: &[&str] = &[
     "zset-max-listpack-value",
     "stream-node-max-bytes",
     "stream-node-max-entries",
-    "hll-sparse-max-bytes",
     "activerehashing",
     "activedefrag",
     "lazyfree-lazy-eviction",
@@ -527,6 +530,7 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("tls-ca-cert-file", false),
     ("tls-auth-clients", false),
     ("client-output-buffer-limit", true),
+    ("hll-sparse-max-bytes", true),
 ];
 
 /// Parses a size the way Redis's `memtoll` does: `k`/`m`/`g` are powers of
@@ -750,6 +754,13 @@ impl Config {
             "client-output-buffer-limit" => {
                 parse_obuf_limits(args, &mut self.client_output_buffer_limit)?
             }
+            "hll-sparse-max-bytes" => {
+                let n = parse_size(one()?)?;
+                if n > i64::MAX as u64 {
+                    return Err("argument must be a memory value".into());
+                }
+                self.hll_sparse_max_bytes = n;
+            }
             n if NO_EFFECT.contains(&n) => {
                 self.no_effect.insert(n.to_string(), args.join(" "));
             }
@@ -942,6 +953,7 @@ impl Config {
                 .map(|(n, l)| format!("{n} {} {} {}", l.hard, l.soft, l.soft_seconds))
                 .collect::<Vec<_>>()
                 .join(" "),
+            "hll-sparse-max-bytes" => self.hll_sparse_max_bytes.to_string(),
             n if NO_EFFECT.contains(&n) => self.no_effect.get(n).cloned().unwrap_or_default(),
             _ => return None,
         })

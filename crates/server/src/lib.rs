@@ -50,6 +50,7 @@ mod embedded;
 mod expire;
 pub mod geohash;
 pub mod glob;
+pub mod hll;
 pub mod housekeep;
 #[allow(unsafe_code)]
 pub mod info;

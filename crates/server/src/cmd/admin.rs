@@ -165,7 +165,14 @@ fn command_info(s: &Spec) -> Reply {
     Reply::Array(vec![
         bulk(s.name),
         Reply::Integer(s.arity as i64),
-        Reply::Set(s.flags.names().map(|f| Reply::Simple(f.into())).collect()),
+        // Redis hides `may_replicate` and `protected` from COMMAND INFO.
+        Reply::Set(
+            s.flags
+                .names()
+                .filter(|f| !matches!(*f, "may_replicate" | "protected"))
+                .map(|f| Reply::Simple(f.into()))
+                .collect(),
+        ),
         Reply::Integer(k.first as i64),
         Reply::Integer(k.last as i64),
         Reply::Integer(k.step as i64),

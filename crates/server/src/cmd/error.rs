@@ -58,6 +58,21 @@ pub enum CmdError {
     StringTooLong,
     /// SETRANGE's negative offset.
     OffsetOutOfRange,
+    /// A bit offset that is not a number, negative, or beyond
+    /// `proto-max-bulk-len` bytes (SETBIT, GETBIT, BITFIELD).
+    BitOffset,
+    /// SETBIT's value other than 0 or 1.
+    BitValue,
+    /// BITFIELD's type other than `i1`..`i64`, `u1`..`u63`.
+    BitfieldType,
+    /// A string key that does not hold a HyperLogLog (PFADD, PFCOUNT, PFMERGE).
+    NotHll,
+    /// A HyperLogLog whose sparse encoding is damaged.
+    HllCorrupt,
+    /// LCS whose table would exceed `proto-max-bulk-len`.
+    LcsTooLarge,
+    /// PFDEBUG's unknown subcommand (as given).
+    UnknownPfdebug(Vec<u8>),
     /// INCR/INCRBY past the 64-bit range.
     IncrOverflow,
     /// DECRBY of `i64::MIN`.
@@ -275,6 +290,15 @@ impl CmdError {
                 return "ERR string exceeds maximum allowed size (proto-max-bulk-len)".into()
             }
             E::OffsetOutOfRange => return "ERR offset is out of range".into(),
+            E::BitOffset => return "ERR bit offset is not an integer or out of range".into(),
+            E::BitValue => return "ERR bit is not an integer or out of range".into(),
+            E::BitfieldType => return "ERR Invalid bitfield type. Use something like i16 u8. Note that u64 is not supported but i64 is.".into(),
+            E::NotHll => return "WRONGTYPE Key is not a valid HyperLogLog string value.".into(),
+            E::HllCorrupt => return "INVALIDOBJ Corrupted HLL object detected".into(),
+            E::UnknownPfdebug(sub) => {
+                format!("ERR Unknown PFDEBUG subcommand '{}'", c_str(sub))
+            }
+            E::LcsTooLarge => return "ERR Insufficient memory, transient memory for LCS exceeds proto-max-bulk-len".into(),
             E::IncrOverflow => return "ERR increment or decrement would overflow".into(),
             E::DecrOverflow => return "ERR decrement would overflow".into(),
             E::NanOrInfinity => return "ERR increment would produce NaN or Infinity".into(),

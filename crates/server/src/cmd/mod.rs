@@ -3,12 +3,15 @@
 
 mod acl;
 mod admin;
+mod bits;
 mod conn;
 mod dump;
 mod error;
 mod geo;
 mod hashes;
+mod hll;
 mod keys;
+mod lcs;
 mod lists;
 mod maps;
 mod multi;
@@ -25,6 +28,7 @@ pub use table::{
     TABLE,
 };
 
+pub(crate) use bits::bitfield_reads_only;
 pub use conn::REDIS_COMPAT_VERSION;
 pub use error::CmdError;
 pub use keys::finish_flushes;

@@ -107,7 +107,7 @@ pub fn expire_at(
 }
 
 /// Writes a string under the caller's lock; a past expiry deletes the key.
-fn store(ctx: &mut Ctx, sk: &[u8], expire: Option<i64>, v: &[u8]) -> R {
+pub(super) fn store(ctx: &mut Ctx, sk: &[u8], expire: Option<i64>, v: &[u8]) -> R {
     if v.len() as i64 > MAX_STRING {
         return Err(CmdError::StringTooLong);
     }
@@ -333,13 +333,24 @@ fn modify(
     })
 }
 
+/// Redis's `checkStringLength`: a string of `len` bytes is refused above
+/// `proto-max-bulk-len` (checked after the key's type, as Redis does).
+fn check_length(limit: u64, len: u64) -> Result<(), CmdError> {
+    if len > limit {
+        return Err(CmdError::StringTooLong);
+    }
+    Ok(())
+}
+
 pub fn append(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let add = &a[2];
+    let limit = ctx.sh.cfg().proto_max_bulk_len;
     let n = modify(ctx, c, &a[1], |cur| {
-        let cur = cur.unwrap_or_default();
-        if (cur.len() + add.len()) as i64 > MAX_STRING {
-            return Err(CmdError::StringTooLong);
+        // A new key takes the argument as it is (the protocol bounded it).
+        if let Some(cur) = cur {
+            check_length(limit, (cur.len() + add.len()) as u64)?;
         }
+        let cur = cur.unwrap_or_default();
         let mut v = Vec::with_capacity(cur.len() + add.len());
         v.extend_from_slice(cur);
         v.extend_from_slice(add);
@@ -394,13 +405,12 @@ pub fn setrange(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         return Err(CmdError::OffsetOutOfRange);
     }
     let val = &a[3];
-    if !val.is_empty() && off.saturating_add(val.len() as i64) > MAX_STRING {
-        return Err(CmdError::StringTooLong);
-    }
+    let limit = ctx.sh.cfg().proto_max_bulk_len;
     let n = modify(ctx, c, &a[1], |cur| {
         if val.is_empty() {
             return Ok(None);
         }
+        check_length(limit, (off as u64).saturating_add(val.len() as u64))?;
         let cur = cur.unwrap_or_default();
         let off = off as usize;
         let mut v = cur.to_vec();

@@ -4,8 +4,8 @@
 //! replication all read it; a new command is a handler and one row here.
 
 use super::{
-    acl, admin, conn, dump, geo, hashes, keys, lists, multi, sets, sort, streams, strings, zsets,
-    Handler,
+    acl, admin, bits, conn, dump, geo, hashes, hll, keys, lcs, lists, multi, sets, sort, streams,
+    strings, zsets, Handler,
 };
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -349,6 +349,21 @@ pub static TABLE: &[Spec] = &[
     spec!("incrby", 3, [WRITE, DENYOOM, FAST], [STRING], (1, 1, 1), "string", "1.0.0", "Increments the integer value of a key by a number. Uses 0 as initial value if the key doesn't exist.", strings::incrby),
     spec!("decrby", 3, [WRITE, DENYOOM, FAST], [STRING], (1, 1, 1), "string", "1.0.0", "Decrements a number from the integer value of a key. Uses 0 as initial value if the key doesn't exist.", strings::decrby),
     spec!("incrbyfloat", 3, [WRITE, DENYOOM, FAST], [STRING], (1, 1, 1), "string", "2.6.0", "Increment the floating point value of a key by a number. Uses 0 as initial value if the key doesn't exist.", strings::incrbyfloat),
+    spec!("lcs", -3, [READONLY], [STRING], (1, 2, 1), "string", "7.0.0", "Finds the longest common substring.", lcs::lcs),
+    // bitmaps
+    spec!("setbit", 4, [WRITE, DENYOOM], [BITMAP], (1, 1, 1), "bitmap", "2.2.0", "Sets or clears the bit at offset of the string value. Creates the key if it doesn't exist.", bits::setbit),
+    spec!("getbit", 3, [READONLY, FAST], [BITMAP], (1, 1, 1), "bitmap", "2.2.0", "Returns a bit value by offset.", bits::getbit),
+    spec!("bitcount", -2, [READONLY], [BITMAP], (1, 1, 1), "bitmap", "2.6.0", "Counts the number of set bits (population counting) in a string.", bits::bitcount),
+    spec!("bitpos", -3, [READONLY], [BITMAP], (1, 1, 1), "bitmap", "2.8.7", "Finds the first set (1) or clear (0) bit in a string.", bits::bitpos),
+    spec!("bitop", -4, [WRITE, DENYOOM], [BITMAP], (2, -1, 1), "bitmap", "2.6.0", "Performs bitwise operations on multiple strings, and stores the result.", bits::bitop),
+    spec!("bitfield", -2, [WRITE, DENYOOM], [BITMAP], (1, 1, 1), "bitmap", "3.2.0", "Performs arbitrary bitfield integer operations on strings.", bits::bitfield),
+    spec!("bitfield_ro", -2, [READONLY, FAST], [BITMAP], (1, 1, 1), "bitmap", "6.0.0", "Performs arbitrary read-only bitfield integer operations on strings.", bits::bitfield_ro),
+    // hyperloglog
+    spec!("pfadd", -2, [WRITE, DENYOOM, FAST], [HYPERLOGLOG], (1, 1, 1), "hyperloglog", "2.8.9", "Adds elements to a HyperLogLog key. Creates the key if it doesn't exist.", hll::pfadd),
+    spec!("pfcount", -2, [READONLY, MAY_REPLICATE], [HYPERLOGLOG], (1, -1, 1), "hyperloglog", "2.8.9", "Returns the approximated cardinality of the set(s) observed by the HyperLogLog key(s).", hll::pfcount),
+    spec!("pfmerge", -2, [WRITE, DENYOOM], [HYPERLOGLOG], (1, -1, 1), "hyperloglog", "2.8.9", "Merges one or more HyperLogLog values into a single key.", hll::pfmerge),
+    spec!("pfdebug", 3, [WRITE, DENYOOM, ADMIN], [HYPERLOGLOG], (2, 2, 1), "hyperloglog", "2.8.9", "Internal commands for debugging HyperLogLog values.", hll::pfdebug),
+    spec!("pfselftest", 1, [ADMIN], [HYPERLOGLOG], (0, 0, 0), "hyperloglog", "2.8.9", "An internal command for testing HyperLogLog values.", hll::pfselftest),
     // lists
     spec!("lpush", -3, [WRITE, DENYOOM, FAST], [LIST], (1, 1, 1), "list", "1.0.0", "Prepends one or more elements to a list. Creates the key if it doesn't exist.", lists::lpush),
     spec!("rpush", -3, [WRITE, DENYOOM, FAST], [LIST], (1, 1, 1), "list", "1.0.0", "Appends one or more elements to a list. Creates the key if it doesn't exist.", lists::rpush),
@@ -645,6 +660,12 @@ pub static KEY_ACCESS: &[(&str, &str, &str)] = &[
     ("decr", "RW", "RW"),
     ("decrby", "RW", "RW"),
     ("incrbyfloat", "RW", "RW"),
+    ("setbit", "RW", "RW"),
+    ("bitfield", "RW", "RW"),
+    ("bitop", "W", "R"),
+    ("pfcount", "R", "R"),
+    ("pfmerge", "RW", "R"),
+    ("pfdebug", "R", "R"),
     ("rename", "RW", "W"),
     ("copy", "R", "W"),
     ("move", "RW", "RW"),
