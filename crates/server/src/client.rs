@@ -11,7 +11,7 @@ use crate::tls::Conn;
 use proto::reply::put;
 use proto::{Reply, RespCodec, Version};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -36,6 +36,11 @@ pub struct ClientMeta {
     pub last_cmd: AtomicU64,
     /// Blocked in a blocking command (CLIENT LIST flag `b`).
     pub blocked: AtomicBool,
+    /// Channel, pattern and shard-channel subscriptions (CLIENT LIST `sub`,
+    /// `psub`, `ssub`; any makes it a `pubsub` client, flag `P`).
+    pub sub: AtomicU32,
+    pub psub: AtomicU32,
+    pub ssub: AtomicU32,
 }
 
 impl ClientMeta {
@@ -56,11 +61,21 @@ impl ClientMeta {
             last_ms: AtomicU64::new(0),
             last_cmd: AtomicU64::new(0),
             blocked: AtomicBool::new(false),
+            sub: AtomicU32::new(0),
+            psub: AtomicU32::new(0),
+            ssub: AtomicU32::new(0),
         }
     }
 }
 
 impl ClientMeta {
+    /// Subscribed to something (Redis's `CLIENT_PUBSUB`).
+    pub fn is_pubsub(&self) -> bool {
+        self.sub.load(Ordering::Relaxed) > 0
+            || self.psub.load(Ordering::Relaxed) > 0
+            || self.ssub.load(Ordering::Relaxed) > 0
+    }
+
     /// The client connected from a loopback address (Redis's `connIsLocal`).
     pub fn is_local(&self) -> bool {
         self.addr
@@ -77,7 +92,7 @@ impl ClientMeta {
             i => crate::acl::cmd_name(i as usize - 1).to_string(),
         };
         format!(
-            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub={} psub={} ssub={} multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -85,12 +100,16 @@ impl ClientMeta {
             self.name.lock().unwrap_or_else(|p| p.into_inner()),
             age_ms / 1000,
             idle,
-            if self.blocked.load(Ordering::Relaxed) {
-                "b"
-            } else {
-                "N"
+            match (self.is_pubsub(), self.blocked.load(Ordering::Relaxed)) {
+                (false, false) => "N",
+                (false, true) => "b",
+                (true, false) => "P",
+                (true, true) => "Pb",
             },
             self.db.load(Ordering::Relaxed),
+            self.sub.load(Ordering::Relaxed),
+            self.psub.load(Ordering::Relaxed),
+            self.ssub.load(Ordering::Relaxed),
             cmd,
             self.user.lock().unwrap_or_else(|p| p.into_inner()),
             self.resp.load(Ordering::Relaxed),
@@ -150,6 +169,8 @@ pub struct Client {
     pub(crate) blocked: Option<Box<crate::blocking::Blocked>>,
     /// How many times it blocked (numbers its waits, see `blocking`).
     pub(crate) block_seq: u64,
+    /// Its Pub/Sub subscriptions (None while it has none; see `pubsub`).
+    pub(crate) subs: Option<Box<crate::pubsub::Subs>>,
 }
 
 impl Client {
@@ -185,6 +206,7 @@ impl Client {
             home: None,
             blocked: None,
             block_seq: 0,
+            subs: None,
         }
     }
 }

@@ -28,6 +28,9 @@ pub enum CmdError {
         cmd: &'static str,
         sub: Vec<u8>,
     },
+    /// A command other than the Pub/Sub ones, PING, QUIT and RESET from a
+    /// RESP2 client with subscriptions (its full name, `config|get`).
+    SubscriberMode(String),
     /// A command before authentication.
     NoAuth,
     /// HELLO without authentication and without AUTH.
@@ -229,6 +232,7 @@ impl CmdError {
             E::UnknownSubcommand { cmd, sub } => {
                 format!("ERR unknown subcommand '{}'. Try {cmd} HELP.", c_str(sub))
             }
+            E::SubscriberMode(name) => format!("ERR Can't execute '{name}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context"),
             E::NoAuth => return "NOAUTH Authentication required.".into(),
             E::HelloNoAuth => return "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time".into(),
             E::WrongPass => {

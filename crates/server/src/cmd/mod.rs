@@ -9,6 +9,7 @@ mod hashes;
 mod keys;
 mod lists;
 mod maps;
+mod pubsub;
 mod sets;
 mod strings;
 mod table;
@@ -181,6 +182,16 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
             return;
         }
     }
+    // A RESP2 client with subscriptions runs only the Pub/Sub commands,
+    // PING, QUIT and RESET (Redis's subscriber mode).
+    if c.subs.is_some()
+        && c.resp == proto::Version::Resp2
+        && !crate::pubsub::allowed_in_subscriber_mode(spec.name)
+    {
+        ctx.ws.cmds[i].rejected.add(1);
+        c.err(&CmdError::SubscriberMode(crate::acl::cmd_name(id).to_string()).text());
+        return;
+    }
     let mark = c.out.len();
     let r = (spec.run)(ctx, c, args);
     // Every write was applied under its command's locks (see `locked`). A
@@ -198,6 +209,7 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
         c.out.truncate(mark);
         c.err(&e.text());
     }
+    crate::pubsub::after_command(ctx.sh, ctx.ks, c, mark);
     let t1 = Stamp::now();
     *clock = t1;
     ctx.ws.record(i, t1.micros_since(t0), failed);
