@@ -796,3 +796,63 @@ fn message_sequences_match_redis() {
         }
     }
 }
+
+/// ACL channel rules (`&pattern`, `allchannels`, Redis 7.0's
+/// `resetchannels` default for new users) on Pub/Sub commands: the same
+/// replies as redis-server, error texts and ACL DRYRUN's included.
+#[test]
+fn acl_channel_rules_match_redis() {
+    let (_d, s) = start();
+    let redis = RedisServer::start();
+    let run = |port: u16| -> Vec<Reply> {
+        let mut admin = Conn::open(port);
+        call(&mut admin, "ACL SETUSER alice on >p ~* +@all &news* &chat");
+        call(&mut admin, "ACL SETUSER bob on >p ~* +@all");
+        let mut out = Vec::new();
+        let mut a = Conn::open(port);
+        out.push(call(&mut a, "HELLO 3 AUTH alice p"));
+        if let Some(Reply::Map(m)) = out.last_mut() {
+            // The server's version and the connection id differ.
+            m.retain(|(k, _)| *k != bulk("version") && *k != bulk("id"));
+        }
+        for line in [
+            "PUBLISH news1 m",
+            "PUBLISH other m",
+            "SUBSCRIBE chat news2",
+            "SUBSCRIBE chat other",
+            "PSUBSCRIBE news*",
+            "PSUBSCRIBE n*",
+            "SSUBSCRIBE other",
+            "SPUBLISH news3 m",
+            "UNSUBSCRIBE other",
+            "ACL DRYRUN alice publish other m",
+            "ACL DRYRUN alice psubscribe news1",
+            "ACL DRYRUN bob subscribe x",
+            "ACL DRYRUN alice publish news9 m",
+        ] {
+            out.push(call(&mut a, line));
+        }
+        let mut b = Conn::open(port);
+        call(&mut b, "AUTH bob p");
+        out.push(call(&mut b, "PUBLISH any m"));
+        out.push(call(&mut b, "PSUBSCRIBE *"));
+        let Reply::Array(log) = call(&mut admin, "ACL LOG 1") else {
+            panic!("ACL LOG")
+        };
+        let Reply::Array(entry) = &log[0] else {
+            panic!("ACL LOG entry")
+        };
+        // reason, context, object, username (not the times or client info).
+        out.extend(entry[2..10].iter().cloned());
+        out
+    };
+    let want = run(redis.port);
+    let got = run(s.port);
+    assert_eq!(got, want);
+    // Redis 7.2's INFO field (7.0 has none).
+    let mut admin = Conn::open(s.port);
+    assert_eq!(
+        info_field(&mut admin, "stats", "acl_access_denied_channel"),
+        "6"
+    );
+}

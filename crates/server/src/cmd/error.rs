@@ -151,6 +151,8 @@ pub enum CmdError {
     NoPermCommand(String),
     /// The user may not touch one of the command's keys.
     NoPermKey,
+    /// A Pub/Sub channel the ACL user may not use.
+    NoPermChannel,
     /// ACL SETUSER's rules refused (the text after `ERR `, see
     /// `acl::apply_rules`), or ACL LOAD's errors.
     Acl(String),
@@ -333,6 +335,7 @@ impl CmdError {
                 format!("NOPERM this user has no permissions to run the '{name}' command")
             }
             E::NoPermKey => return "NOPERM this user has no permissions to access one of the keys used as arguments".into(),
+            E::NoPermChannel => return "NOPERM this user has no permissions to access one of the channels used as arguments".into(),
             E::Acl(text) => format!("ERR {text}"),
             E::AclBadUsername => {
                 return "ERR Usernames can't contain spaces or null characters".into()

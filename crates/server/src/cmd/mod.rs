@@ -239,6 +239,12 @@ fn acl_check(ctx: &Ctx, c: &Client, i: usize, args: &[Vec<u8>]) -> Result<(), Cm
             ctx.sh.acl.log("key", &args[k], &c.user.name, c.meta.line());
             Err(CmdError::NoPermKey)
         }
+        Err(crate::acl::Denied::Channel(k)) => {
+            ctx.sh
+                .acl
+                .log("channel", &args[k], &c.user.name, c.meta.line());
+            Err(CmdError::NoPermChannel)
+        }
     }
 }
 
