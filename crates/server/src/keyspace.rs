@@ -275,6 +275,9 @@ pub struct Keyspace {
     pub notify: Arc<std::sync::atomic::AtomicU32>,
     pub expired_log: Vec<Vec<u8>>,
     pub created_log: Vec<Vec<u8>>,
+    /// Events of the running command, published when it ends (class,
+    /// Redis's name, store key).
+    pub events: Vec<(u32, &'static str, Vec<u8>)>,
     /// The per-database key counts every write here keeps (DBSIZE).
     counts: Arc<KeyCounts>,
     /// This worker's shard of them.
@@ -306,6 +309,7 @@ impl Keyspace {
             notify: Arc::default(),
             expired_log: Vec::new(),
             created_log: Vec::new(),
+            events: Vec::new(),
             counts,
             shard,
             hk,

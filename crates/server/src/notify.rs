@@ -3,19 +3,24 @@
 //! `__keyspace@<db>__:<key>` (class `K`) and `<key>` on
 //! `__keyevent@<db>__:<event>` (class `E`), when the event's class is on.
 //!
-//! A command calls [`event`] after its writes were applied, with the
-//! event's class and Redis's name for it (`event(ctx, notify::STRING,
-//! "set", db, key)`); with notifications off that is one relaxed load.
+//! A command calls [`event`] with the event's class and Redis's name for it
+//! (`event(ctx, notify::STRING, "set", db, key)`), in the order Redis fires
+//! them; with notifications off that is one relaxed load. The events are
+//! kept in the worker's keyspace and published when the command ends, after
+//! its writes were applied (`pubsub::after_command`; for a blocked client's
+//! serve and active expiry, on the worker's loop turn), so they may be
+//! called under the command's stripe locks too.
+//!
 //! Two events are found by the keyspace rather than by commands: a key
 //! found expired by a lookup or by active expiry (`expired`, class `x`),
-//! and a key a write created (`new`, class `n`, from the store's outcome).
-//! The keyspace logs them while their class is on, and they are published
-//! before the next event of the command (so `expired` comes before the
-//! event of the command that met it, and `new` before the event of the
-//! command that created the key, as Redis orders them), at the end of the
-//! command, and on every loop turn of the worker (active expiry, blocked
-//! clients' serves). `evicted` (class `e`) is never published: Ember does
-//! not evict keys. `keymiss` (class `m`) is not published either.
+//! and a key a write created (`new`, class `n`, from the store's outcome in
+//! `Keyspace::apply`). The keyspace logs them while their class is on.
+//! `expired` events are published first (a lookup meets the key before
+//! the command changes anything); each `new` just before the command's
+//! first event on that key (MSET's `new`/`set` pairs alternate, as Redis
+//! fires them), and those left after the command's events. `evicted`
+//! (class `e`) is never published: Ember does not evict keys. `keymiss`
+//! (class `m`) is not published either.
 
 use crate::cmd::Ctx;
 use crate::keyspace::Keyspace;
@@ -102,55 +107,51 @@ pub fn flags_string(f: u32) -> String {
     s
 }
 
-/// Publishes event `name` of class `class` on key `key` of database `db`
-/// (after the keyspace's pending `expired` events, and its pending `new`
-/// events up to and including one for this key). One relaxed load when
-/// the class is off.
-pub fn event(ctx: &mut Ctx, class: u32, name: &str, db: u8, key: &[u8]) {
+/// Event `name` of class `class` on key `key` of database `db`, published
+/// when the command ends (see the module's documentation). One relaxed
+/// load when notifications are off.
+pub fn event(ctx: &mut Ctx, class: u32, name: &'static str, db: u8, key: &[u8]) {
     let f = ctx.sh.pubsub.notify_flags().load(Ordering::Relaxed);
-    if f == 0 {
+    if f & class == 0 {
         return;
     }
-    flush_expired(ctx.sh, ctx.ks, f);
-    if !ctx.ks.created_log.is_empty() {
-        let upto = ctx
-            .ks
-            .created_log
-            .iter()
-            .position(|k| k.first() == Some(&db) && &k[1..] == key);
-        if let Some(i) = upto {
-            let done: Vec<Vec<u8>> = ctx.ks.created_log.drain(..=i).collect();
-            for k in done {
-                publish(ctx.sh, f, "new", k[0], &k[1..]);
-            }
-        }
-    }
-    if f & class != 0 {
-        publish(ctx.sh, f, name, db, key);
-    }
+    let mut sk = Vec::with_capacity(1 + key.len());
+    sk.push(db);
+    sk.extend_from_slice(key);
+    ctx.ks.events.push((class, name, sk));
 }
 
-/// Publishes the events the keyspace logged (`expired`, then `new`).
+/// Publishes what the keyspace holds: `expired` events, the command's
+/// events each after the `new` events up to its key's, then the `new`
+/// events left.
 pub fn flush_pending(sh: &Shared, ks: &mut Keyspace) {
-    if ks.expired_log.is_empty() && ks.created_log.is_empty() {
+    if ks.expired_log.is_empty() && ks.created_log.is_empty() && ks.events.is_empty() {
         return;
     }
     let f = sh.pubsub.notify_flags().load(Ordering::Relaxed);
-    flush_expired(sh, ks, f);
-    for k in std::mem::take(&mut ks.created_log) {
-        if f & NEW != 0 {
-            publish(sh, f, "new", k[0], &k[1..]);
-        }
-    }
-}
-
-fn flush_expired(sh: &Shared, ks: &mut Keyspace, f: u32) {
-    if ks.expired_log.is_empty() {
-        return;
-    }
     for k in std::mem::take(&mut ks.expired_log) {
         if f & EXPIRED != 0 {
             publish(sh, f, "expired", k[0], &k[1..]);
+        }
+    }
+    let mut created = std::mem::take(&mut ks.created_log);
+    let mut from = 0;
+    for (class, name, sk) in std::mem::take(&mut ks.events) {
+        if let Some(i) = created[from..].iter().position(|k| *k == sk) {
+            for k in &created[from..=from + i] {
+                if f & NEW != 0 {
+                    publish(sh, f, "new", k[0], &k[1..]);
+                }
+            }
+            from += i + 1;
+        }
+        if f & class != 0 {
+            publish(sh, f, name, sk[0], &sk[1..]);
+        }
+    }
+    for k in created.drain(from..) {
+        if f & NEW != 0 {
+            publish(sh, f, "new", k[0], &k[1..]);
         }
     }
 }

@@ -25,10 +25,11 @@
 //!   in front of the command's reply ([`after_command`]): a RESP3 client
 //!   that publishes to itself, or writes a key it watches through keyspace
 //!   notifications, gets the message before the reply, as Redis 7.0 sends
-//!   it; and a message published before an UNSUBSCRIBE took effect arrives
-//!   before its confirmation. Removing a subscription takes the write lock,
-//!   which waits for publishers holding the read lock, so every message
-//!   counted for the client is in the inbox by then.
+//!   it. An unsubscribe does the same before each confirmation, so a
+//!   message published before it took effect arrives first: removing a
+//!   subscription takes the write lock, which waits for publishers holding
+//!   the read lock, so every message counted for the client is in the inbox
+//!   by then.
 //!
 //! # Subscriber mode
 //! A RESP2 client with at least one subscription may run only (P|S)SUBSCRIBE,
@@ -496,6 +497,14 @@ pub fn unsubscribe(sh: &Shared, c: &mut Client, k: Kind, names: &[Vec<u8>]) {
         if removed {
             sh.pubsub.write().remove(k, name, c.id);
             sh.pubsub.subscriptions.fetch_sub(1, Ordering::AcqRel);
+            // What was published before the removal took effect comes
+            // before its confirmation (the write lock waited for the
+            // publishers that counted this client).
+            if let Some((w, _)) = c.home {
+                for m in sh.pubsub.take_for(w, c.id) {
+                    m.encode(c.resp, &mut c.out);
+                }
+            }
         }
         let n = c.subs.as_ref().map_or(0, |s| s.count(k));
         push_header(c.resp, &mut c.out, 3);

@@ -313,7 +313,7 @@ fn store(ctx: &mut Ctx, dst: &[u8], entries: Vec<Entry>) -> Result<(u64, bool), 
 
 /// The event of a *STORE: `name` on the destination, or `del` when an
 /// empty result deleted what it held.
-fn store_events(ctx: &mut Ctx, db: u8, dst: &[u8], name: &str, (n, existed): (u64, bool)) {
+fn store_events(ctx: &mut Ctx, db: u8, dst: &[u8], name: &'static str, (n, existed): (u64, bool)) {
     if n > 0 {
         event(ctx, notify::ZSET, name, db, dst);
     } else if existed {
