@@ -867,3 +867,38 @@ fn acl_channel_rules_match_redis() {
         "6"
     );
 }
+
+/// With one worker (the default on two cores) every message goes through
+/// the worker's own inbox: published by its clients' commands, by active
+/// expiry on its tick, and delivered in the same loop.
+#[test]
+fn one_worker_delivers_its_own_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &["--threads", "1"]);
+    let mut sub = Conn::open(s.port);
+    let mut p = Conn::open(s.port);
+    call(&mut p, "CONFIG SET notify-keyspace-events Ex");
+    assert_eq!(
+        call(&mut sub, "SUBSCRIBE c"),
+        conf("subscribe", Some("c"), 1)
+    );
+    assert_eq!(
+        call(&mut sub, "SUBSCRIBE __keyevent@0__:expired"),
+        conf("subscribe", Some("__keyevent@0__:expired"), 2)
+    );
+    for i in 0..100 {
+        send(&mut p, &format!("PUBLISH c {i}"));
+    }
+    for i in 0..100 {
+        assert_eq!(next(&mut p), int(1));
+        assert_eq!(next(&mut sub), msg(&["message", "c", &i.to_string()]));
+    }
+    // Active expiry on the worker's own tick.
+    call(&mut p, "PSETEX t 20 v");
+    let t = Instant::now();
+    assert_eq!(
+        next(&mut sub),
+        msg(&["message", "__keyevent@0__:expired", "t"])
+    );
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
