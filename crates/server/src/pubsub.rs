@@ -586,13 +586,18 @@ pub fn after_command(sh: &Shared, ks: &mut crate::keyspace::Keyspace, c: &mut Cl
     c.out.splice(at..at, buf);
 }
 
+/// The `client-output-buffer-limit` classes clients have (indexes into
+/// `config::OBUF_CLASSES`).
+pub(crate) const OBUF_NORMAL: usize = 0;
+pub(crate) const OBUF_PUBSUB: usize = 2;
+
 /// The output limit class of a client: `pubsub` while it has
 /// subscriptions (Redis's `getClientType`), else `normal`.
 pub(crate) fn obuf_class(c: &Client) -> usize {
     if c.subs.is_some() {
-        2
+        OBUF_PUBSUB
     } else {
-        0
+        OBUF_NORMAL
     }
 }
 

@@ -98,9 +98,9 @@ impl Settings {
     pub(crate) fn load(sh: &Shared) -> Settings {
         let epoch = sh.cfg_epoch.load(Ordering::Acquire);
         let c = sh.cfg();
-        let obuf = c.client_output_buffer_limit[0];
+        let obuf = c.client_output_buffer_limit[crate::pubsub::OBUF_NORMAL];
         let obuf_check = crate::pubsub::obuf_check(&obuf);
-        let obuf_pubsub = c.client_output_buffer_limit[2];
+        let obuf_pubsub = c.client_output_buffer_limit[crate::pubsub::OBUF_PUBSUB];
         let limits = Limits {
             max_bulk_len: c.proto_max_bulk_len as usize,
             max_query_buffer: c.client_query_buffer_limit as usize,
@@ -607,7 +607,7 @@ impl Worker {
     pub(crate) fn output_limit_reached(&mut self, c: &mut Client) -> bool {
         let pending = (c.out.len() - c.outpos) as u64;
         let class = crate::pubsub::obuf_class(c);
-        let l = if class == 2 {
+        let l = if class == crate::pubsub::OBUF_PUBSUB {
             self.settings.obuf_pubsub
         } else {
             self.settings.obuf
@@ -644,7 +644,7 @@ impl Worker {
     /// The pending output from which `c` is checked against its class's
     /// output buffer limit.
     pub(crate) fn obuf_check_of(&self, c: &Client) -> usize {
-        if crate::pubsub::obuf_class(c) == 2 {
+        if crate::pubsub::obuf_class(c) == crate::pubsub::OBUF_PUBSUB {
             self.settings.obuf_pubsub_check
         } else {
             self.settings.obuf_check
@@ -837,7 +837,7 @@ impl Worker {
                 }
             }
         }
-        let soft = if crate::pubsub::obuf_class(c) == 2 {
+        let soft = if crate::pubsub::obuf_class(c) == crate::pubsub::OBUF_PUBSUB {
             self.settings.obuf_pubsub.soft
         } else {
             self.settings.obuf.soft
