@@ -257,9 +257,8 @@ pub struct ObufLimit {
 }
 
 /// The client classes of `client-output-buffer-limit`, in Redis's order.
-/// Only normal clients exist so far: the replica and pubsub limits are kept
-/// and reported, and apply to those clients when replication and Pub/Sub
-/// arrive.
+/// Replicas do not exist yet: their limit is kept and reported; the
+/// `pubsub` limit applies to clients with subscriptions.
 pub const OBUF_CLASSES: [&str; 3] = ["normal", "slave", "pubsub"];
 
 /// Parses Redis's `client-output-buffer-limit` value (one or more groups of
@@ -361,6 +360,8 @@ pub struct Config {
     /// Bytes above which a sparse HyperLogLog becomes dense (Redis's
     /// `hll-sparse-max-bytes`).
     pub hll_sparse_max_bytes: u64,
+    /// `notify-keyspace-events` as flags (see [`crate::notify`]).
+    pub notify_keyspace_events: u32,
     /// Redis directives accepted with no effect here (name → value as given).
     pub no_effect: BTreeMap<String, String>,
     /// The file the configuration was read from.
@@ -424,6 +425,7 @@ impl Default for Config {
                 },
             ],
             hll_sparse_max_bytes: crate::hll::SPARSE_MAX_BYTES as u64,
+            notify_keyspace_events: 0,
             no_effect: BTreeMap::new(),
             config_file: None,
         }
@@ -531,6 +533,7 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("tls-auth-clients", false),
     ("client-output-buffer-limit", true),
     ("hll-sparse-max-bytes", true),
+    ("notify-keyspace-events", true),
 ];
 
 /// Parses a size the way Redis's `memtoll` does: `k`/`m`/`g` are powers of
@@ -761,6 +764,10 @@ impl Config {
                 }
                 self.hll_sparse_max_bytes = n;
             }
+            "notify-keyspace-events" => {
+                self.notify_keyspace_events = crate::notify::parse_flags(one()?)
+                    .ok_or("Invalid event class character. Use 'Ag$lshzxeKEtmdn'.")?
+            }
             n if NO_EFFECT.contains(&n) => {
                 self.no_effect.insert(n.to_string(), args.join(" "));
             }
@@ -954,6 +961,7 @@ impl Config {
                 .collect::<Vec<_>>()
                 .join(" "),
             "hll-sparse-max-bytes" => self.hll_sparse_max_bytes.to_string(),
+            "notify-keyspace-events" => crate::notify::flags_string(self.notify_keyspace_events),
             n if NO_EFFECT.contains(&n) => self.no_effect.get(n).cloned().unwrap_or_default(),
             _ => return None,
         })

@@ -24,7 +24,8 @@
 //!   network, for crash tests.
 //! - [`cmd`]: the command table and handlers; [`acl`]: ACL users, their
 //!   rules and checks, ACL LOG; [`blocking`]: blocked clients (BLPOP...)
-//!   and how writes wake them.
+//!   and how writes wake them; [`pubsub`]: subscriptions and message
+//!   delivery across workers; [`notify`]: keyspace notifications.
 //! - [`info`], [`metrics`], [`stats`]: observability; [`clock`]: the
 //!   per-command clock.
 
@@ -56,7 +57,9 @@ pub mod housekeep;
 pub mod info;
 pub mod keyspace;
 pub mod metrics;
+pub mod notify;
 pub mod pqsort;
+pub mod pubsub;
 pub mod rdb;
 #[allow(unsafe_code)]
 mod rlimit;

@@ -103,6 +103,11 @@ impl Conn {
         Conn { s, buf: Vec::new() }
     }
 
+    /// Sends an encoded request without reading its reply.
+    pub fn send(&mut self, req: &[u8]) {
+        self.s.write_all(req).unwrap();
+    }
+
     /// Sends an encoded request and reads exactly one reply.
     pub fn request(&mut self, req: &[u8]) -> Result<Reply, String> {
         self.s.write_all(req).map_err(|e| format!("write: {e}"))?;

@@ -79,6 +79,10 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 .any(|p| eq(&p[0], "requirepass"))
                 .then(|| next.requirepass.clone());
             ctx.sh.acl.set_log_max(next.acllog_max_len);
+            ctx.sh
+                .pubsub
+                .notify_flags()
+                .store(next.notify_keyspace_events, Ordering::Relaxed);
             *ctx.sh.cfg.write().unwrap_or_else(|p| p.into_inner()) = next;
             ctx.sh.cfg_epoch.fetch_add(1, Ordering::AcqRel);
             // requirepass is the default user's password (Redis's

@@ -28,6 +28,9 @@ pub enum CmdError {
         cmd: &'static str,
         sub: Vec<u8>,
     },
+    /// A command other than the Pub/Sub ones, PING, QUIT and RESET from a
+    /// RESP2 client with subscriptions (its full name, `config|get`).
+    SubscriberMode(String),
     /// A command before authentication.
     NoAuth,
     /// HELLO without authentication and without AUTH.
@@ -163,6 +166,8 @@ pub enum CmdError {
     NoPermCommand(String),
     /// The user may not touch one of the command's keys.
     NoPermKey,
+    /// A Pub/Sub channel the ACL user may not use.
+    NoPermChannel,
     /// ACL SETUSER's rules refused (the text after `ERR `, see
     /// `acl::apply_rules`), or ACL LOAD's errors.
     Acl(String),
@@ -261,6 +266,7 @@ impl CmdError {
             E::UnknownSubcommand { cmd, sub } => {
                 format!("ERR unknown subcommand '{}'. Try {cmd} HELP.", c_str(sub))
             }
+            E::SubscriberMode(name) => format!("ERR Can't execute '{name}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context"),
             E::NoAuth => return "NOAUTH Authentication required.".into(),
             E::HelloNoAuth => return "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time".into(),
             E::WrongPass => {
@@ -373,6 +379,7 @@ impl CmdError {
                 format!("NOPERM this user has no permissions to run the '{name}' command")
             }
             E::NoPermKey => return "NOPERM this user has no permissions to access one of the keys used as arguments".into(),
+            E::NoPermChannel => return "NOPERM this user has no permissions to access one of the channels used as arguments".into(),
             E::Acl(text) => format!("ERR {text}"),
             E::AclBadUsername => {
                 return "ERR Usernames can't contain spaces or null characters".into()

@@ -452,7 +452,9 @@ fn search_cmd(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], form: Form) -> R {
         let Some(head) = head else {
             return Ok(match storekey {
                 Some(k) => {
-                    ctx.ks.delete(&skey(db, &k), ctx.now)?;
+                    if ctx.ks.delete(&skey(db, &k), ctx.now)? {
+                        crate::notify::event(ctx, crate::notify::GENERIC, "del", db, &k);
+                    }
                     Outcome::Stored(0)
                 }
                 None => Outcome::Found {
@@ -528,8 +530,14 @@ fn search_cmd(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], form: Form) -> R {
             .collect();
         entries.sort_by(|x, y| x.cmp_key(y.score, &y.bytes));
         entries.dedup_by(|x, y| x.bytes == y.bytes);
-        let n = zsets::store(ctx, &skey(db, &k), entries)?;
-        Ok(Outcome::Stored(n))
+        let r = zsets::store(ctx, &skey(db, &k), entries)?;
+        let name = if form.search() {
+            "geosearchstore"
+        } else {
+            "georadiusstore"
+        };
+        zsets::store_events(ctx, db, &k, name, r);
+        Ok(Outcome::Stored(r.0))
     })?;
     match outcome {
         Outcome::Stored(n) => c.int(n as i64),

@@ -4,8 +4,8 @@
 //! replication all read it; a new command is a handler and one row here.
 
 use super::{
-    acl, admin, bits, conn, dump, geo, hashes, hll, keys, lcs, lists, multi, sets, sort, streams,
-    strings, zsets, Handler,
+    acl, admin, bits, conn, dump, geo, hashes, hll, keys, lcs, lists, multi, pubsub, sets, sort,
+    streams, strings, zsets, Handler,
 };
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -515,6 +515,16 @@ pub static TABLE: &[Spec] = &[
     spec!("persist", 2, [WRITE, FAST], [KEYSPACE], (1, 1, 1), "generic", "2.2.0", "Removes the expiration time of a key.", keys::persist),
     spec!("touch", -2, [READONLY, FAST], [KEYSPACE], (1, -1, 1), "generic", "3.2.1", "Returns the number of existing keys out of those specified after updating the time they were last accessed.", keys::touch),
     spec!("object", -2, [], [], (0, 0, 0), "generic", "2.2.3", "A container for object introspection commands.", keys::object),
+    // pubsub (the shard commands' channels are not keys: no key positions)
+    spec!("subscribe", -2, [PUBSUB, NOSCRIPT, LOADING, STALE], [], (0, 0, 0), "pubsub", "2.0.0", "Listens for messages published to channels.", pubsub::subscribe),
+    spec!("unsubscribe", -1, [PUBSUB, NOSCRIPT, LOADING, STALE], [], (0, 0, 0), "pubsub", "2.0.0", "Stops listening to messages posted to channels.", pubsub::unsubscribe),
+    spec!("psubscribe", -2, [PUBSUB, NOSCRIPT, LOADING, STALE], [], (0, 0, 0), "pubsub", "2.0.0", "Listens for messages published to channels that match one or more patterns.", pubsub::psubscribe),
+    spec!("punsubscribe", -1, [PUBSUB, NOSCRIPT, LOADING, STALE], [], (0, 0, 0), "pubsub", "2.0.0", "Stops listening to messages published to channels that match one or more patterns.", pubsub::punsubscribe),
+    spec!("ssubscribe", -2, [PUBSUB, NOSCRIPT, LOADING, STALE], [], (0, 0, 0), "pubsub", "7.0.0", "Listens for messages published to shard channels.", pubsub::ssubscribe),
+    spec!("sunsubscribe", -1, [PUBSUB, NOSCRIPT, LOADING, STALE], [], (0, 0, 0), "pubsub", "7.0.0", "Stops listening to messages posted to shard channels.", pubsub::sunsubscribe),
+    spec!("publish", 3, [PUBSUB, LOADING, STALE, FAST, MAY_REPLICATE], [], (0, 0, 0), "pubsub", "2.0.0", "Posts a message to a channel.", pubsub::publish),
+    spec!("spublish", 3, [PUBSUB, LOADING, STALE, FAST, MAY_REPLICATE], [], (0, 0, 0), "pubsub", "7.0.0", "Post a message to a shard channel", pubsub::spublish),
+    spec!("pubsub", -2, [], [], (0, 0, 0), "pubsub", "2.8.0", "A container for Pub/Sub commands.", pubsub::pubsub),
     // server
     spec!("memory", -2, [], [], (0, 0, 0), "server", "4.0.0", "A container for memory diagnostics commands.", keys::memory),
     spec!("info", -1, [LOADING, STALE], [DANGEROUS], (0, 0, 0), "server", "1.0.0", "Returns information and statistics about the server.", admin::info),
@@ -595,6 +605,12 @@ pub static SUBCOMMANDS: &[SubSpec] = &[
     sub!("client", "trackinginfo", 2, [NOSCRIPT, LOADING, STALE], [CONNECTION]),
     sub!("client", "unblock", -3, [ADMIN, NOSCRIPT, LOADING, STALE], [CONNECTION]),
     sub!("client", "unpause", 2, [ADMIN, NOSCRIPT, LOADING, STALE], [CONNECTION]),
+    sub!("pubsub", "channels", -2, [PUBSUB, LOADING, STALE], []),
+    sub!("pubsub", "help", 2, [LOADING, STALE], []),
+    sub!("pubsub", "numpat", 2, [PUBSUB, LOADING, STALE], []),
+    sub!("pubsub", "numsub", -2, [PUBSUB, LOADING, STALE], []),
+    sub!("pubsub", "shardchannels", -2, [PUBSUB, LOADING, STALE], []),
+    sub!("pubsub", "shardnumsub", -2, [PUBSUB, LOADING, STALE], []),
     sub!("memory", "doctor", 2, [], []),
     sub!("memory", "help", 2, [LOADING, STALE], []),
     sub!("memory", "malloc-stats", 2, [], []),

@@ -52,8 +52,8 @@ pub fn needs_all(name: &str) -> bool {
 /// which are applied as one batch when it returns; clients blocked on keys
 /// it wrote are woken after. When a command escaped the declared keys,
 /// `body` runs again under [`Locks::All`] after its staged writes and its
-/// replies (everything appended to `c.out` since the unit began) are
-/// dropped and the client's database is set back. A failure to apply the
+/// replies (everything appended to `c.out` since the unit began) and its
+/// keyspace events are dropped and the client's database is set back. A failure to apply the
 /// batch (a full heap) is the unit's error and applies nothing.
 pub fn run(
     ctx: &mut Ctx,
@@ -70,6 +70,9 @@ pub fn run(
     let sh = ctx.sh;
     let mark = c.out.len();
     let db = c.db;
+    // Keyspace events the unit's commands leave for the end of the command
+    // (`notify`): a run that escapes drops its own.
+    let (events, expired) = (ctx.ks.events.len(), ctx.ks.expired_log.len());
     let mut locks = locks;
     loop {
         let all = matches!(locks, Locks::All);
@@ -92,6 +95,8 @@ pub fn run(
         let unit = ctx.ks.end_unit();
         if unit.is_some_and(|u| u.escaped) && !all {
             ctx.ks.discard_staged();
+            ctx.ks.events.truncate(events);
+            ctx.ks.expired_log.truncate(expired);
             c.out.truncate(mark);
             if c.db != db {
                 c.db = db;
