@@ -82,13 +82,13 @@ pub fn setbit(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     if on & !1 != 0 {
         return Err(CmdError::BitValue);
     }
-    let old = rewrite(ctx, c, &a[1], |cur| {
+    let (old, wrote) = rewrite(ctx, c, &a[1], |cur| {
         let byte = (off >> 3) as usize;
         let mask = 1u8 << (7 - (off & 7));
         let old = cur.and_then(|v| v.get(byte)).is_some_and(|b| b & mask != 0);
         let grows = cur.is_none_or(|v| v.len() <= byte);
         if !grows && old == (on == 1) {
-            return Ok((None, old));
+            return Ok((None, (old, false)));
         }
         let mut v = grown(cur, off >> 3);
         if on == 1 {
@@ -96,8 +96,12 @@ pub fn setbit(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         } else {
             v[byte] &= !mask;
         }
-        Ok((Some(v), old))
+        Ok((Some(v), (old, true)))
     })?;
+    // Redis publishes `setbit` when the key was created, grew or changed.
+    if wrote {
+        crate::notify::event(ctx, crate::notify::STRING, "setbit", c.db, &a[1]);
+    }
     c.int(i64::from(old));
     Ok(())
 }
@@ -367,7 +371,9 @@ pub fn bitop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         }
         let max = vals.iter().map(|v| v.len()).max().unwrap_or(0);
         if max == 0 {
-            ctx.ks.delete(&dest, ctx.now)?;
+            if ctx.ks.delete(&dest, ctx.now)? {
+                crate::notify::event(ctx, crate::notify::GENERIC, "del", c.db, &a[2]);
+            }
             return Ok(0);
         }
         let mut res = vals[0].clone();
@@ -388,6 +394,7 @@ pub fn bitop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             }
         }
         super::strings::store(ctx, &dest, None, &res)?;
+        crate::notify::event(ctx, crate::notify::STRING, "set", c.db, &a[2]);
         Ok(max)
     })?;
     c.int(len as i64);
@@ -672,6 +679,14 @@ fn bitfield_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], ro: bool) -> R
         let changed = cur != Some(v.as_slice());
         Ok((changed.then_some(v), ()))
     })?;
+    // Redis's `changes`: the SETs and INCRBYs that did not fail on overflow.
+    if fields
+        .iter()
+        .zip(&out)
+        .any(|(f, o)| f.op != FieldOp::Get && o.is_some())
+    {
+        crate::notify::event(ctx, crate::notify::STRING, "setbit", c.db, &a[1]);
+    }
     reply_fields(c, &out);
     Ok(())
 }

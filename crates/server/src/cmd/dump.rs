@@ -209,6 +209,7 @@ pub fn restore(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         if replace && exists {
             unit::internal(ctx, c, &[b"DEL", &key])?;
         }
+        let db = c.db;
         let at = match ttl {
             0 => None,
             t if absttl => Some(t),
@@ -216,6 +217,9 @@ pub fn restore(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         };
         // Already expired: nothing is created (a replaced key is gone).
         if at.is_some_and(|t| t <= now) {
+            if replace && exists {
+                crate::notify::event(ctx, crate::notify::GENERIC, "del", db, &key);
+            }
             c.ok();
             return Ok(());
         }
@@ -223,6 +227,7 @@ pub fn restore(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         if let Some(t) = at {
             unit::internal(ctx, c, &[b"PEXPIREAT", &key, t.to_string().as_bytes()])?;
         }
+        crate::notify::event(ctx, crate::notify::GENERIC, "restore", db, &key);
         c.ok();
         Ok(())
     })

@@ -61,6 +61,9 @@ pub fn pfadd(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         }
         Ok(updated)
     })?;
+    if updated {
+        crate::notify::event(ctx, crate::notify::STRING, "pfadd", c.db, &a[1]);
+    }
     c.int(i64::from(updated));
     Ok(())
 }
@@ -127,6 +130,7 @@ pub fn pfmerge(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         ctx.ks.put(&sks[0], KIND_STRING, expire, &v);
         Ok(())
     })?;
+    crate::notify::event(ctx, crate::notify::STRING, "pfadd", c.db, &a[1]);
     c.ok();
     Ok(())
 }

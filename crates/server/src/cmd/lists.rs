@@ -172,16 +172,16 @@ pub(crate) fn items(ctx: &mut Ctx, sk: &[u8]) -> Result<Option<Vec<Vec<u8>>>, Cm
 /// Stages `items` as the new list at `dst`, replacing whatever it held
 /// (SORT ... STORE); no items deletes `dst`. One batch with the command's
 /// other writes.
-pub(crate) fn store(ctx: &mut Ctx, dst: &[u8], items: Vec<Vec<u8>>) -> Result<(), CmdError> {
-    ctx.ks.delete(dst, ctx.now)?;
+pub(crate) fn store(ctx: &mut Ctx, dst: &[u8], items: Vec<Vec<u8>>) -> Result<bool, CmdError> {
+    let existed = ctx.ks.delete(dst, ctx.now)?;
     if items.is_empty() {
-        return Ok(());
+        return Ok(existed);
     }
     let mut l = new_list();
     l.head = ListHead::Inline(items.into_iter().map(|b| Entry::new(0.0, b)).collect());
     grow(ctx, &mut l.head)?;
     save(ctx, dst, &l);
-    Ok(())
+    Ok(existed)
 }
 
 /// Redis's range normalisation (LRANGE, LTRIM): negative indexes count

@@ -418,7 +418,12 @@ fn run(
     let n = values.len() as i64;
     // A missing GET value is stored as an empty string.
     let list = values.into_iter().map(Option::unwrap_or_default).collect();
-    lists::store(ctx, &skey(db, dst), list)?;
+    let existed = lists::store(ctx, &skey(db, dst), list)?;
+    if n > 0 {
+        crate::notify::event(ctx, crate::notify::LIST, "sortstore", db, dst);
+    } else if existed {
+        crate::notify::event(ctx, crate::notify::GENERIC, "del", db, dst);
+    }
     Ok(Ok(Output::Stored(n)))
 }
 

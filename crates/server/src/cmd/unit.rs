@@ -184,8 +184,8 @@ pub fn call(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
 
 /// Runs a request that a command builds for itself inside its unit (RESTORE
 /// filling a key, DUMP reading one) and returns its reply, which is not
-/// written to the client: no ACL check (the command itself was checked)
-/// and no statistics (the client did not send it).
+/// written to the client: no ACL check (the command itself was checked),
+/// no statistics (the client did not send it) and no keyspace events.
 pub fn internal(
     ctx: &mut Ctx,
     c: &mut Client,
@@ -201,9 +201,13 @@ pub fn internal(
     }
     let mark = c.out.len();
     let resp = c.resp;
+    // Its keyspace events are not the command's (RESTORE publishes
+    // `restore`, not the `rpush` that built the list).
+    let events = ctx.ks.events.len();
     c.resp = proto::Version::Resp2;
     run_spec(ctx, c, spec, &args);
     c.resp = resp;
+    ctx.ks.events.truncate(events);
     let r = proto::reply::parse_reply(&c.out[mark..]);
     c.out.truncate(mark);
     match r {
