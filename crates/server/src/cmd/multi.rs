@@ -119,8 +119,9 @@ pub fn unwatch(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
 
 /// The locks an EXEC of `cmds` takes (database `db` at its start): the
 /// stripes of every key the queued commands name and of the watched keys;
-/// every stripe when one of them needs every lock or changes the database
-/// (SELECT, MOVE, COPY ... DB: their keys are in another database).
+/// every stripe when one of them needs every lock, changes the database
+/// (SELECT, MOVE, COPY ... DB: their keys are in another database) or
+/// reads keys its arguments do not name (SORT).
 fn exec_locks(cmds: &[Vec<Vec<u8>>], db: u8, watched: &[Vec<u8>]) -> Locks {
     let mut keys: HashSet<Vec<u8>> = watched.iter().cloned().collect();
     for args in cmds {
@@ -128,7 +129,12 @@ fn exec_locks(cmds: &[Vec<Vec<u8>>], db: u8, watched: &[Vec<u8>]) -> Locks {
             continue;
         };
         let spec = &TABLE[i];
-        if unit::needs_all(spec.name) || matches!(spec.name, "select" | "move" | "copy") {
+        // SORT's BY and GET keys are in its data: a rerun after the escape
+        // would publish a queued PUBLISH twice, so such a queue locks all
+        // from the start.
+        if unit::needs_all(spec.name)
+            || matches!(spec.name, "select" | "move" | "copy" | "sort" | "sort_ro")
+        {
             return Locks::All;
         }
         // A container's keys are its subcommand's (XGROUP CREATE's key).
