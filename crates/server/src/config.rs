@@ -345,6 +345,10 @@ pub struct Config {
     pub tcp_backlog: u32,
     /// Microseconds a worker polls without sleeping after finding work.
     pub busy_poll_us: u64,
+    /// Milliseconds a script or function runs before other clients are
+    /// answered `-BUSY` and SCRIPT KILL / FUNCTION KILL may stop it
+    /// (`busy-reply-threshold`, alias `lua-time-limit`; 0 = never).
+    pub busy_reply_threshold: u64,
     /// Seconds a shutdown waits for the workers before the process exits
     /// without the clean steps.
     pub shutdown_worker_timeout: u64,
@@ -394,6 +398,7 @@ impl Default for Config {
             log_size: 32 * MB,
             fence_ns: 0,
             busy_poll_us: 50,
+            busy_reply_threshold: 5000,
             tcp_backlog: 511,
             shutdown_worker_timeout: 5,
             enable_debug_command: Protected::No,
@@ -519,6 +524,8 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("fence-ns", false),
     ("tcp-backlog", false),
     ("busy-poll-us", true),
+    ("busy-reply-threshold", true),
+    ("lua-time-limit", true),
     ("shutdown-worker-timeout", true),
     ("enable-debug-command", false),
     ("tls-port", false),
@@ -640,6 +647,9 @@ impl Config {
             }
             "timeout" => self.timeout = parse_u64(one()?)?,
             "hz" => self.hz = parse_u64(one()?)?.clamp(1, 500),
+            "busy-reply-threshold" | "lua-time-limit" => {
+                self.busy_reply_threshold = parse_u64(one()?)?
+            }
             "protected-mode" => self.protected_mode = parse_bool(one()?)?,
             "databases" => {
                 let n = parse_u64(one()?)?;
@@ -912,6 +922,7 @@ impl Config {
             "maxclients" => self.maxclients.to_string(),
             "timeout" => self.timeout.to_string(),
             "hz" => self.hz.to_string(),
+            "busy-reply-threshold" | "lua-time-limit" => self.busy_reply_threshold.to_string(),
             "protected-mode" => if self.protected_mode { "yes" } else { "no" }.into(),
             "databases" => self.databases.to_string(),
             "proto-max-bulk-len" => self.proto_max_bulk_len.to_string(),

@@ -53,6 +53,7 @@ pub mod housekeep;
 #[allow(unsafe_code)]
 pub mod info;
 pub mod keyspace;
+pub mod lua;
 pub mod metrics;
 #[allow(unsafe_code)]
 mod rlimit;

@@ -53,6 +53,9 @@ pub struct Shared {
     pub blocking: crate::blocking::Blocking,
     /// ACL users and ACL LOG (see [`crate::acl`]).
     pub acl: crate::acl::Acl,
+    /// Scripts, function libraries and the running script (see
+    /// [`crate::lua`]).
+    pub scripting: crate::lua::Scripting,
     pub next_client_id: AtomicU64,
     pub connected: AtomicU64,
     pub stats: Stats,
@@ -100,6 +103,7 @@ impl Shared {
             clients: Mutex::new(BTreeMap::new()),
             blocking: crate::blocking::Blocking::new(workers),
             acl,
+            scripting: crate::lua::Scripting::default(),
             next_client_id: AtomicU64::new(1),
             connected: AtomicU64::new(0),
             stats: Stats::new(workers),
@@ -108,6 +112,8 @@ impl Shared {
             tcp_port,
         };
         crate::cmd::finish_flushes(&sh).map_err(|e| format!("cannot finish a flush: {e:?}"))?;
+        crate::lua::load_functions(&sh)
+            .map_err(|e| format!("cannot load the function libraries: {e}"))?;
         Ok(sh)
     }
 

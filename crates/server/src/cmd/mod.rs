@@ -9,6 +9,7 @@ mod hashes;
 mod keys;
 mod lists;
 mod maps;
+mod scripting;
 mod sets;
 mod strings;
 mod table;
@@ -180,6 +181,13 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
             c.err(&e.text());
             return;
         }
+    }
+    // A script running past busy-reply-threshold: only the commands
+    // allowed then run (SCRIPT KILL, FUNCTION KILL, FUNCTION STATS...).
+    if let Some(e) = crate::lua::busy_error(ctx.sh, spec, args) {
+        ctx.ws.cmds[i].rejected.add(1);
+        c.err(e);
+        return;
     }
     let mark = c.out.len();
     let r = (spec.run)(ctx, c, args);
