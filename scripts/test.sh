@@ -32,6 +32,15 @@ if ! need redis-server || ! need redis-cli; then
   fi
 fi
 
+# Client-library tests drive ember with redis-py (python3-redis).
+if need python3 && ! python3 -c 'import redis' >/dev/null 2>&1; then
+  echo "== installing redis-py (client-library tests)"
+  python3 -m pip install -q redis >/dev/null 2>&1 \
+    || { if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-redis >/dev/null; } \
+    || echo "test.sh: redis-py could not be installed; its test parts are skipped" >&2
+fi
+
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 

@@ -128,6 +128,19 @@ pub fn timeout_arg(a: &[u8]) -> Result<u64, CmdError> {
     Ok(ms as u64)
 }
 
+/// The reply of a blocking request that may not block (in a transaction or
+/// a script) and finds nothing: a null for BLMOVE and BRPOPLPUSH (the
+/// commands that also write a destination), a null array for the pops, as
+/// Redis replies (a request that waited and timed out gets a null array
+/// whichever it is).
+fn deny_reply(c: &mut Client, moves: bool) {
+    if moves {
+        c.null();
+    } else {
+        c.reply(&Reply::NullArray);
+    }
+}
+
 /// Runs a blocking request: served at once when one of its keys (in their
 /// order) has data, WRONGTYPE when one before it holds another type;
 /// otherwise the client waits (see the module's documentation). A client
@@ -136,8 +149,8 @@ pub fn wait(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], w: Wait) -> R {
     if try_keys(ctx, c, a, &w.keys, &w.also_lock, w.serve)? {
         return Ok(());
     }
-    let Some((worker, token)) = c.home else {
-        c.reply(&Reply::NullArray);
+    let Some((worker, token)) = c.home.filter(|_| !c.deny_blocking) else {
+        deny_reply(c, !w.also_lock.is_empty());
         return Ok(());
     };
     c.block_seq += 1;

@@ -36,6 +36,9 @@ pub struct ClientMeta {
     pub last_cmd: AtomicU64,
     /// Blocked in a blocking command (CLIENT LIST flag `b`).
     pub blocked: AtomicBool,
+    /// In MULTI: 1 + the commands queued (CLIENT LIST flag `x`, `multi=`);
+    /// 0 outside a transaction.
+    pub multi: AtomicU64,
 }
 
 impl ClientMeta {
@@ -56,6 +59,7 @@ impl ClientMeta {
             last_ms: AtomicU64::new(0),
             last_cmd: AtomicU64::new(0),
             blocked: AtomicBool::new(false),
+            multi: AtomicU64::new(0),
         }
     }
 }
@@ -76,8 +80,19 @@ impl ClientMeta {
             0 => "NULL".to_string(),
             i => crate::acl::cmd_name(i as usize - 1).to_string(),
         };
+        let multi = self.multi.load(Ordering::Relaxed) as i64 - 1;
+        let mut flags = String::new();
+        if multi >= 0 {
+            flags.push('x');
+        }
+        if self.blocked.load(Ordering::Relaxed) {
+            flags.push('b');
+        }
+        if flags.is_empty() {
+            flags.push('N');
+        }
         format!(
-            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub=0 psub=0 ssub=0 multi={} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -85,12 +100,9 @@ impl ClientMeta {
             self.name.lock().unwrap_or_else(|p| p.into_inner()),
             age_ms / 1000,
             idle,
-            if self.blocked.load(Ordering::Relaxed) {
-                "b"
-            } else {
-                "N"
-            },
+            flags,
             self.db.load(Ordering::Relaxed),
+            multi,
             cmd,
             self.user.lock().unwrap_or_else(|p| p.into_inner()),
             self.resp.load(Ordering::Relaxed),
@@ -150,6 +162,23 @@ pub struct Client {
     pub(crate) blocked: Option<Box<crate::blocking::Blocked>>,
     /// How many times it blocked (numbers its waits, see `blocking`).
     pub(crate) block_seq: u64,
+    /// In MULTI: the queued transaction (see `cmd::multi`).
+    pub multi: Option<Multi>,
+    /// Keys it WATCHes.
+    pub watching: crate::watch::Watching,
+    /// Blocking commands answer at once (inside EXEC or a script).
+    pub deny_blocking: bool,
+}
+
+/// A transaction being queued (MULTI until EXEC or DISCARD).
+#[derive(Default)]
+pub struct Multi {
+    /// The queued requests.
+    pub cmds: Vec<Vec<Vec<u8>>>,
+    /// A request was refused while queueing: EXEC fails with EXECABORT.
+    pub dirty: bool,
+    /// Bytes of the queued arguments (bounded like the query buffer).
+    pub bytes: usize,
 }
 
 impl Client {
@@ -185,6 +214,9 @@ impl Client {
             home: None,
             blocked: None,
             block_seq: 0,
+            multi: None,
+            watching: Default::default(),
+            deny_blocking: false,
         }
     }
 }

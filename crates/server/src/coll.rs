@@ -38,6 +38,8 @@ fn store_err(e: KsError) -> engine::Error {
     match e {
         KsError::Store(e) => e,
         KsError::Corrupt => engine::Error::Corrupt("a collection's piece".into()),
+        // Pieces are internal keys, which a unit never refuses.
+        KsError::Undeclared => engine::Error::Corrupt("a piece outside its unit".into()),
     }
 }
 

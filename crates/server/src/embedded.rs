@@ -58,7 +58,8 @@ impl Embedded {
     /// [`Client`] owns one).
     pub fn new(sh: Arc<Shared>, id: usize) -> Result<Embedded, String> {
         let sess = sh.store.session().map_err(|e| e.to_string())?;
-        let ks = Keyspace::new(sess, sh.counts.clone(), id, sh.hk.clone());
+        let mut ks = Keyspace::new(sess, sh.counts.clone(), id, sh.hk.clone());
+        ks.set_watches(sh.watches.clone());
         let ws = sh.stats.workers[id].clone();
         let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
         let addr = l.local_addr().map_err(|e| e.to_string())?;

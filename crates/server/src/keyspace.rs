@@ -143,6 +143,9 @@ pub fn type_name(kind: u8) -> &'static str {
 pub enum KsError {
     /// A value in the heap that this version cannot read.
     Corrupt,
+    /// A command inside a unit (`cmd::unit`) touched a key whose lock the
+    /// unit does not hold: the unit runs again with every lock.
+    Undeclared,
     Store(engine::Error),
 }
 
@@ -188,6 +191,17 @@ impl Stripes {
         ix.into_iter()
             .map(|i| self.locks[i].lock().unwrap_or_else(|p| p.into_inner()))
             .collect()
+    }
+
+    /// Locks every stripe, in index order (a transaction or script that
+    /// touches keys it cannot name in advance).
+    pub fn lock_all(&self) -> StripeGuard<'_> {
+        StripeGuard::Many(
+            self.locks
+                .iter()
+                .map(|l| l.lock().unwrap_or_else(|p| p.into_inner()))
+                .collect(),
+        )
     }
 
     /// Locks the stripes of `skeys`: [`Self::lock`] for one key (no
@@ -275,6 +289,25 @@ pub struct Keyspace {
     shard: usize,
     /// The TTL index and the lazy-free queue, which applied writes feed.
     hk: Arc<crate::housekeep::Housekeeping>,
+    /// The unit of several commands running (a transaction's EXEC, a
+    /// script): see [`Unit`].
+    unit: Option<Unit>,
+    /// Watched keys (WATCH), which applied writes touch.
+    watches: Arc<crate::watch::Watches>,
+}
+
+/// A unit of several commands in progress (`cmd::unit`): its stripe locks
+/// are held by its runner, so the commands inside take none; while `hold`
+/// is set, [`Keyspace::apply`] keeps every write staged, so that the unit's
+/// writes are applied as one batch when it ends. A command inside that
+/// touches a database key outside `keys` (unless `all`) marks the unit
+/// `escaped`: its runner drops what it staged and runs it again with every
+/// stripe locked.
+pub struct Unit {
+    pub all: bool,
+    pub keys: std::collections::HashSet<Vec<u8>>,
+    pub hold: bool,
+    pub escaped: bool,
 }
 
 /// A live value found by [`Keyspace::get`] or [`Keyspace::lookup_locked`]; the payload is
@@ -300,7 +333,92 @@ impl Keyspace {
             counts,
             shard,
             hk,
+            unit: None,
+            watches: Arc::default(),
         }
+    }
+
+    /// Makes applied writes touch the server's watched keys (a worker's
+    /// keyspace; others have a registry of their own that nobody watches).
+    pub fn set_watches(&mut self, w: Arc<crate::watch::Watches>) {
+        self.watches = w;
+    }
+
+    /// Begins a unit (see [`Unit`]); its runner holds the locks.
+    pub fn begin_unit(&mut self, all: bool, keys: std::collections::HashSet<Vec<u8>>) {
+        self.unit = Some(Unit {
+            all,
+            keys,
+            hold: true,
+            escaped: false,
+        });
+    }
+
+    /// Ends the unit: its writes are still staged (the runner applies them,
+    /// or drops them with [`Self::discard_staged`]).
+    pub fn end_unit(&mut self) -> Option<Unit> {
+        self.unit.take()
+    }
+
+    /// The running unit, if any.
+    pub fn unit(&self) -> Option<&Unit> {
+        self.unit.as_ref()
+    }
+
+    /// Whether a unit runs (its runner holds the locks).
+    pub fn in_unit(&self) -> bool {
+        self.unit.is_some()
+    }
+
+    /// Sets whether the running unit keeps its writes staged (a command that
+    /// needs the store's applied view, such as FLUSHDB, runs with it off).
+    pub fn set_hold(&mut self, hold: bool) {
+        if let Some(u) = &mut self.unit {
+            u.hold = hold;
+        }
+    }
+
+    /// Whether a command may touch store key `skey`: always outside a unit;
+    /// inside one, when its runner holds the key's lock (an internal key is
+    /// its collection's, whose key was checked). Otherwise the unit is
+    /// marked escaped.
+    pub fn may_touch(&mut self, skey: &[u8]) -> bool {
+        let Some(u) = &mut self.unit else {
+            return true;
+        };
+        if u.all || skey.first() == Some(&PIECE_PREFIX) || u.keys.contains(skey) {
+            return true;
+        }
+        u.escaped = true;
+        false
+    }
+
+    /// Marks the running unit escaped (a command in it needs every lock).
+    pub fn escape(&mut self) {
+        if let Some(u) = &mut self.unit {
+            u.escaped = !u.all;
+        }
+    }
+
+    /// Drops every staged write (a unit run again after it escaped).
+    pub fn discard_staged(&mut self) {
+        self.staged.clear();
+        self.pieces.clear();
+        self.before.clear();
+    }
+
+    /// The database keys the staged writes touch (to wake blocked clients
+    /// after a unit).
+    pub fn staged_keys(&self) -> Vec<Vec<u8>> {
+        let mut v: Vec<Vec<u8>> = self
+            .staged
+            .iter()
+            .filter(|(k, _)| k.first() != Some(&PIECE_PREFIX))
+            .map(|(k, _)| k.to_vec())
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// Every write to the store goes through here: applies the staged batch
@@ -311,6 +429,9 @@ impl Keyspace {
     /// `volatile` store keeps the operations before the failing one (counted
     /// here from the outcomes it returned), and the rest are dropped.
     pub fn apply(&mut self) -> KsResult<()> {
+        if self.unit.as_ref().is_some_and(|u| u.hold) {
+            return Ok(());
+        }
         for (k, v) in self.pieces.drain() {
             match v {
                 PieceWrite::Whole(Some(b)) => {
@@ -384,6 +505,13 @@ impl Keyspace {
             );
         }
         drop(guard);
+        if r.is_ok() && self.watches.active() {
+            for (skey, op) in self.staged.iter() {
+                if skey.first() != Some(&PIECE_PREFIX) {
+                    self.watches.touch(skey, matches!(op, Op::Remove));
+                }
+            }
+        }
         self.staged.clear();
         self.before.clear();
         r?;
@@ -440,6 +568,7 @@ impl Keyspace {
     }
 
     fn stage_remove(&mut self, skey: &[u8], before: bool) {
+        self.may_touch(skey);
         self.staged.remove(skey);
         self.before.push(Some(before));
     }
@@ -523,6 +652,7 @@ impl Keyspace {
 
     /// Stages a raw store value (RENAME's move; stripe lock held).
     pub fn put_raw(&mut self, skey: &[u8], raw: &[u8]) {
+        self.may_touch(skey);
         self.staged.put(skey, raw);
         self.before.push(None);
     }
@@ -543,6 +673,9 @@ impl Keyspace {
     /// left it; an expired key is absent, and `.1` says it was found expired
     /// (the caller deletes it).
     pub fn lookup_raw(&mut self, skey: &[u8], now: i64) -> KsResult<(Found, bool)> {
+        if self.unit.is_some() && !self.may_touch(skey) {
+            return Err(KsError::Undeclared);
+        }
         match self.staged.newest(skey) {
             Some(Op::Put(v)) => {
                 self.raw.clear();
@@ -579,6 +712,10 @@ impl Keyspace {
 
     fn get_sk(&mut self, stripes: &Stripes, sk: &[u8], now: i64) -> KsResult<Found> {
         let (f, expired) = self.lookup_raw(sk, now)?;
+        if expired && self.in_unit() {
+            // The unit's runner holds the key's lock.
+            return self.lookup_locked(sk, now);
+        }
         if expired {
             let _g = stripes.lock(sk);
             return self.lookup_expiring(sk, now);
@@ -634,6 +771,9 @@ impl Keyspace {
 
     /// Stages a value (stripe lock held by the caller).
     pub fn put(&mut self, skey: &[u8], kind: u8, expire: Option<i64>, payload: &[u8]) {
+        if self.unit.is_some() {
+            self.may_touch(skey);
+        }
         self.staged
             .put_with(skey, payload.len() + VALUE_OVERHEAD, |out| {
                 encode_into(kind, expire, payload, out)

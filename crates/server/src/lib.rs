@@ -61,6 +61,7 @@ pub mod server;
 pub mod stats;
 pub mod store;
 pub mod tls;
+pub mod watch;
 mod worker;
 
 pub use config::{Config, ServeArgs};

@@ -51,6 +51,8 @@ pub struct Shared {
     pub clients: Mutex<BTreeMap<u64, Arc<ClientMeta>>>,
     /// Clients blocked in BLPOP and the like, by key (see [`crate::blocking`]).
     pub blocking: crate::blocking::Blocking,
+    /// Keys clients WATCH (see [`crate::watch`]).
+    pub watches: Arc<crate::watch::Watches>,
     /// ACL users and ACL LOG (see [`crate::acl`]).
     pub acl: crate::acl::Acl,
     /// Scripts, function libraries and the running script (see
@@ -102,6 +104,7 @@ impl Shared {
             wakers: Mutex::new(Vec::new()),
             clients: Mutex::new(BTreeMap::new()),
             blocking: crate::blocking::Blocking::new(workers),
+            watches: Arc::default(),
             acl,
             scripting: crate::lua::Scripting::default(),
             next_client_id: AtomicU64::new(1),
@@ -238,6 +241,8 @@ pub fn run(cfg: Config) -> Result<(), String> {
                 let pipeline_commits = sh2.cfg().commit_pipeline;
                 let counts = sh2.counts.clone();
                 let hk = sh2.hk.clone();
+                let mut ks = Keyspace::new(sess, counts, id, hk);
+                ks.set_watches(sh2.watches.clone());
                 Worker {
                     id,
                     sh: sh2,
@@ -245,7 +250,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     rx,
                     clients: HashMap::new(),
                     next_token: 0,
-                    ks: Keyspace::new(sess, counts, id, hk),
+                    ks,
                     ws,
                     settings,
                     expire_cursor: 0,

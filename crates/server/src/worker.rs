@@ -863,6 +863,7 @@ impl Worker {
     fn drop_client(&mut self, t: Token) {
         if let Some(mut c) = self.clients.remove(&t) {
             self.forget_blocked(&mut c, t);
+            self.sh.watches.unwatch_all(c.id, &mut c.watching);
             if !c.kill {
                 c.sock.close_notify();
             }

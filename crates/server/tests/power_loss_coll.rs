@@ -17,6 +17,9 @@
 //! - RPUSH of a sequence keeps a prefix of it in order, and HINCRBY and
 //!   ZINCRBY counters hold every acknowledged increment and none that was
 //!   never started.
+//! - a transaction (`MULTI; INCR t; RPUSH lt x; HINCRBY ht n 1; ZINCRBY zt
+//!   1 n; SADD st <i>; EXEC`, the list and the set large, so pieced) is one
+//!   unit: the five counts agree, between acknowledged and started.
 //!
 //! `EMBER_POWER_LOSS_SEED` sets the first seed; failures name their seed.
 
@@ -125,6 +128,16 @@ fn create(path: &Path) {
         &["ZINTERSTORE", "zu", "2", "zs", "zs", "WEIGHTS", "1", "0"],
     );
     assert_eq!(int(&r).unwrap(), ZSET_N as i64);
+    // The transaction's list and set start large (pieced).
+    let mut lt = vec!["RPUSH".to_string(), "lt".into()];
+    lt.extend((0..LIST_N).map(|i| format!("e{i}")));
+    let mut st = vec!["SADD".to_string(), "st".into()];
+    st.extend((0..SET_N).map(|i| format!("base{i}")));
+    for c in [lt, st] {
+        let refs: Vec<&str> = c.iter().map(|s| s.as_str()).collect();
+        let r = run(&mut e, &refs);
+        assert!(!r.starts_with(b"-"), "{}", String::from_utf8_lossy(&r));
+    }
     e.commit().unwrap();
     drop(e);
     Embedded::shutdown(sh).unwrap();
@@ -138,6 +151,8 @@ struct Counted {
     /// alike) and of each RPUSH of the sequence, in order.
     incr: Vec<(u64, u64)>,
     push: Vec<(u64, u64)>,
+    /// Of each transaction.
+    tx: Vec<(u64, u64)>,
 }
 
 fn workload(e: &mut Embedded, sim: &CrashSim, seed: u64) -> Counted {
@@ -147,9 +162,27 @@ fn workload(e: &mut Embedded, sim: &CrashSim, seed: u64) -> Counted {
     for _ in 0..BATCHES {
         let mut pending_incr = Vec::new();
         let mut pending_push = Vec::new();
+        let mut pending_tx = Vec::new();
         for _ in 0..rng.random_range(1..=MAX_BATCH) {
             let start = sim.tick();
-            match rng.random_range(0..7) {
+            match rng.random_range(0..8) {
+                7 => {
+                    let i = counted.tx.len() + pending_tx.len();
+                    assert_eq!(run(e, &["MULTI"]), b"+OK\r\n");
+                    for c in [
+                        vec!["INCR", "t"],
+                        vec!["RPUSH", "lt", "x"],
+                        vec!["HINCRBY", "ht", "n", "1"],
+                        vec!["ZINCRBY", "zt", "1", "n"],
+                    ] {
+                        assert_eq!(run(e, &c), b"+QUEUED\r\n");
+                    }
+                    let m = format!("tx{i}");
+                    assert_eq!(run(e, &["SADD", "st", &m]), b"+QUEUED\r\n");
+                    let r = run(e, &["EXEC"]);
+                    assert!(r.starts_with(b"*5\r\n"), "{}", String::from_utf8_lossy(&r));
+                    pending_tx.push(start);
+                }
                 0 => {
                     let (a, b) = if rng.random_bool(0.5) {
                         ("l1", "l2")
@@ -207,6 +240,7 @@ fn workload(e: &mut Embedded, sim: &CrashSim, seed: u64) -> Counted {
         counted
             .push
             .extend(pending_push.into_iter().map(|s| (s, ack)));
+        counted.tx.extend(pending_tx.into_iter().map(|s| (s, ack)));
     }
     counted
 }
@@ -296,6 +330,23 @@ fn check(e: &mut Embedded, img: &CrashImage, counted: &Counted) -> Result<(), St
         if v != &format!("p{i}") {
             return Err(format!("seq[{i}] = {v}"));
         }
+    }
+    // The transactions: all of each or none.
+    let t = num(&run(e, &["GET", "t"]))? as i64;
+    let lt = int(&run(e, &["LLEN", "lt"]))? - LIST_N as i64;
+    let ht = num(&run(e, &["HGET", "ht", "n"]))? as i64;
+    let zt = num(&run(e, &["ZSCORE", "zt", "n"]))? as i64;
+    let st = int(&run(e, &["SCARD", "st"]))? - SET_N as i64;
+    if [lt, ht, zt, st] != [t; 4] {
+        return Err(format!(
+            "transactions half applied: INCR {t}, RPUSH {lt}, HINCRBY {ht}, ZINCRBY {zt}, SADD {st}"
+        ));
+    }
+    let (acked, started) = bounds(&counted.tx);
+    if (t as usize) < acked || t as usize > started {
+        return Err(format!(
+            "transactions {t}: acknowledged {acked}, started {started}"
+        ));
     }
     Ok(())
 }

@@ -136,6 +136,7 @@ pub fn hello(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 }
 
 pub fn reset(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
+    super::multi::discard_transaction(ctx, c);
     c.db = 0;
     c.resp = Version::Resp2;
     c.set_user(&ctx.sh.acl, None);

@@ -169,6 +169,8 @@ pub enum CmdError {
     AclNoCommand(Vec<u8>),
     /// An error whose text (after `ERR `) only one command gives.
     Msg(&'static str),
+    /// EXEC of a transaction that a refused request made fail.
+    ExecAbort,
     /// ZUNION/ZINTER/ZDIFF(STORE)/ZINTERCARD with numkeys below 1 (the
     /// command's name, lower case).
     AtLeastOneKey(String),
@@ -328,6 +330,9 @@ impl CmdError {
                 return "ERR corrupt value in the heap (run `ember check`)".into()
             }
             E::Store(KsError::Store(e)) => return store_error_text(e),
+            E::Store(KsError::Undeclared) => {
+                return "ERR the command touched a key that the transaction or script did not declare".into()
+            }
             E::NoPermCommand(name) => {
                 format!("NOPERM this user has no permissions to run the '{name}' command")
             }
@@ -344,6 +349,9 @@ impl CmdError {
             E::AclNoUser(u) => format!("ERR User '{}' not found", lossy(until_nul(u))),
             E::AclNoCommand(c) => format!("ERR Command '{}' not found", lossy(until_nul(c))),
             E::Msg(text) => format!("ERR {text}"),
+            E::ExecAbort => {
+                return "EXECABORT Transaction discarded because of previous errors.".into()
+            }
             E::AtLeastOneKey(cmd) => {
                 format!("ERR at least 1 input key is needed for '{cmd}' command")
             }

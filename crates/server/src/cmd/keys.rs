@@ -178,7 +178,7 @@ pub fn dbsize(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
 }
 
 /// Serialises flushes: two at once could each find the other's marker gone.
-static FLUSHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+pub(crate) static FLUSHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Keys deleted per batch by a flush.
 const FLUSH_BATCH: usize = 64;
@@ -193,7 +193,9 @@ const FLUSH_BATCH: usize = 64;
 /// in between leaves those keys deleted: the one case where a flush is not
 /// all-or-nothing).
 fn flush_dbs(ctx: &mut Ctx, dbs: &[u8]) -> R {
-    let _f = FLUSHING.lock().unwrap_or_else(|p| p.into_inner());
+    // A transaction or script that flushes took FLUSHING and every stripe
+    // lock before it began (`cmd::unit`).
+    let _f = (!ctx.ks.in_unit()).then(|| FLUSHING.lock().unwrap_or_else(|p| p.into_inner()));
     let mut marked = false;
     let mut mark = |ks: &mut Keyspace| -> Result<(), KsError> {
         if marked {
@@ -245,7 +247,7 @@ fn delete_all(
         for chunk in page.chunks(FLUSH_BATCH) {
             before(ks)?;
             let refs: Vec<&[u8]> = chunk.iter().map(|k| k.as_slice()).collect();
-            let _g = sh.stripes.lock_many(&refs);
+            let _g = (!ks.in_unit()).then(|| sh.stripes.lock_many(&refs));
             let now = crate::keyspace::now_ms();
             for k in chunk {
                 ks.delete(k, now)?;

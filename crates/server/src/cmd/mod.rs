@@ -9,10 +9,12 @@ mod hashes;
 mod keys;
 mod lists;
 mod maps;
+mod multi;
 mod scripting;
 mod sets;
 mod strings;
 mod table;
+pub mod unit;
 mod zsets;
 
 pub use table::{
@@ -68,6 +70,18 @@ pub fn locked<T>(
     keys: &[&[u8]],
     f: impl FnOnce(&mut Ctx) -> Result<T, CmdError>,
 ) -> Result<T, CmdError> {
+    if ctx.ks.in_unit() {
+        // The unit's runner holds the locks of the keys it declared.
+        for k in keys {
+            if !ctx.ks.may_touch(k) {
+                return Err(crate::keyspace::KsError::Undeclared.into());
+            }
+        }
+        let r = f(ctx);
+        // Applies nothing while the unit holds its writes.
+        ctx.ks.apply()?;
+        return r;
+    }
     let sh = ctx.sh;
     let g = sh.stripes.lock_set(keys);
     let r = f(ctx);
@@ -132,7 +146,9 @@ pub fn unknown_subcommand(cmd: &'static str, sub: &[u8]) -> CmdError {
 
 /// Runs one request and appends its reply to the client's output. `clock`
 /// is when the previous command ended (or the batch began): the command's
-/// time is measured from it, and it is moved to this command's end.
+/// time is measured from it, and it is moved to this command's end. In a
+/// transaction (after MULTI) a request is checked and queued instead (see
+/// [`multi`]); a refused one makes its EXEC fail.
 pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stamp) {
     let t0 = *clock;
     let acl = &ctx.sh.acl;
@@ -145,13 +161,13 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
         return;
     }
     let Some(i) = lookup(&args[0]) else {
-        c.err(&CmdError::UnknownCommand(args.to_vec()).text());
+        multi::reject(c, &CmdError::UnknownCommand(args.to_vec()));
         return;
     };
     let spec = &TABLE[i];
     if !spec.arity_ok(args.len()) {
         ctx.ws.cmds[i].rejected.add(1);
-        c.err(&arity_error(spec.name).text());
+        multi::reject(c, &arity_error(spec.name));
         return;
     }
     // Redis's protected commands: refused before authentication.
@@ -159,12 +175,21 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
         && !ctx.sh.cfg().enable_debug_command.allows(c.meta.is_local())
     {
         ctx.ws.cmds[i].rejected.add(1);
-        c.err(&CmdError::DebugNotAllowed.text());
+        multi::reject(c, &CmdError::DebugNotAllowed);
         return;
     }
     if acl.auth_required(c.authed) && !spec.flags.contains(Flags::NO_AUTH) {
         ctx.ws.cmds[i].rejected.add(1);
-        c.err(&CmdError::NoAuth.text());
+        multi::reject(c, &CmdError::NoAuth);
+        return;
+    }
+    let queue = c.multi.is_some() && !multi::runs_in_multi(spec);
+    if queue && spec.flags.contains(Flags::NO_MULTI) {
+        ctx.ws.cmds[i].rejected.add(1);
+        multi::reject(
+            c,
+            &CmdError::Msg("Command not allowed inside a transaction"),
+        );
         return;
     }
     // CLIENT LIST names a container's subcommand (`client|list`), as Redis.
@@ -178,7 +203,7 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
     if !c.user.unrestricted() {
         if let Err(e) = acl_check(ctx, c, i, args) {
             ctx.ws.cmds[i].rejected.add(1);
-            c.err(&e.text());
+            multi::reject(c, &e);
             return;
         }
     }
@@ -186,16 +211,33 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
     // allowed then run (SCRIPT KILL, FUNCTION KILL, FUNCTION STATS...).
     if let Some(e) = crate::lua::busy_error(ctx.sh, spec, args) {
         ctx.ws.cmds[i].rejected.add(1);
-        c.err(e);
+        multi::reject(c, &CmdError::Script(e.into()));
         return;
     }
+    if queue {
+        multi::queue(ctx, c, args);
+        return;
+    }
+    let failed = run_spec(ctx, c, spec, args);
+    let t1 = Stamp::now();
+    *clock = t1;
+    ctx.ws.record(i, t1.micros_since(t0), failed);
+}
+
+/// Runs a checked request's handler and replaces a failed command's reply
+/// with its error; true when it failed.
+fn run_spec(ctx: &mut Ctx, c: &mut Client, spec: &Spec, args: &[Vec<u8>]) -> bool {
     let mark = c.out.len();
     let r = (spec.run)(ctx, c, args);
-    // Every write was applied under its command's locks (see `locked`). A
-    // handler that left writes staged is a bug the tests catch; a release
-    // build still applies them here rather than let the next command's
-    // reads see them.
-    debug_assert!(!ctx.ks.has_staged(), "{} left writes staged", spec.name);
+    // Every write was applied under its command's locks (see `locked`), or
+    // is held by the unit the command runs in. A handler that left writes
+    // staged is a bug the tests catch; a release build still applies them
+    // here rather than let the next command's reads see them.
+    debug_assert!(
+        ctx.ks.in_unit() || !ctx.ks.has_staged(),
+        "{} left writes staged",
+        spec.name
+    );
     let r = match ctx.ks.apply() {
         Ok(()) => r,
         Err(e) => Err(e.into()),
@@ -206,9 +248,7 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
         c.out.truncate(mark);
         c.err(&e.text());
     }
-    let t1 = Stamp::now();
-    *clock = t1;
-    ctx.ws.record(i, t1.micros_since(t0), failed);
+    failed
 }
 
 /// A restricted user's check of request `args` (table entry `i`): the

@@ -3,7 +3,9 @@
 //! handler. `COMMAND`, dispatch, the statistics and (later) ACL, MULTI and
 //! replication all read it; a new command is a handler and one row here.
 
-use super::{acl, admin, conn, hashes, keys, lists, scripting, sets, strings, zsets, Handler};
+use super::{
+    acl, admin, conn, hashes, keys, lists, multi, scripting, sets, strings, zsets, Handler,
+};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -272,6 +274,12 @@ pub static TABLE: &[Spec] = &[
     spec!("auth", -2, [FAST, STALE, NO_AUTH, NOSCRIPT, LOADING], [CONNECTION], (0, 0, 0), "connection", "1.0.0", "Authenticates the connection.", conn::auth),
     spec!("client", -2, [STALE, NOSCRIPT, LOADING], [], (0, 0, 0), "connection", "2.4.0", "A container for client connection commands.", conn::client),
     spec!("reset", 1, [FAST, STALE, NO_AUTH, NOSCRIPT, LOADING], [CONNECTION], (0, 0, 0), "connection", "6.2.0", "Resets the connection.", conn::reset),
+    // transactions
+    spec!("multi", 1, [NOSCRIPT, LOADING, STALE, FAST, ALLOW_BUSY], [TRANSACTION], (0, 0, 0), "transactions", "1.2.0", "Starts a transaction.", multi::multi),
+    spec!("exec", 1, [NOSCRIPT, LOADING, STALE, SKIP_SLOWLOG], [TRANSACTION], (0, 0, 0), "transactions", "1.2.0", "Executes all commands in a transaction.", multi::exec),
+    spec!("discard", 1, [NOSCRIPT, LOADING, STALE, FAST, ALLOW_BUSY], [TRANSACTION], (0, 0, 0), "transactions", "2.0.0", "Discards a transaction.", multi::discard),
+    spec!("watch", -2, [NOSCRIPT, LOADING, STALE, FAST, ALLOW_BUSY], [TRANSACTION], (1, -1, 1), "transactions", "2.2.0", "Monitors changes to keys to determine the execution of a transaction.", multi::watch),
+    spec!("unwatch", 1, [NOSCRIPT, LOADING, STALE, FAST, ALLOW_BUSY], [TRANSACTION], (0, 0, 0), "transactions", "2.2.0", "Forgets about watched keys of a transaction.", multi::unwatch),
     // strings
     spec!("get", 2, [READONLY, FAST], [STRING], (1, 1, 1), "string", "1.0.0", "Returns the string value of a key.", strings::get),
     spec!("set", -3, [WRITE, DENYOOM], [STRING], (1, 1, 1), "string", "1.0.0", "Sets the string value of a key, ignoring its type. The key is created if it doesn't exist.", strings::set),
@@ -581,6 +589,7 @@ pub static KEY_ACCESS: &[(&str, &str, &str)] = &[
     ("move", "RW", "RW"),
     ("renamenx", "RW", "W"),
     ("exists", "-", "-"),
+    ("watch", "R", "R"),
     ("type", "-", "-"),
     ("touch", "-", "-"),
     ("strlen", "-", "-"),

@@ -32,9 +32,8 @@
 
 pub mod convert;
 mod libs;
-pub mod unit;
 
-use crate::cmd::{CmdError, Ctx, Flags, Spec, R, SUBCOMMANDS, TABLE};
+use crate::cmd::{unit, CmdError, Ctx, Flags, Spec, R, SUBCOMMANDS, TABLE};
 use crate::server::{Client, Shared};
 use mlua::{
     ChunkMode, Function, HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value, Variadic,
@@ -1181,13 +1180,19 @@ pub fn run(
     }
     let read_only = ro || (!compat && flags & NO_WRITES != 0);
     // One script at a time; a script waiting for another that went past the
-    // threshold gets BUSY, as it would in Redis.
+    // threshold gets BUSY, as it would in Redis. A script inside EXEC holds
+    // its transaction's locks while it waits, which the running script may
+    // be waiting for: it gives up after a second rather than deadlock.
+    let nested = ctx.ks.unit().is_some();
+    let waited = Instant::now();
     let _run = loop {
         match sc.run_lock.try_lock() {
             Ok(g) => break g,
             Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => {
-                if sc.run.busy.load(Ordering::Acquire) {
+                if sc.run.busy.load(Ordering::Acquire)
+                    || (nested && waited.elapsed() > Duration::from_secs(1))
+                {
                     return Err(CmdError::Script(
                         if sc.run.eval.load(Ordering::Acquire) {
                             BUSY_EVAL
@@ -1212,6 +1217,8 @@ pub fn run(
     rs.active.store(true, Ordering::Release);
     IN_SCRIPT.with(|f| f.set(true));
     let (db, resp) = (c.db, c.resp);
+    // A blocking command (BLMPOP...) answers at once inside a script.
+    c.deny_blocking = true;
     let locks = unit::Locks::Keys(keys.iter().map(|k| crate::keyspace::skey(db, k)).collect());
     let job = Job {
         name: &name,
@@ -1257,13 +1264,21 @@ pub fn run(
             }
         };
         let st: &State = st;
-        unit::run(ctx, c, locks.clone(), |ctx, c| exec(st, &f, &job, ctx, c))
+        if nested {
+            // Inside EXEC: the transaction's unit holds the locks and
+            // applies the writes (and reruns everything if a key escapes).
+            exec(st, &f, &job, ctx, c)
+        } else {
+            unit::run(ctx, c, locks, |ctx, c| exec(st, &f, &job, ctx, c))
+        }
     });
     IN_SCRIPT.with(|f| f.set(false));
     rs.active.store(false, Ordering::Release);
     rs.busy.store(false, Ordering::Release);
     *lock(&rs.info) = None;
+    c.deny_blocking = false;
     c.db = db;
+    c.meta.db.store(db, Ordering::Relaxed);
     c.resp = resp;
     r?
 }
@@ -1450,8 +1465,7 @@ fn redis_call(
     if !spec.arity_ok(argv.len()) {
         return fail("Wrong number of args calling Redis command from script");
     }
-    // Blocking commands are refused too: a script cannot wait.
-    if spec.flags.contains(Flags::NOSCRIPT) || spec.flags.contains(Flags::BLOCKING) {
+    if spec.flags.contains(Flags::NOSCRIPT) {
         return fail("This Redis command is not allowed from script");
     }
     if !c.user.unrestricted() {
