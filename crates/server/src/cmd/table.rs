@@ -721,6 +721,10 @@ mod tests {
         assert_eq!(lookup(&[0xff; 4]), None);
     }
 
+    fn req(words: &[&str]) -> Vec<Vec<u8>> {
+        words.iter().map(|w| w.as_bytes().to_vec()).collect()
+    }
+
     #[test]
     fn categories_and_keys_as_redis_reports_them() {
         let get = &TABLE[lookup(b"get").unwrap()];
@@ -746,6 +750,18 @@ mod tests {
         assert_eq!(rename.keys.indexes(3).collect::<Vec<_>>(), [1, 2]);
         let ping = &TABLE[lookup(b"ping").unwrap()];
         assert_eq!(ping.keys.indexes(2).count(), 0);
+        // Redis gives @read to no @scripting command, read-only or not.
+        let eval_ro = &TABLE[lookup(b"eval_ro").unwrap()];
+        assert_eq!(
+            eval_ro.categories().names().collect::<Vec<_>>(),
+            ["slow", "scripting"]
+        );
+        let eval = req(&["EVAL", "return 1", "2", "a", "b", "c"]);
+        assert_eq!(movable_keys("eval", &eval), [3, 4]);
+        assert_eq!(
+            movable_keys("fcall", &req(&["FCALL", "f", "0", "x"])),
+            [0usize; 0]
+        );
         assert_eq!(Cats::by_name("String"), Some(Cats::STRING));
         assert_eq!(Flags::by_name("nosuch"), None);
     }
