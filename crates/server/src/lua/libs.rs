@@ -1,12 +1,14 @@
 //! The libraries Redis gives scripts beyond Lua's own: `cjson` (as
-//! lua-cjson 2.1 in Redis: encode and decode), `bit` (LuaBitOp 1.0) and
+//! lua-cjson 2.1 in Redis: encode and decode), `cmsgpack` (as
+//! lua-cmsgpack 0.4: pack, unpack, unpack_one, unpack_limit), `bit`
+//! (LuaBitOp 1.0) and
 //! Redis's `math.random` generator (rand48, one sequence for the process).
 //!
 //! Errors are raised with the calling script line in front, where lua-cjson
 //! and LuaBitOp report them.
 
 use super::convert::fmt_g;
-use mlua::{LightUserData, Lua, Table, Value, Variadic};
+use mlua::{LightUserData, Lua, MultiValue, Table, Value, Variadic};
 
 /// `cjson.null`: a light userdata holding NULL, as lua-cjson's.
 pub fn json_null() -> Value {
@@ -54,6 +56,30 @@ pub fn register(lua: &Lua, raw: &Table) -> mlua::Result<()> {
             done(lua, r)
         })?,
     )?;
+    raw.raw_set(
+        "msgpack_pack",
+        lua.create_function(|lua, args: Variadic<Value>| {
+            if args.is_empty() {
+                return Err(super::raise_here(
+                    lua,
+                    "bad argument #0 to 'pack' (MessagePack pack needs input.)",
+                ));
+            }
+            let mut out = Vec::new();
+            for a in args.iter() {
+                mp_encode(a, 0, &mut out)?;
+            }
+            lua.create_string(&out)
+        })?,
+    )?;
+    for (name, kind) in [("unpack", 0), ("unpack_one", 1), ("unpack_limit", 2)] {
+        raw.raw_set(
+            format!("msgpack_{name}"),
+            lua.create_function(move |lua, args: Variadic<Value>| {
+                mp_unpack(lua, name, kind, &args)
+            })?,
+        )?;
+    }
     for (name, op) in BIT_OPS {
         let op = *op;
         raw.raw_set(
@@ -245,6 +271,317 @@ fn to_lua(lua: &Lua, v: &serde_json::Value, depth: usize) -> mlua::Result<Value>
             Value::Table(t)
         }
     })
+}
+
+// ---------------------------------------------------------------- cmsgpack
+
+/// lua-cmsgpack's `LUACMSGPACK_MAX_NESTING`: deeper tables encode as nil.
+const MP_MAX_NESTING: usize = 16;
+
+fn mp_encode(v: &Value, level: usize, out: &mut Vec<u8>) -> mlua::Result<()> {
+    match v {
+        Value::String(s) => mp_bytes(&s.as_bytes(), out),
+        Value::Boolean(b) => out.push(if *b { 0xc3 } else { 0xc2 }),
+        Value::Integer(i) => mp_int(*i, out),
+        Value::Number(n) => {
+            // An integral number that fits an int64 is an integer.
+            if n.is_finite() && (*n as i64) as f64 == *n && *n < 9.223_372_036_854_776e18 {
+                mp_int(*n as i64, out)
+            } else if (*n as f32) as f64 == *n {
+                out.push(0xca);
+                out.extend_from_slice(&(*n as f32).to_be_bytes());
+            } else {
+                out.push(0xcb);
+                out.extend_from_slice(&n.to_be_bytes());
+            }
+        }
+        Value::Table(t) if level < MP_MAX_NESTING => {
+            if mp_is_array(t)? {
+                let n = t.raw_len();
+                mp_header(n as u64, 0x90, 0xdc, 0xdd, out);
+                for j in 1..=n {
+                    mp_encode(&t.get::<Value>(j)?, level + 1, out)?;
+                }
+            } else {
+                let pairs: Vec<(Value, Value)> =
+                    t.pairs::<Value, Value>().collect::<mlua::Result<_>>()?;
+                mp_header(pairs.len() as u64, 0x80, 0xde, 0xdf, out);
+                for (k, v) in &pairs {
+                    mp_encode(k, level + 1, out)?;
+                    mp_encode(v, level + 1, out)?;
+                }
+            }
+        }
+        _ => out.push(0xc0),
+    }
+    Ok(())
+}
+
+/// lua-cmsgpack's `table_is_an_array`: keys 1..n, no hole.
+fn mp_is_array(t: &Table) -> mlua::Result<bool> {
+    let (mut count, mut max) = (0i64, 0i64);
+    for pair in t.pairs::<Value, Value>() {
+        let (k, _) = pair?;
+        let n = match k {
+            Value::Number(n) => n,
+            Value::Integer(i) => i as f64,
+            _ => return Ok(false),
+        };
+        if n <= 0.0 || n > i32::MAX as f64 || n.fract() != 0.0 {
+            return Ok(false);
+        }
+        max = max.max(n as i64);
+        count += 1;
+    }
+    Ok(max == count)
+}
+
+fn mp_header(n: u64, fix: u8, b16: u8, b32: u8, out: &mut Vec<u8>) {
+    if n <= 15 {
+        out.push(fix | n as u8);
+    } else if n <= 0xffff {
+        out.push(b16);
+        out.extend_from_slice(&(n as u16).to_be_bytes());
+    } else {
+        out.push(b32);
+        out.extend_from_slice(&(n as u32).to_be_bytes());
+    }
+}
+
+fn mp_bytes(s: &[u8], out: &mut Vec<u8>) {
+    let n = s.len();
+    if n < 32 {
+        out.push(0xa0 | n as u8);
+    } else if n <= 0xff {
+        out.extend_from_slice(&[0xd9, n as u8]);
+    } else if n <= 0xffff {
+        out.push(0xda);
+        out.extend_from_slice(&(n as u16).to_be_bytes());
+    } else {
+        out.push(0xdb);
+        out.extend_from_slice(&(n as u32).to_be_bytes());
+    }
+    out.extend_from_slice(s);
+}
+
+fn mp_int(n: i64, out: &mut Vec<u8>) {
+    if n >= 0 {
+        if n <= 127 {
+            out.push(n as u8);
+        } else if n <= 0xff {
+            out.extend_from_slice(&[0xcc, n as u8]);
+        } else if n <= 0xffff {
+            out.push(0xcd);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        } else if n <= 0xffff_ffff {
+            out.push(0xce);
+            out.extend_from_slice(&(n as u32).to_be_bytes());
+        } else {
+            out.push(0xcf);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    } else if n >= -32 {
+        out.push(n as i8 as u8);
+    } else if n >= -128 {
+        out.extend_from_slice(&[0xd0, n as i8 as u8]);
+    } else if n >= -32768 {
+        out.push(0xd1);
+        out.extend_from_slice(&(n as i16).to_be_bytes());
+    } else if n >= -2_147_483_648 {
+        out.push(0xd2);
+        out.extend_from_slice(&(n as i32).to_be_bytes());
+    } else {
+        out.push(0xd3);
+        out.extend_from_slice(&n.to_be_bytes());
+    }
+}
+
+/// Why a decode stopped.
+enum MpError {
+    Eof,
+    BadFormat,
+}
+
+/// Most values one unpack returns (Lua's C stack allows about 8,000).
+const MP_MAX_RESULTS: usize = 7_900;
+/// Deepest nesting decoded (the C version recurses without a bound).
+const MP_MAX_DEPTH: usize = 1_000;
+
+struct MpCur<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl MpCur<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], MpError> {
+        let end = self.pos.checked_add(n).ok_or(MpError::Eof)?;
+        let s = self.b.get(self.pos..end).ok_or(MpError::Eof)?;
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn be(&mut self, n: usize) -> Result<u64, MpError> {
+        Ok(self.take(n)?.iter().fold(0u64, |a, &b| (a << 8) | b as u64))
+    }
+}
+
+fn mp_decode(lua: &Lua, c: &mut MpCur, depth: usize) -> Result<Value, MpError> {
+    if depth > MP_MAX_DEPTH {
+        return Err(MpError::BadFormat);
+    }
+    let tag = c.take(1)?[0];
+    let str_of = |lua: &Lua, b: &[u8]| {
+        lua.create_string(b)
+            .map(Value::String)
+            .map_err(|_| MpError::BadFormat)
+    };
+    Ok(match tag {
+        0xc0 => Value::Nil,
+        0xc2 => Value::Boolean(false),
+        0xc3 => Value::Boolean(true),
+        0xcc => Value::Number(c.be(1)? as f64),
+        0xcd => Value::Number(c.be(2)? as f64),
+        0xce => Value::Number(c.be(4)? as f64),
+        0xcf => Value::Number(c.be(8)? as f64),
+        0xd0 => Value::Number(c.be(1)? as u8 as i8 as f64),
+        0xd1 => Value::Number(c.be(2)? as u16 as i16 as f64),
+        0xd2 => Value::Number(c.be(4)? as u32 as i32 as f64),
+        0xd3 => Value::Number(c.be(8)? as i64 as f64),
+        0xca => Value::Number(f32::from_bits(c.be(4)? as u32) as f64),
+        0xcb => Value::Number(f64::from_bits(c.be(8)?)),
+        0xd9..=0xdb => {
+            let n = c.be(1 << (tag - 0xd9))? as usize;
+            let b = c.take(n)?;
+            str_of(lua, b)?
+        }
+        0xdc | 0xdd => {
+            let n = c.be(if tag == 0xdc { 2 } else { 4 })? as usize;
+            mp_array(lua, c, n, depth)?
+        }
+        0xde | 0xdf => {
+            let n = c.be(if tag == 0xde { 2 } else { 4 })? as usize;
+            mp_map(lua, c, n, depth)?
+        }
+        t if t & 0x80 == 0 => Value::Number(t as f64),
+        t if t & 0xe0 == 0xe0 => Value::Number(t as i8 as f64),
+        t if t & 0xe0 == 0xa0 => {
+            let b = c.take((t & 0x1f) as usize)?;
+            str_of(lua, b)?
+        }
+        t if t & 0xf0 == 0x90 => mp_array(lua, c, (t & 0xf) as usize, depth)?,
+        t if t & 0xf0 == 0x80 => mp_map(lua, c, (t & 0xf) as usize, depth)?,
+        _ => return Err(MpError::BadFormat),
+    })
+}
+
+fn mp_array(lua: &Lua, c: &mut MpCur, n: usize, depth: usize) -> Result<Value, MpError> {
+    let t = lua.create_table().map_err(|_| MpError::BadFormat)?;
+    for i in 1..=n {
+        let v = mp_decode(lua, c, depth + 1)?;
+        t.raw_set(i, v).map_err(|_| MpError::BadFormat)?;
+    }
+    Ok(Value::Table(t))
+}
+
+fn mp_map(lua: &Lua, c: &mut MpCur, n: usize, depth: usize) -> Result<Value, MpError> {
+    let t = lua.create_table().map_err(|_| MpError::BadFormat)?;
+    for _ in 0..n {
+        let k = mp_decode(lua, c, depth + 1)?;
+        let v = mp_decode(lua, c, depth + 1)?;
+        // A nil key (or NaN) cannot be set: lua-cmsgpack would raise there.
+        if !k.is_nil() {
+            t.raw_set(k, v).map_err(|_| MpError::BadFormat)?;
+        }
+    }
+    Ok(Value::Table(t))
+}
+
+/// `cmsgpack.unpack(s)` (kind 0), `unpack_one(s [, offset])` (1),
+/// `unpack_limit(s, limit [, offset])` (2): the latter two return the
+/// offset of what is left (-1: nothing) before the values.
+fn mp_unpack(lua: &Lua, name: &str, kind: u8, args: &[Value]) -> mlua::Result<MultiValue> {
+    let s = match args.first() {
+        Some(Value::String(s)) => s.as_bytes().to_vec(),
+        Some(v @ (Value::Number(_) | Value::Integer(_))) => lua
+            .coerce_string(v.clone())?
+            .map(|s| s.as_bytes().to_vec())
+            .unwrap_or_default(),
+        other => {
+            let got = other.map(|v| v.type_name()).unwrap_or("no value");
+            return Err(super::raise_here(
+                lua,
+                &format!("bad argument #1 to '{name}' (string expected, got {got})"),
+            ));
+        }
+    };
+    let int_arg = |i: usize, default: i64| -> mlua::Result<i64> {
+        match args.get(i) {
+            None | Some(Value::Nil) if default >= 0 => Ok(default),
+            Some(v) => match lua.coerce_number(v.clone())? {
+                Some(n) => Ok(n as i64),
+                None => Err(super::raise_here(
+                    lua,
+                    &format!(
+                        "bad argument #{} to '{name}' (number expected, got {})",
+                        i + 1,
+                        v.type_name()
+                    ),
+                )),
+            },
+            None => Err(super::raise_here(
+                lua,
+                &format!(
+                    "bad argument #{} to '{name}' (number expected, got no value)",
+                    i + 1
+                ),
+            )),
+        }
+    };
+    let (limit, offset) = match kind {
+        0 => (0, 0),
+        1 => (1, int_arg(1, 0)?),
+        _ => (int_arg(1, -1)?, int_arg(2, 0)?),
+    };
+    let len = s.len();
+    if offset < 0 || limit < 0 {
+        return Err(super::raise_here(
+            lua,
+            &format!("Invalid request to unpack with offset of {offset} and limit of {len}."),
+        ));
+    }
+    if offset as usize > len {
+        return Err(super::raise_here(
+            lua,
+            &format!("Start offset {offset} greater than input length {len}."),
+        ));
+    }
+    let all = limit == 0 && offset == 0;
+    let limit = if all { usize::MAX } else { limit as usize };
+    let mut c = MpCur {
+        b: &s,
+        pos: offset as usize,
+    };
+    let mut out = Vec::new();
+    while c.pos < len && out.len() < limit {
+        if out.len() >= MP_MAX_RESULTS {
+            return Err(super::raise_here(
+                lua,
+                "stack overflow (too many return values at once; use unpack_one or unpack_limit instead.)",
+            ));
+        }
+        match mp_decode(lua, &mut c, 0) {
+            Ok(v) => out.push(v),
+            Err(MpError::Eof) => return Err(super::raise_here(lua, "Missing bytes in input.")),
+            Err(MpError::BadFormat) => {
+                return Err(super::raise_here(lua, "Bad data format in input."))
+            }
+        }
+    }
+    if !all {
+        let next = if c.pos >= len { -1.0 } else { c.pos as f64 };
+        out.insert(0, Value::Number(next));
+    }
+    Ok(MultiValue::from_vec(out))
 }
 
 // ---------------------------------------------------------------- bit

@@ -1465,7 +1465,16 @@ fn redis_call(
     if !spec.arity_ok(argv.len()) {
         return fail("Wrong number of args calling Redis command from script");
     }
-    if spec.flags.contains(Flags::NOSCRIPT) {
+    // A container's subcommand has its own flags (FUNCTION LOAD, SCRIPT
+    // KILL... are noscript, FUNCTION and SCRIPT are not).
+    let sub_flags = argv.get(1).and_then(|sub| {
+        SUBCOMMANDS
+            .iter()
+            .find(|s| s.parent == spec.name && sub.eq_ignore_ascii_case(s.name.as_bytes()))
+            .map(|s| s.flags)
+    });
+    let flags = sub_flags.map_or(spec.flags, |f| spec.flags.with(f));
+    if flags.contains(Flags::NOSCRIPT) {
         return fail("This Redis command is not allowed from script");
     }
     if !c.user.unrestricted() {
@@ -1488,8 +1497,8 @@ fn redis_call(
             }
         }
     }
-    let writes = spec.flags.contains(Flags::WRITE);
-    if job.read_only && (writes || spec.flags.contains(Flags::MAY_REPLICATE)) {
+    let writes = flags.contains(Flags::WRITE);
+    if job.read_only && (writes || flags.contains(Flags::MAY_REPLICATE)) {
         return fail("Write commands are not allowed from read-only scripts.");
     }
     if writes {

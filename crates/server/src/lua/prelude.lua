@@ -136,6 +136,13 @@ B.cjson = readonly({
   null = raw.json_null,
 })
 
+B.cmsgpack = readonly({
+  pack = raw.msgpack_pack,
+  unpack = raw.msgpack_unpack,
+  unpack_one = raw.msgpack_unpack_one,
+  unpack_limit = raw.msgpack_unpack_limit,
+})
+
 local bit = {}
 for _, n in ipairs_({ 'tobit', 'tohex', 'bnot', 'band', 'bor', 'bxor', 'lshift', 'rshift', 'arshift',
   'rol', 'ror', 'bswap' }) do
