@@ -14,6 +14,7 @@ use engine::types::edit::Edit;
 use engine::types::head::{piece_key, ListHead, MapHead, ZsetHead};
 use engine::types::lhash::{Bucket, Pair, Table};
 use engine::types::node::Node;
+use engine::types::stream::StreamHead;
 use engine::types::tree::{Meta as TreeMeta, Pieces, Tree};
 
 /// The pieces of collection `id`, read and written through a keyspace's
@@ -112,7 +113,7 @@ pub enum Part {
 /// MEMORY USAGE walk what this returns, so a new kind is one arm here and
 /// one in [`rehead`] (its head for a new id and new structures: COPY).
 pub fn parts(kind: u8, payload: &[u8]) -> Result<Option<(u64, Vec<Part>)>, KsError> {
-    use crate::keyspace::{KIND_HASH, KIND_LIST, KIND_SET, KIND_STRING, KIND_ZSET};
+    use crate::keyspace::{KIND_HASH, KIND_LIST, KIND_SET, KIND_STREAM, KIND_STRING, KIND_ZSET};
     match kind {
         KIND_STRING => Ok(None),
         KIND_HASH | KIND_SET => match MapHead::decode(payload)? {
@@ -129,6 +130,12 @@ pub fn parts(kind: u8, payload: &[u8]) -> Result<Option<(u64, Vec<Part>)>, KsErr
             }
             ZsetHead::Inline(_) => Ok(None),
         },
+        KIND_STREAM => {
+            let h = StreamHead::decode(payload)?;
+            let mut parts = vec![Part::Tree(h.entries, true)];
+            parts.extend(h.groups.iter().map(|g| Part::Tree(g.pel, true)));
+            Ok(Some((h.id, parts)))
+        }
         _ => Err(KsError::Store(engine::Error::Corrupt(format!(
             "a value of kind {kind}, whose pieces this version cannot walk"
         )))),
@@ -341,7 +348,7 @@ pub fn copy_value(
             }
         });
     }
-    let head = rehead(kind, cp.new, &new_parts)?;
+    let head = rehead(kind, cp.new, &new_parts, payload)?;
     let mut n = 0;
     let mut dealt = dealt.into_iter();
     for part in parts {
@@ -401,10 +408,22 @@ fn deal(seed: u64, pairs: Vec<Pair>) -> (engine::types::lhash::Meta, Vec<Bucket>
 
 /// The head of a collection of `kind` with id `id` and structures `parts`
 /// (in the order [`parts`] lists them): one arm per kind with pieces.
-fn rehead(kind: u8, id: u64, parts: &[Part]) -> Result<Vec<u8>, KsError> {
-    use crate::keyspace::{KIND_HASH, KIND_LIST, KIND_SET, KIND_ZSET};
+fn rehead(kind: u8, id: u64, parts: &[Part], payload: &[u8]) -> Result<Vec<u8>, KsError> {
+    use crate::keyspace::{KIND_HASH, KIND_LIST, KIND_SET, KIND_STREAM, KIND_ZSET};
     let mut out = Vec::new();
     match (kind, parts) {
+        (KIND_STREAM, [Part::Tree(entries, _), pels @ ..]) => {
+            // The same state; the trees' roots as copied, under the new id.
+            let mut h = StreamHead::decode(payload)?;
+            h.id = id;
+            h.entries = *entries;
+            for (g, p) in h.groups.iter_mut().zip(pels) {
+                if let Part::Tree(m, _) = p {
+                    g.pel = *m;
+                }
+            }
+            h.encode(&mut out)
+        }
         (KIND_HASH | KIND_SET, &[Part::Table(meta)]) => {
             MapHead::Table { id, meta }.encode(&mut out)
         }

@@ -5,7 +5,7 @@
 //! - **store key** = database number (1 byte, at most 254) ‖ the client's key.
 //! - **store value** = tag byte ‖ \[expiry\] ‖ payload. The tag's low 7 bits are
 //!   the type ([`KIND_STRING`] 1, [`KIND_LIST`] 2, [`KIND_HASH`] 3,
-//!   [`KIND_SET`] 4, [`KIND_ZSET`] 5); bit 7 set means an 8-byte
+//!   [`KIND_SET`] 4, [`KIND_ZSET`] 5, [`KIND_STREAM`] 6); bit 7 set means an 8-byte
 //!   little-endian expiry follows (absolute Unix time in ms). A string's
 //!   payload is its bytes; a collection's is its head
 //!   ([`engine::types::head`]).
@@ -59,6 +59,8 @@ pub const KIND_HASH: u8 = 3;
 pub const KIND_SET: u8 = 4;
 /// The sorted set type.
 pub const KIND_ZSET: u8 = 5;
+/// The stream type.
+pub const KIND_STREAM: u8 = 6;
 pub use engine::types::head::PIECE_PREFIX;
 const EXPIRY_BIT: u8 = 0x80;
 
@@ -88,7 +90,7 @@ pub struct Header {
 pub fn decode(raw: &[u8]) -> Option<Header> {
     let tag = *raw.first()?;
     let kind = tag & !EXPIRY_BIT;
-    if !(KIND_STRING..=KIND_ZSET).contains(&kind) {
+    if !(KIND_STRING..=KIND_STREAM).contains(&kind) {
         return None;
     }
     if tag & EXPIRY_BIT != 0 {
@@ -134,6 +136,7 @@ pub fn type_name(kind: u8) -> &'static str {
         KIND_HASH => "hash",
         KIND_SET => "set",
         KIND_ZSET => "zset",
+        KIND_STREAM => "stream",
         _ => "unknown",
     }
 }

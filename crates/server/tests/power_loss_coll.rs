@@ -18,8 +18,13 @@
 //!   ZINCRBY counters hold every acknowledged increment and none that was
 //!   never started.
 //! - a transaction (`MULTI; INCR t; RPUSH lt x; HINCRBY ht n 1; ZINCRBY zt
-//!   1 n; SADD st <i>; EXEC`, the list and the set large, so pieced) is one
+//!   1 n; SADD st <i>; EXEC`, the list and the set large, so pieced), or
+//!   every other time the same writes as one Lua script (EVAL), is one
 //!   unit: the five counts agree, between acknowledged and started.
+//! - a stream appended to (XADD with growing IDs) while a consumer group
+//!   reads it (XREADGROUP) and acknowledges (XACK) keeps a prefix of the
+//!   appends, and its group's pending list, its consumer's count and its
+//!   last delivered ID agree with each other and with the entries.
 //!
 //! `EMBER_POWER_LOSS_SEED` sets the first seed; failures name their seed.
 
@@ -138,6 +143,8 @@ fn create(path: &Path) {
         let r = run(&mut e, &refs);
         assert!(!r.starts_with(b"-"), "{}", String::from_utf8_lossy(&r));
     }
+    let r = run(&mut e, &["XGROUP", "CREATE", "xs", "g", "0", "MKSTREAM"]);
+    assert_eq!(r, b"+OK\r\n");
     e.commit().unwrap();
     drop(e);
     Embedded::shutdown(sh).unwrap();
@@ -153,7 +160,14 @@ struct Counted {
     push: Vec<(u64, u64)>,
     /// Of each transaction.
     tx: Vec<(u64, u64)>,
+    /// Of each XADD.
+    xadd: Vec<(u64, u64)>,
 }
+
+/// A transaction's writes as a script (every other transaction runs so).
+const TX_SCRIPT: &str = "redis.call('incr', KEYS[1]) redis.call('rpush', KEYS[2], 'x') \
+    redis.call('hincrby', KEYS[3], 'n', 1) redis.call('zincrby', KEYS[4], 1, 'n') \
+    return redis.call('sadd', KEYS[5], ARGV[1])";
 
 fn workload(e: &mut Embedded, sim: &CrashSim, seed: u64) -> Counted {
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -163,24 +177,65 @@ fn workload(e: &mut Embedded, sim: &CrashSim, seed: u64) -> Counted {
         let mut pending_incr = Vec::new();
         let mut pending_push = Vec::new();
         let mut pending_tx = Vec::new();
+        let mut pending_xadd = Vec::new();
         for _ in 0..rng.random_range(1..=MAX_BATCH) {
             let start = sim.tick();
-            match rng.random_range(0..8) {
+            match rng.random_range(0..10) {
+                8 => {
+                    let n = counted.xadd.len() + pending_xadd.len() + 1;
+                    let id = format!("{n}-1");
+                    let r = run(e, &["XADD", "xs", &id, "f", &"x".repeat(60)]);
+                    assert_eq!(r, format!("${}\r\n{id}\r\n", id.len()).as_bytes());
+                    pending_xadd.push(start);
+                }
+                9 => {
+                    let r = run(
+                        e,
+                        &[
+                            "XREADGROUP",
+                            "GROUP",
+                            "g",
+                            "c",
+                            "COUNT",
+                            "3",
+                            "STREAMS",
+                            "xs",
+                            ">",
+                        ],
+                    );
+                    assert!(r.starts_with(b"*"), "{}", String::from_utf8_lossy(&r));
+                    // Acknowledge the oldest pending entry, if any.
+                    let p = run(e, &["XPENDING", "xs", "g", "-", "+", "1"]);
+                    let s = String::from_utf8_lossy(&p).into_owned();
+                    if let Some(id) = s.split("\r\n").nth(3) {
+                        let r = run(e, &["XACK", "xs", "g", id]);
+                        assert_eq!(r, b":1\r\n", "{s}");
+                    }
+                }
                 7 => {
                     let i = counted.tx.len() + pending_tx.len();
-                    assert_eq!(run(e, &["MULTI"]), b"+OK\r\n");
-                    for c in [
-                        vec!["INCR", "t"],
-                        vec!["RPUSH", "lt", "x"],
-                        vec!["HINCRBY", "ht", "n", "1"],
-                        vec!["ZINCRBY", "zt", "1", "n"],
-                    ] {
-                        assert_eq!(run(e, &c), b"+QUEUED\r\n");
-                    }
                     let m = format!("tx{i}");
-                    assert_eq!(run(e, &["SADD", "st", &m]), b"+QUEUED\r\n");
-                    let r = run(e, &["EXEC"]);
-                    assert!(r.starts_with(b"*5\r\n"), "{}", String::from_utf8_lossy(&r));
+                    if i % 2 == 0 {
+                        assert_eq!(run(e, &["MULTI"]), b"+OK\r\n");
+                        for c in [
+                            vec!["INCR", "t"],
+                            vec!["RPUSH", "lt", "x"],
+                            vec!["HINCRBY", "ht", "n", "1"],
+                            vec!["ZINCRBY", "zt", "1", "n"],
+                        ] {
+                            assert_eq!(run(e, &c), b"+QUEUED\r\n");
+                        }
+                        assert_eq!(run(e, &["SADD", "st", &m]), b"+QUEUED\r\n");
+                        let r = run(e, &["EXEC"]);
+                        assert!(r.starts_with(b"*5\r\n"), "{}", String::from_utf8_lossy(&r));
+                    } else {
+                        // The same five writes as one Lua script.
+                        let r = run(
+                            e,
+                            &["EVAL", TX_SCRIPT, "5", "t", "lt", "ht", "zt", "st", &m],
+                        );
+                        assert_eq!(r, b":1\r\n", "{}", String::from_utf8_lossy(&r));
+                    }
                     pending_tx.push(start);
                 }
                 0 => {
@@ -241,6 +296,9 @@ fn workload(e: &mut Embedded, sim: &CrashSim, seed: u64) -> Counted {
             .push
             .extend(pending_push.into_iter().map(|s| (s, ack)));
         counted.tx.extend(pending_tx.into_iter().map(|s| (s, ack)));
+        counted
+            .xadd
+            .extend(pending_xadd.into_iter().map(|s| (s, ack)));
     }
     counted
 }
@@ -342,6 +400,7 @@ fn check(e: &mut Embedded, img: &CrashImage, counted: &Counted) -> Result<(), St
             "transactions half applied: INCR {t}, RPUSH {lt}, HINCRBY {ht}, ZINCRBY {zt}, SADD {st}"
         ));
     }
+    check_stream(e, &bounds(&counted.xadd))?;
     let (acked, started) = bounds(&counted.tx);
     if (t as usize) < acked || t as usize > started {
         return Err(format!(
@@ -349,6 +408,85 @@ fn check(e: &mut Embedded, img: &CrashImage, counted: &Counted) -> Result<(), St
         ));
     }
     Ok(())
+}
+
+/// The stream and its group agree (see the module's text); `appends`: the
+/// XADDs acknowledged and started.
+fn check_stream(e: &mut Embedded, appends: &(usize, usize)) -> Result<(), String> {
+    let len = int(&run(e, &["XLEN", "xs"]))? as usize;
+    if len < appends.0 || len > appends.1 {
+        return Err(format!(
+            "stream of {len}: acknowledged {}, started {}",
+            appends.0, appends.1
+        ));
+    }
+    // The entries are 1-1 .. len-1, in order.
+    for (i, id) in entry_ids(&run(e, &["XRANGE", "xs", "-", "+"]))?
+        .iter()
+        .enumerate()
+    {
+        if *id != format!("{}-1", i + 1) {
+            return Err(format!("stream entry {i} is {id}"));
+        }
+    }
+    // The group: pending entries are delivered entries still in the stream,
+    // counted the same by the summary, the consumer and the list.
+    let info = String::from_utf8_lossy(&run(e, &["XINFO", "GROUPS", "xs"])).into_owned();
+    let field = |name: &str| -> Option<String> {
+        let parts: Vec<&str> = info.split("\r\n").collect();
+        let i = parts.iter().position(|p| *p == name)?;
+        // The value: the next line that is not a bulk string's length.
+        let v = parts[i + 1..].iter().find(|p| !p.starts_with('$'))?;
+        Some(v.trim_start_matches(':').to_string())
+    };
+    let last = field("last-delivered-id").ok_or(format!("no group: {info}"))?;
+    let pending: usize = field("pending")
+        .and_then(|p| p.parse().ok())
+        .ok_or(format!("group pending: {info}"))?;
+    let list = entry_ids(&run(e, &["XPENDING", "xs", "g", "-", "+", "1000000"]))?;
+    if list.len() != pending {
+        return Err(format!(
+            "XINFO says {pending} pending, XPENDING lists {}",
+            list.len()
+        ));
+    }
+    let last_n: usize = last.trim_end_matches("-1").parse().unwrap_or(0);
+    if last_n > len {
+        return Err(format!("delivered up to {last}, stream of {len}"));
+    }
+    for id in &list {
+        let n: usize = id.trim_end_matches("-1").parse().unwrap_or(usize::MAX);
+        if n > last_n {
+            return Err(format!("{id} pending, delivered only up to {last}"));
+        }
+    }
+    let consumers =
+        String::from_utf8_lossy(&run(e, &["XINFO", "CONSUMERS", "xs", "g"])).into_owned();
+    if pending > 0 && !consumers.contains(&format!("pending\r\n:{pending}\r\n")) {
+        return Err(format!(
+            "the consumer's count differs from {pending}: {consumers}"
+        ));
+    }
+    Ok(())
+}
+
+/// The IDs at the front of each element of an array of arrays (XRANGE's
+/// entries, XPENDING's pending entries).
+fn entry_ids(r: &[u8]) -> Result<Vec<String>, String> {
+    let s = String::from_utf8_lossy(r);
+    let lines: Vec<&str> = s.split("\r\n").collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        // Each element opens with `*2` or `*4` and then its ID.
+        if (*l == "*2" || *l == "*4") && i > 0 {
+            if let Some(id) = lines.get(i + 2) {
+                if lines[i + 1].starts_with('$') && id.contains('-') {
+                    out.push(id.to_string());
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[test]

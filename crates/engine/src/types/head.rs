@@ -241,14 +241,14 @@ impl ZsetHead {
 }
 
 /// A tree's root state: u64 root ‖ u32 height ‖ u64 next id ‖ u64 count.
-fn put_tree_meta(out: &mut Vec<u8>, m: &tree::Meta) {
+pub(crate) fn put_tree_meta(out: &mut Vec<u8>, m: &tree::Meta) {
     out.extend_from_slice(&m.root.to_le_bytes());
     out.extend_from_slice(&m.height.to_le_bytes());
     out.extend_from_slice(&m.next_id.to_le_bytes());
     out.extend_from_slice(&m.count.to_le_bytes());
 }
 
-fn read_tree_meta(r: &mut Reader) -> Result<tree::Meta> {
+pub(crate) fn read_tree_meta(r: &mut Reader) -> Result<tree::Meta> {
     let root = r.u64()?;
     let height = u32::from_le_bytes(r.bytes(4)?.try_into().expect("4 bytes"));
     let next_id = r.u64()?;

@@ -7,9 +7,11 @@
 //! - [`edit`]: the edits of a piece (merge operations) and how they apply.
 //! - [`tree`]: the counted B+-tree (lists by position, sorted sets by score).
 //! - [`lhash`]: linear hashing (hashes, sets, a sorted set's member → score).
+//! - [`stream`]: a stream's head, entries and pending entries.
 
 pub mod edit;
 pub mod head;
 pub mod lhash;
 pub mod node;
+pub mod stream;
 pub mod tree;

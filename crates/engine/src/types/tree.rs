@@ -121,6 +121,11 @@ pub struct Tree<'a, P: Pieces> {
     pub meta: &'a mut Meta,
     pub ordered: bool,
     pub lim: Limits,
+    /// An ordered tree whose members begin with a unique fixed-length key
+    /// (a stream entry's 16-byte ID): inner nodes keep only that prefix of
+    /// each child's low member (0: the whole member). Routing is the same,
+    /// since no two members share the prefix.
+    pub low_prefix: usize,
 }
 
 impl<'a, P: Pieces> Tree<'a, P> {
@@ -130,6 +135,23 @@ impl<'a, P: Pieces> Tree<'a, P> {
             meta,
             ordered,
             lim: LIMITS,
+            low_prefix: 0,
+        }
+    }
+
+    /// Keeps only the first `n` bytes of members as inner nodes' low keys
+    /// (see [`Tree::low_prefix`]).
+    pub fn with_low_prefix(mut self, n: usize) -> Self {
+        self.low_prefix = n;
+        self
+    }
+
+    /// The low key of a node whose first element is `e`.
+    fn low_of(&self, e: &Entry) -> Entry {
+        if self.low_prefix > 0 && e.bytes.len() > self.low_prefix {
+            Entry::new(e.score, e.bytes[..self.low_prefix].to_vec())
+        } else {
+            e.clone()
         }
     }
 
@@ -284,7 +306,7 @@ impl<'a, P: Pieces> Tree<'a, P> {
             let right = leaf.split_off(mid);
             let rid = self.alloc();
             self.put(leaf_id, &Node::Leaf(leaf.clone()))?;
-            let low = right[0].clone();
+            let low = self.low_of(&right[0]);
             let rc = right.len() as u64;
             self.put(rid, &Node::Leaf(right))?;
             carry = Some((
@@ -618,7 +640,7 @@ impl<'a, P: Pieces> Tree<'a, P> {
             });
             if full {
                 let id = self.alloc();
-                let low = leaf[0].clone();
+                let low = self.low_of(&leaf[0]);
                 let node = Node::Leaf(std::mem::take(&mut leaf));
                 level.push(Child {
                     id,

@@ -171,6 +171,9 @@ pub enum CmdError {
     Msg(&'static str),
     /// EXEC of a transaction that a refused request made fail.
     ExecAbort,
+    /// An error whose whole text (its code included, such as `NOGROUP ...`)
+    /// names the request's arguments; the caller formats it as Redis does.
+    Text(String),
     /// ZUNION/ZINTER/ZDIFF(STORE)/ZINTERCARD with numkeys below 1 (the
     /// command's name, lower case).
     AtLeastOneKey(String),
@@ -349,6 +352,7 @@ impl CmdError {
             E::AclNoUser(u) => format!("ERR User '{}' not found", lossy(until_nul(u))),
             E::AclNoCommand(c) => format!("ERR Command '{}' not found", lossy(until_nul(c))),
             E::Msg(text) => format!("ERR {text}"),
+            E::Text(t) => return t.clone().into(),
             E::ExecAbort => {
                 return "EXECABORT Transaction discarded because of previous errors.".into()
             }

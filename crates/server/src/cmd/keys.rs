@@ -4,8 +4,8 @@ use super::{eq, int_arg, locked, CmdError, Ctx, R};
 use crate::glob::Glob;
 use crate::housekeep::flush_key;
 use crate::keyspace::{
-    skey, type_name, Keyspace, KsError, KIND_HASH, KIND_LIST, KIND_SET, KIND_STRING, KIND_ZSET,
-    PIECE_PREFIX,
+    skey, type_name, Keyspace, KsError, KIND_HASH, KIND_LIST, KIND_SET, KIND_STREAM, KIND_STRING,
+    KIND_ZSET, PIECE_PREFIX,
 };
 use crate::server::{Client, Shared};
 use proto::Reply;
@@ -663,6 +663,7 @@ pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 // Redis 7.0 keeps every list as a quicklist.
                 KIND_LIST => "quicklist",
                 KIND_ZSET => super::zsets::encoding(v),
+                KIND_STREAM => super::streams::encoding(),
                 _ => "unknown",
             };
             c.bulk(e.as_bytes());

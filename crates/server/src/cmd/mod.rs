@@ -12,6 +12,7 @@ mod maps;
 mod multi;
 mod scripting;
 mod sets;
+mod streams;
 mod strings;
 mod table;
 pub mod unit;

@@ -4,7 +4,7 @@
 //! replication all read it; a new command is a handler and one row here.
 
 use super::{
-    acl, admin, conn, hashes, keys, lists, multi, scripting, sets, strings, zsets, Handler,
+    acl, admin, conn, hashes, keys, lists, multi, scripting, sets, streams, strings, zsets, Handler,
 };
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -149,6 +149,7 @@ pub fn movable_keys(name: &str, args: &[Vec<u8>]) -> Vec<usize> {
         }
         "blmpop" | "bzmpop" => numkeys_at(args, 2),
         "eval" | "evalsha" | "eval_ro" | "evalsha_ro" | "fcall" | "fcall_ro" => numkeys_at(args, 2),
+        "xread" | "xreadgroup" => streams_keys(args),
         "zunionstore" | "zinterstore" | "zdiffstore" => {
             let mut keys = vec![1];
             keys.extend(numkeys_at(args, 2));
@@ -156,6 +157,24 @@ pub fn movable_keys(name: &str, args: &[Vec<u8>]) -> Vec<usize> {
         }
         _ => Vec::new(),
     }
+}
+
+/// XREAD's and XREADGROUP's keys: the first half of the arguments after
+/// STREAMS (the first STREAMS after the options, as the command parses it).
+fn streams_keys(args: &[Vec<u8>]) -> Vec<usize> {
+    let Some(at) = args
+        .iter()
+        .skip(1)
+        .position(|a| a.eq_ignore_ascii_case(b"streams"))
+        .map(|p| p + 2)
+    else {
+        return Vec::new();
+    };
+    let rest = args.len() - at;
+    if !rest.is_multiple_of(2) {
+        return Vec::new();
+    }
+    (at..at + rest / 2).collect()
 }
 
 impl KeyPos {
@@ -405,6 +424,22 @@ pub static TABLE: &[Spec] = &[
     spec!("fcall_ro", -3, [READONLY, NOSCRIPT, STALE, SKIP_MONITOR, MOVABLEKEYS], [SCRIPTING], (0, 0, 0), "scripting", "7.0.0", "Invokes a read-only function.", scripting::fcall_ro),
     spec!("script", -2, [], [], (0, 0, 0), "scripting", "2.6.0", "A container for Lua scripts management commands.", scripting::script),
     spec!("function", -2, [], [], (0, 0, 0), "scripting", "7.0.0", "A container for function commands.", scripting::function),
+    // streams
+    spec!("xadd", -5, [WRITE, DENYOOM, FAST], [STREAM], (1, 1, 1), "stream", "5.0.0", "Appends a new message to a stream. Creates the key if it doesn't exist.", streams::xadd),
+    spec!("xrange", -4, [READONLY], [STREAM], (1, 1, 1), "stream", "5.0.0", "Returns the messages from a stream within a range of IDs.", streams::xrange),
+    spec!("xrevrange", -4, [READONLY], [STREAM], (1, 1, 1), "stream", "5.0.0", "Returns the messages from a stream within a range of IDs in reverse order.", streams::xrevrange),
+    spec!("xlen", 2, [READONLY, FAST], [STREAM], (1, 1, 1), "stream", "5.0.0", "Return the number of messages in a stream.", streams::xlen),
+    spec!("xread", -4, [READONLY, BLOCKING, MOVABLEKEYS], [STREAM], (0, 0, 0), "stream", "5.0.0", "Returns messages from multiple streams with IDs greater than the ones requested. Blocks until a message is available otherwise.", streams::xread),
+    spec!("xreadgroup", -7, [WRITE, BLOCKING, MOVABLEKEYS], [STREAM], (0, 0, 0), "stream", "5.0.0", "Returns new or historical messages from a stream for a consumer in a group. Blocks until a message is available otherwise.", streams::xreadgroup),
+    spec!("xdel", -3, [WRITE, FAST], [STREAM], (1, 1, 1), "stream", "5.0.0", "Returns the number of messages after removing them from a stream.", streams::xdel),
+    spec!("xtrim", -4, [WRITE], [STREAM], (1, 1, 1), "stream", "5.0.0", "Deletes messages from the beginning of a stream.", streams::xtrim),
+    spec!("xack", -4, [WRITE, FAST], [STREAM], (1, 1, 1), "stream", "5.0.0", "Returns the number of messages that were successfully acknowledged by the consumer group member of a stream.", streams::xack),
+    spec!("xpending", -3, [READONLY], [STREAM], (1, 1, 1), "stream", "5.0.0", "Returns the information and entries from a stream consumer group's pending entries list.", streams::xpending),
+    spec!("xclaim", -6, [WRITE, FAST], [STREAM], (1, 1, 1), "stream", "5.0.0", "Changes, or acquires, ownership of a message in a consumer group, as if the message was delivered a consumer group member.", streams::xclaim),
+    spec!("xautoclaim", -6, [WRITE, FAST], [STREAM], (1, 1, 1), "stream", "6.2.0", "Changes, or acquires, ownership of messages in a consumer group, as if the messages were delivered to as consumer group member.", streams::xautoclaim),
+    spec!("xsetid", -3, [WRITE, DENYOOM, FAST], [STREAM], (1, 1, 1), "stream", "5.0.0", "An internal command for replicating stream values.", streams::xsetid),
+    spec!("xgroup", -2, [], [], (0, 0, 0), "stream", "5.0.0", "A container for consumer groups commands.", streams::xgroup),
+    spec!("xinfo", -2, [], [], (0, 0, 0), "stream", "5.0.0", "A container for stream introspection commands.", streams::xinfo),
     // keyspace
     spec!("del", -2, [WRITE], [KEYSPACE], (1, -1, 1), "generic", "1.0.0", "Deletes one or more keys.", keys::del),
     spec!("unlink", -2, [WRITE, FAST], [KEYSPACE], (1, -1, 1), "generic", "4.0.0", "Asynchronously deletes one or more keys.", keys::del),
@@ -522,6 +557,16 @@ pub static SUBCOMMANDS: &[SubSpec] = &[
     sub!("object", "help", 2, [LOADING, STALE], [KEYSPACE]),
     sub!("object", "idletime", 3, [READONLY], [KEYSPACE], (2, 2, 1)),
     sub!("object", "refcount", 3, [READONLY], [KEYSPACE], (2, 2, 1)),
+    sub!("xgroup", "create", -5, [WRITE, DENYOOM], [STREAM], (2, 2, 1)),
+    sub!("xgroup", "createconsumer", 5, [WRITE, DENYOOM], [STREAM], (2, 2, 1)),
+    sub!("xgroup", "delconsumer", 5, [WRITE], [STREAM], (2, 2, 1)),
+    sub!("xgroup", "destroy", 4, [WRITE], [STREAM], (2, 2, 1)),
+    sub!("xgroup", "help", 2, [LOADING, STALE], [STREAM]),
+    sub!("xgroup", "setid", -5, [WRITE], [STREAM], (2, 2, 1)),
+    sub!("xinfo", "consumers", 4, [READONLY], [STREAM], (2, 2, 1)),
+    sub!("xinfo", "groups", 3, [READONLY], [STREAM], (2, 2, 1)),
+    sub!("xinfo", "help", 2, [LOADING, STALE], [STREAM]),
+    sub!("xinfo", "stream", -3, [READONLY], [STREAM], (2, 2, 1)),
     sub!("config", "get", -3, [ADMIN, NOSCRIPT, LOADING, STALE], []),
     sub!("config", "help", 2, [LOADING, STALE], []),
     sub!("config", "resetstat", 2, [ADMIN, NOSCRIPT, LOADING, STALE], []),

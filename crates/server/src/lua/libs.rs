@@ -223,54 +223,444 @@ fn string(s: &[u8], out: &mut Vec<u8>) {
     out.push(b'"');
 }
 
+/// lua-cjson's decoder, ported for its behaviour and error texts: the
+/// input is a C string (a NUL byte ends it), numbers are read as `strtod`
+/// reads them (hex, `inf`, `nan`, leading zeros and `+` accepted: Redis
+/// builds lua-cjson with `decode_invalid_numbers` on), strings keep their
+/// bytes as they are, `\uXXXX` escapes become UTF-8.
 fn decode(lua: &Lua, text: &[u8]) -> Result<Value, String> {
-    let v: serde_json::Value = serde_json::from_slice(text).map_err(|e| {
-        // lua-cjson counts characters from 1; serde_json reports a line
-        // and a column: turn them into an offset.
-        let (line, col) = (e.line(), e.column());
-        let mut pos = 0usize;
-        for (i, l) in text.split(|&b| b == b'\n').enumerate() {
-            if i + 1 == line {
-                pos += col;
-                break;
-            }
-            pos += l.len() + 1;
-        }
-        format!(
-            "Expected value but found invalid token at character {}",
-            pos.max(1)
-        )
-    })?;
-    to_lua(lua, &v, 0).map_err(|e| e.to_string())
+    if text.len() >= 2 && (text[0] == 0 || text[1] == 0) {
+        return Err("JSON parser does not support UTF-16 or UTF-32".into());
+    }
+    let mut p = JsonParser {
+        lua,
+        s: text,
+        pos: 0,
+        depth: 0,
+    };
+    let t = p.next_token();
+    let v = p.value(t)?;
+    let t = p.next_token();
+    if !matches!(t.kind, Tok::End) {
+        return Err(p.expected("the end", &t));
+    }
+    Ok(v)
 }
 
-fn to_lua(lua: &Lua, v: &serde_json::Value, depth: usize) -> mlua::Result<Value> {
-    use serde_json::Value as J;
-    if depth > MAX_DEPTH {
-        return Err(mlua::Error::runtime(format!(
-            "Found too many nested data structures ({depth}) at character 1"
-        )));
+#[derive(Clone, Copy, PartialEq)]
+enum Tok {
+    ObjBegin,
+    ObjEnd,
+    ArrBegin,
+    ArrEnd,
+    Str,
+    Num,
+    Bool(bool),
+    Null,
+    Colon,
+    Comma,
+    End,
+    Error(&'static str),
+}
+
+struct Token {
+    kind: Tok,
+    /// Where the token starts (0-based).
+    index: usize,
+    string: Vec<u8>,
+    number: f64,
+}
+
+struct JsonParser<'a> {
+    lua: &'a Lua,
+    s: &'a [u8],
+    pos: usize,
+    depth: usize,
+}
+
+impl JsonParser<'_> {
+    /// The byte at `i`, 0 past the end (the C string's terminator).
+    fn at(&self, i: usize) -> u8 {
+        self.s.get(i).copied().unwrap_or(0)
     }
-    Ok(match v {
-        J::Null => json_null(),
-        J::Bool(b) => Value::Boolean(*b),
-        J::Number(n) => Value::Number(n.as_f64().unwrap_or(f64::NAN)),
-        J::String(s) => Value::String(lua.create_string(s)?),
-        J::Array(items) => {
-            let t = lua.create_table_with_capacity(items.len(), 0)?;
-            for (i, item) in items.iter().enumerate() {
-                t.raw_set(i + 1, to_lua(lua, item, depth + 1)?)?;
-            }
-            Value::Table(t)
+
+    fn token(&self, kind: Tok, index: usize) -> Token {
+        Token {
+            kind,
+            index,
+            string: Vec::new(),
+            number: 0.0,
         }
-        J::Object(map) => {
-            let t = lua.create_table_with_capacity(0, map.len())?;
-            for (k, item) in map {
-                t.raw_set(lua.create_string(k)?, to_lua(lua, item, depth + 1)?)?;
-            }
-            Value::Table(t)
+    }
+
+    fn next_token(&mut self) -> Token {
+        while matches!(self.at(self.pos), b' ' | b'\t' | b'\n' | b'\r') {
+            self.pos += 1;
         }
-    })
+        let index = self.pos;
+        let ch = self.at(self.pos);
+        let single = match ch {
+            b'{' => Some(Tok::ObjBegin),
+            b'}' => Some(Tok::ObjEnd),
+            b'[' => Some(Tok::ArrBegin),
+            b']' => Some(Tok::ArrEnd),
+            b',' => Some(Tok::Comma),
+            b':' => Some(Tok::Colon),
+            _ => None,
+        };
+        if let Some(k) = single {
+            self.pos += 1;
+            return self.token(k, index);
+        }
+        if ch == 0 {
+            return self.token(Tok::End, index);
+        }
+        let rest = &self.s[self.pos..];
+        match ch {
+            b'"' => self.string_token(index),
+            b'-' | b'0'..=b'9' => self.number_token(index),
+            _ if rest.starts_with(b"true") => {
+                self.pos += 4;
+                self.token(Tok::Bool(true), index)
+            }
+            _ if rest.starts_with(b"false") => {
+                self.pos += 5;
+                self.token(Tok::Bool(false), index)
+            }
+            _ if rest.starts_with(b"null") => {
+                self.pos += 4;
+                self.token(Tok::Null, index)
+            }
+            b'i' | b'I' | b'n' | b'N' | b'+' if self.invalid_number() => self.number_token(index),
+            _ => self.token(Tok::Error("invalid token"), index),
+        }
+    }
+
+    /// lua-cjson's `json_is_invalid_number`: what strict JSON refuses but
+    /// `strtod` reads.
+    fn invalid_number(&self) -> bool {
+        let mut p = self.pos;
+        if self.at(p) == b'+' {
+            return true;
+        }
+        if self.at(p) == b'-' {
+            p += 1;
+        }
+        let c = self.at(p);
+        if c == b'0' {
+            let c2 = self.at(p + 1);
+            return (c2 | 0x20) == b'x' || c2.is_ascii_digit();
+        }
+        if c <= b'9' {
+            return false;
+        }
+        let word = |w: &[u8]| (0..w.len()).all(|i| self.at(p + i).eq_ignore_ascii_case(&w[i]));
+        word(b"inf") || word(b"nan")
+    }
+
+    fn number_token(&mut self, index: usize) -> Token {
+        match strtod(&self.s[self.pos..]) {
+            Some((n, used)) => {
+                self.pos += used;
+                let mut t = self.token(Tok::Num, index);
+                t.number = n;
+                t
+            }
+            None => self.token(Tok::Error("invalid number"), self.pos),
+        }
+    }
+
+    fn string_token(&mut self, index: usize) -> Token {
+        self.pos += 1;
+        let mut out = Vec::new();
+        loop {
+            let ch = self.at(self.pos);
+            if ch == b'"' {
+                break;
+            }
+            if ch == 0 {
+                return self.token(Tok::Error("unexpected end of string"), self.pos);
+            }
+            if ch == b'\\' {
+                let esc = match self.at(self.pos + 1) {
+                    b'"' => b'"',
+                    b'\\' => b'\\',
+                    b'/' => b'/',
+                    b'b' => 8,
+                    b't' => b'\t',
+                    b'n' => b'\n',
+                    b'f' => 12,
+                    b'r' => b'\r',
+                    b'u' => {
+                        if self.unicode_escape(&mut out) {
+                            continue;
+                        }
+                        return self.token(Tok::Error("invalid unicode escape code"), self.pos);
+                    }
+                    _ => return self.token(Tok::Error("invalid escape code"), self.pos),
+                };
+                out.push(esc);
+                self.pos += 2;
+                continue;
+            }
+            out.push(ch);
+            self.pos += 1;
+        }
+        self.pos += 1;
+        let mut t = self.token(Tok::Str, index);
+        t.string = out;
+        t
+    }
+
+    fn hex4(&self, at: usize) -> Option<u32> {
+        (0..4).try_fold(0u32, |a, i| {
+            (self.at(at + i) as char).to_digit(16).map(|d| (a << 4) | d)
+        })
+    }
+
+    /// A `\uXXXX` escape (a surrogate pair is two) as UTF-8.
+    fn unicode_escape(&mut self, out: &mut Vec<u8>) -> bool {
+        let Some(mut cp) = self.hex4(self.pos + 2) else {
+            return false;
+        };
+        let mut len = 6;
+        if cp & 0xF800 == 0xD800 {
+            if cp & 0x400 != 0 || self.at(self.pos + 6) != b'\\' || self.at(self.pos + 7) != b'u' {
+                return false;
+            }
+            let Some(low) = self.hex4(self.pos + 8) else {
+                return false;
+            };
+            if low & 0xFC00 != 0xDC00 {
+                return false;
+            }
+            cp = (((cp & 0x3FF) << 10) | (low & 0x3FF)) + 0x10000;
+            len = 12;
+        }
+        let Some(c) = char::from_u32(cp) else {
+            return false;
+        };
+        let mut buf = [0u8; 4];
+        out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+        self.pos += len;
+        true
+    }
+
+    fn expected(&self, what: &str, t: &Token) -> String {
+        let found = match t.kind {
+            Tok::Error(e) => e,
+            Tok::ObjBegin => "T_OBJ_BEGIN",
+            Tok::ObjEnd => "T_OBJ_END",
+            Tok::ArrBegin => "T_ARR_BEGIN",
+            Tok::ArrEnd => "T_ARR_END",
+            Tok::Str => "T_STRING",
+            Tok::Num => "T_NUMBER",
+            Tok::Bool(_) => "T_BOOLEAN",
+            Tok::Null => "T_NULL",
+            Tok::Colon => "T_COLON",
+            Tok::Comma => "T_COMMA",
+            Tok::End => "T_END",
+        };
+        format!(
+            "Expected {what} but found {found} at character {}",
+            t.index + 1
+        )
+    }
+
+    fn descend(&mut self) -> Result<(), String> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(format!(
+                "Found too many nested data structures ({}) at character {}",
+                self.depth, self.pos
+            ));
+        }
+        Ok(())
+    }
+
+    fn value(&mut self, t: Token) -> Result<Value, String> {
+        let lua_err = |e: mlua::Error| e.to_string();
+        Ok(match t.kind {
+            Tok::Str => Value::String(self.lua.create_string(&t.string).map_err(lua_err)?),
+            Tok::Num => Value::Number(t.number),
+            Tok::Bool(b) => Value::Boolean(b),
+            Tok::Null => json_null(),
+            Tok::ObjBegin => {
+                self.descend()?;
+                let tbl = self.lua.create_table().map_err(lua_err)?;
+                let mut t = self.next_token();
+                if t.kind != Tok::ObjEnd {
+                    loop {
+                        if t.kind != Tok::Str {
+                            return Err(self.expected("object key string", &t));
+                        }
+                        let key = self.lua.create_string(&t.string).map_err(lua_err)?;
+                        let colon = self.next_token();
+                        if colon.kind != Tok::Colon {
+                            return Err(self.expected("colon", &colon));
+                        }
+                        let vt = self.next_token();
+                        let v = self.value(vt)?;
+                        tbl.raw_set(key, v).map_err(lua_err)?;
+                        let sep = self.next_token();
+                        if sep.kind == Tok::ObjEnd {
+                            break;
+                        }
+                        if sep.kind != Tok::Comma {
+                            return Err(self.expected("comma or object end", &sep));
+                        }
+                        t = self.next_token();
+                    }
+                }
+                self.depth -= 1;
+                Value::Table(tbl)
+            }
+            Tok::ArrBegin => {
+                self.descend()?;
+                let tbl = self.lua.create_table().map_err(lua_err)?;
+                let mut t = self.next_token();
+                if t.kind != Tok::ArrEnd {
+                    for i in 1.. {
+                        let v = self.value(t)?;
+                        tbl.raw_set(i, v).map_err(lua_err)?;
+                        let sep = self.next_token();
+                        if sep.kind == Tok::ArrEnd {
+                            break;
+                        }
+                        if sep.kind != Tok::Comma {
+                            return Err(self.expected("comma or array end", &sep));
+                        }
+                        t = self.next_token();
+                    }
+                }
+                self.depth -= 1;
+                Value::Table(tbl)
+            }
+            _ => return Err(self.expected("value", &t)),
+        })
+    }
+}
+
+/// C's `strtod` on the front of `s` (the C locale): the number and how many
+/// bytes it took; None when no number starts there.
+fn strtod(s: &[u8]) -> Option<(f64, usize)> {
+    let at = |i: usize| s.get(i).copied().unwrap_or(0);
+    let mut i = 0;
+    let neg = match at(0) {
+        b'-' => {
+            i = 1;
+            true
+        }
+        b'+' => {
+            i = 1;
+            false
+        }
+        _ => false,
+    };
+    let sign = |v: f64| if neg { -v } else { v };
+    let word =
+        |from: usize, w: &[u8]| (0..w.len()).all(|k| at(from + k).eq_ignore_ascii_case(&w[k]));
+    if word(i, b"infinity") {
+        return Some((sign(f64::INFINITY), i + 8));
+    }
+    if word(i, b"inf") {
+        return Some((sign(f64::INFINITY), i + 3));
+    }
+    if word(i, b"nan") {
+        let mut end = i + 3;
+        // nan(chars)
+        if at(end) == b'(' {
+            let mut k = end + 1;
+            while at(k).is_ascii_alphanumeric() || at(k) == b'_' {
+                k += 1;
+            }
+            if at(k) == b')' {
+                end = k + 1;
+            }
+        }
+        return Some((sign(f64::NAN), end));
+    }
+    if at(i) == b'0' && (at(i + 1) | 0x20) == b'x' {
+        let mut k = i + 2;
+        let (mut mant, mut exp, mut digits) = (0f64, 0i32, 0);
+        while let Some(d) = (at(k) as char).to_digit(16) {
+            mant = mant * 16.0 + d as f64;
+            digits += 1;
+            k += 1;
+        }
+        if at(k) == b'.' {
+            k += 1;
+            while let Some(d) = (at(k) as char).to_digit(16) {
+                mant = mant * 16.0 + d as f64;
+                exp -= 4;
+                digits += 1;
+                k += 1;
+            }
+        }
+        if digits == 0 {
+            // "0x" without digits: strtod reads the "0".
+            return Some((sign(0.0), i + 1));
+        }
+        if (at(k) | 0x20) == b'p' {
+            let mut e = k + 1;
+            let eneg = match at(e) {
+                b'-' => {
+                    e += 1;
+                    true
+                }
+                b'+' => {
+                    e += 1;
+                    false
+                }
+                _ => false,
+            };
+            if at(e).is_ascii_digit() {
+                let mut v = 0i32;
+                while at(e).is_ascii_digit() {
+                    v = v.saturating_mul(10).saturating_add((at(e) - b'0') as i32);
+                    e += 1;
+                }
+                exp = exp.saturating_add(if eneg { -v } else { v });
+                k = e;
+            }
+        }
+        return Some((sign(mant * 2f64.powi(exp)), k));
+    }
+    let start = i;
+    let mut k = i;
+    while at(k).is_ascii_digit() {
+        k += 1;
+    }
+    let int_digits = k - start;
+    let mut frac_digits = 0;
+    if at(k) == b'.' {
+        let mut f = k + 1;
+        while at(f).is_ascii_digit() {
+            f += 1;
+        }
+        frac_digits = f - k - 1;
+        if int_digits > 0 || frac_digits > 0 {
+            k = f;
+        }
+    }
+    if int_digits == 0 && frac_digits == 0 {
+        return None;
+    }
+    if (at(k) | 0x20) == b'e' {
+        let mut e = k + 1;
+        if at(e) == b'-' || at(e) == b'+' {
+            e += 1;
+        }
+        if at(e).is_ascii_digit() {
+            while at(e).is_ascii_digit() {
+                e += 1;
+            }
+            k = e;
+        }
+    }
+    let text = std::str::from_utf8(&s[start..k]).ok()?;
+    let v: f64 = text.parse().ok()?;
+    Some((sign(v), k))
 }
 
 // ---------------------------------------------------------------- cmsgpack
