@@ -628,6 +628,40 @@ fn register_api(lua: &Lua, raw: &Table, sc: &Scripting) -> mlua::Result<()> {
         })?,
     )?;
     raw.raw_set(
+        "setmetatable",
+        lua.create_function(|lua, args: Variadic<Value>| {
+            let Some(Value::Table(t)) = args.first() else {
+                let got = args.first().map(|v| v.type_name()).unwrap_or("no value");
+                return Err(raise_here(
+                    lua,
+                    &format!("bad argument #1 to 'setmetatable' (table expected, got {got})"),
+                ));
+            };
+            let mt = match args.get(1) {
+                None | Some(Value::Nil) => None,
+                Some(Value::Table(m)) => Some(m.clone()),
+                Some(_) => {
+                    return Err(raise_here(
+                        lua,
+                        "bad argument #2 to 'setmetatable' (nil or table expected)",
+                    ))
+                }
+            };
+            match t.metatable().map(|m| m.raw_get::<Value>("__metatable")) {
+                // The sandbox's read-only tables.
+                Some(Ok(Value::Boolean(false))) => {
+                    return Err(mlua::Error::external(Raise::Text(
+                        "Attempt to modify a readonly table".into(),
+                    )))
+                }
+                Some(Ok(Value::Nil)) | None => {}
+                Some(_) => return Err(raise_here(lua, "cannot change a protected metatable")),
+            }
+            t.set_metatable(mt);
+            Ok(t.clone())
+        })?,
+    )?;
+    raw.raw_set(
         "unwrap",
         lua.create_function(|lua, v: Value| unwrap_raise(lua, v))?,
     )?;

@@ -67,6 +67,7 @@ B.ipairs = function(t) return ipairs_(backing[t] or t) end
 B.next = function(t, k) return next_(backing[t] or t, k) end
 B.rawget = function(t, k) return rawget_(backing[t] or t, k) end
 B.rawset = raw.rawset
+B.setmetatable = raw.setmetatable
 
 -- The environment of user code: every read of a missing global and every
 -- write fails. While a library loads, reads go to the load API instead.
@@ -125,7 +126,7 @@ B.string = readonly(copy(string))
 do
   local smt = getmetatable('')
   smt.__index = B.string
-  smt.__metatable = false
+  smt.__metatable = readonly({ __index = B.string })
 end
 B.table = readonly(copy(table))
 B.coroutine = readonly(copy(coroutine))
