@@ -1,7 +1,8 @@
 //! Lua scripting and functions against a real redis-server 7.0: the same
 //! EVAL/FCALL/SCRIPT/FUNCTION requests give the same replies, error texts
 //! included, in RESP2 and RESP3 (conversions both ways, pcall errors, the
-//! globals protection, cjson and bit, the redis.* API, shebang flags,
+//! globals protection, cjson, cmsgpack, struct and bit, the redis.* API,
+//! shebang flags,
 //! read-only scripts, register_function's checks). Then what only Ember
 //! can show: function libraries survive a restart and a SIGKILL; a script's
 //! writes are isolated from other workers and all-or-nothing across a
@@ -180,6 +181,32 @@ const CASES: &[&[&str]] = &[
     &["EVAL", "return cmsgpack.unpack(string.char(0x92, 1))", "0"],
     &["EVAL", "return cmsgpack.unpack(string.char(0xc1))", "0"],
     &["EVAL", "return cmsgpack.pack()", "0"],
+    &["EVAL", "return struct.pack('>I2 <i4 b B h H l L T', 258, -5, -1, 255, -300, 65535, -7, 7, 9)", "0"],
+    &["EVAL", "return struct.pack('!4 b i d f', 1, 2, 1.5, 2.5)", "0"],
+    &["EVAL", "return struct.pack('c5 s c0', 'abcdefg', 'zz', 'xyz')", "0"],
+    &["EVAL", "return struct.pack('c5', 'ab')", "0"],
+    &["EVAL", "return struct.pack('q', 1)", "0"],
+    &["EVAL", "return struct.pack('i40', 1)", "0"],
+    &["EVAL", "return struct.pack('!3 i', 1)", "0"],
+    &["EVAL", "return struct.pack('i')", "0"],
+    &["EVAL", "return struct.pack('i', 'x')", "0"],
+    &["EVAL", "return struct.pack()", "0"],
+    &["EVAL", "return {struct.unpack('>I2 <i4 b B h H l L T', struct.pack('>I2 <i4 b B h H l L T', 258, -5, -1, 255, -300, 65535, -7, 7, 9))}", "0"],
+    &["EVAL", "return {struct.unpack('!4 b i d f', struct.pack('!4 b i d f', 1, 2, 1.5, 2.5))}", "0"],
+    &["EVAL", "return {struct.unpack('c5 s', struct.pack('c5 s', 'abcdefg', 'zz'))}", "0"],
+    &["EVAL", "return {struct.unpack('b c0', struct.pack('b c0', 3, 'abc'))}", "0"],
+    &["EVAL", "return {struct.unpack('c0', 'abc')}", "0"],
+    &["EVAL", "return {struct.unpack('i', 'ab')}", "0"],
+    &["EVAL", "return {struct.unpack('s', 'abc')}", "0"],
+    &["EVAL", "return {struct.unpack('b', 'abc', 0)}", "0"],
+    &["EVAL", "return {struct.unpack('b', 'abc', 2)}", "0"],
+    &["EVAL", "return struct.size('i h !8 d')", "0"],
+    &["EVAL", "return struct.size('s')", "0"],
+    &["EVAL", "return struct.size('c0')", "0"],
+    &["EVAL", "return struct.size('i q')", "0"],
+    &["EVAL", "return {struct.unpack('>i3', string.char(255, 255, 254))}", "0"],
+    &["EVAL", "return {struct.unpack('<I3 >i2', string.char(1, 2, 3, 128, 0))}", "0"],
+    &["EVAL", "local t = {} for k,v in pairs(_G) do t[#t+1]=k end table.sort(t) return table.concat(t,' ')", "0"],
     // Arguments, flags, read-only scripts.
     &["EVAL", "return 1", "-1"],
     &["EVAL", "return 1", "2", "a"],

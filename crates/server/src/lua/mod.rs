@@ -32,6 +32,7 @@
 
 pub mod convert;
 mod libs;
+mod structlib;
 
 use crate::cmd::{unit, CmdError, Ctx, Flags, Spec, R, SUBCOMMANDS, TABLE};
 use crate::server::{Client, Shared};
@@ -705,6 +706,7 @@ impl State {
         )?;
         let raw = lua.create_table()?;
         libs::register(&lua, &raw)?;
+        structlib::register(&lua, &raw)?;
         raw.raw_set("json_null", libs::json_null())?;
         let run = sc.run.clone();
         raw.raw_set(

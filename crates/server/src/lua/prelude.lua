@@ -144,6 +144,12 @@ B.cmsgpack = readonly({
   unpack_limit = raw.msgpack_unpack_limit,
 })
 
+B.struct = readonly({
+  pack = raw.struct_pack,
+  unpack = raw.struct_unpack,
+  size = raw.struct_size,
+})
+
 local bit = {}
 for _, n in ipairs_({ 'tobit', 'tohex', 'bnot', 'band', 'bor', 'bxor', 'lshift', 'rshift', 'arshift',
   'rol', 'ror', 'bswap' }) do
