@@ -1208,6 +1208,23 @@ mod tests {
     }
 
     #[test]
+    fn busy_reply_threshold_and_its_alias() {
+        assert_eq!(Config::default().busy_reply_threshold, 5000);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("e.conf");
+        std::fs::write(&f, "lua-time-limit 250\n").unwrap();
+        let a = ServeArgs {
+            config: Some(f.clone()),
+            ..Default::default()
+        };
+        let c = Config::load(&a).unwrap();
+        assert_eq!(c.busy_reply_threshold, 250);
+        assert_eq!(c.get("busy-reply-threshold").unwrap(), "250");
+        assert_eq!(c.get("lua-time-limit").unwrap(), "250");
+        assert!(HONOURED.contains(&("busy-reply-threshold", true)));
+    }
+
+    #[test]
     fn busy_poll() {
         assert_eq!(Config::default().busy_poll_us, 50);
         let dir = tempfile::tempdir().unwrap();
