@@ -694,6 +694,8 @@ struct State {
     /// Compiled scripts (eval: by SHA1) or functions (by name).
     compiled: HashMap<String, Function>,
     registering: Rc<RefCell<Option<Vec<Registered>>>>,
+    /// Runs since the last garbage-collection step.
+    runs: Cell<u32>,
 }
 
 const PRELUDE: &str = include_str!("prelude.lua");
@@ -768,6 +770,7 @@ impl State {
             load_lib,
             compiled: HashMap::new(),
             registering,
+            runs: Cell::new(0),
         })
     }
 
@@ -1427,9 +1430,13 @@ fn exec(st: &State, f: &Function, job: &Job, ctx: &mut Ctx, c: &mut Client) -> R
         }
         Err(e) => Reply::Error(format!("ERR Error running script {}, {e}", job.name)),
     };
-    // Lua garbage from this run (reply tables, strings) is collected in
-    // steps, as Redis does every 50 scripts.
-    let _ = lua.gc_step_kbytes(64);
+    // Lua garbage (reply tables, strings) is collected in steps every 50
+    // runs, as Redis does, besides Lua's own incremental collector.
+    st.runs.set(st.runs.get() + 1);
+    if st.runs.get() >= 50 {
+        st.runs.set(0);
+        let _ = lua.gc_step_kbytes(50);
+    }
     c.reply(&reply);
     Ok(())
 }
