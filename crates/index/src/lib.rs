@@ -70,8 +70,11 @@ pub use skiplist::{SkipList, SkipOptions};
 
 /// Largest key the structures accept (bytes).
 pub const MAX_KEY: usize = 64 * 1024;
-/// Largest value the structures accept (bytes): Redis's `proto-max-bulk-len`.
-pub const MAX_VALUE: usize = 512 * 1024 * 1024;
+/// Largest value the structures accept (bytes): Redis's `proto-max-bulk-len`
+/// (512 MiB) plus 64 bytes, so that a string of exactly 512 MiB fits with
+/// the headers the layers above add to it (the server's type tag and
+/// expiry, the engine's stamp).
+pub const MAX_VALUE: usize = 512 * 1024 * 1024 + 64;
 
 /// What a structure reports about itself (`ember check`, tests).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

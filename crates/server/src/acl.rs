@@ -587,7 +587,11 @@ impl Selector {
                 c.keys.indexes(args.len()).collect()
             };
             for (n, k) in keys.into_iter().enumerate() {
-                let need = c.access[usize::from(n > 0)] | if reads { READ } else { 0 };
+                let mut need = c.access[usize::from(n > 0)] | if reads { READ } else { 0 };
+                // BITFIELD with GETs only reads (Redis's `bitfieldGetKeys`).
+                if c.name == "bitfield" && crate::cmd::bitfield_reads_only(args) {
+                    need = READ;
+                }
                 let ok = self
                     .keys
                     .iter()
@@ -597,8 +601,39 @@ impl Selector {
                 }
             }
         }
+        if !self.allchannels {
+            for (k, pattern) in channel_args(&c.name, args.len()) {
+                // A PSUBSCRIBE pattern must be one of the user's patterns as
+                // written; a channel is matched against them (Redis's
+                // `ACLCheckChannelAgainstList`).
+                let ok = self.channels.iter().any(|p| {
+                    if pattern {
+                        p == &args[k]
+                    } else {
+                        Glob::new(p, false).matches(&args[k])
+                    }
+                });
+                if !ok {
+                    return Err(Denied::Channel(k));
+                }
+            }
+        }
         Ok(())
     }
+}
+
+/// The arguments of a request of `n` arguments to command `name` that ACL
+/// channel rules check (Redis's channel specs with the publish or
+/// subscribe flag; unsubscribes are never denied), and whether each is a
+/// pattern.
+fn channel_args(name: &str, n: usize) -> impl Iterator<Item = (usize, bool)> {
+    let (range, pattern) = match name {
+        "publish" | "spublish" => (1..2.min(n), false),
+        "subscribe" | "ssubscribe" => (1..n, false),
+        "psubscribe" => (1..n, true),
+        _ => (0..0, false),
+    };
+    range.map(move |k| (k, pattern))
 }
 
 /// Words joined with spaces.
@@ -620,6 +655,9 @@ pub enum Denied {
     Command(usize),
     /// The key at this argument position is not among the patterns.
     Key(usize),
+    /// The Pub/Sub channel (or pattern) at this argument position is not
+    /// among the channel patterns.
+    Channel(usize),
 }
 
 /// An ACL user.
@@ -785,7 +823,20 @@ impl User {
     /// costs this test and no pattern walk (the `default` user's case).
     #[inline]
     pub fn unrestricted(&self) -> bool {
-        self.root.allcommands && self.root.allkeys
+        self.root.allcommands && self.root.allkeys && self.root.allchannels
+    }
+
+    /// Whether a selector that allows request `args` (table entry `i`) has
+    /// `allkeys`: Redis lets only such a user read keys that SORT's BY and
+    /// GET patterns name (`ACLUserCheckCmdWithUnrestrictedKeyAccess`).
+    pub fn all_keys_for(&self, i: usize, args: &[Vec<u8>]) -> bool {
+        if self.unrestricted() {
+            return true;
+        }
+        let id = resolve(i, args).unwrap_or(i);
+        std::iter::once(&self.root)
+            .chain(self.selectors.iter())
+            .any(|s| s.allkeys && s.check(id, args).is_ok())
     }
 
     /// Whether the user may run `args`, a request for table entry `i` (arity
@@ -802,9 +853,14 @@ impl User {
     }
 
     /// [`User::check`] of an ACL id (ACL DRYRUN): allowed when one selector
-    /// allows it; otherwise the denial Redis reports: a key's over a
-    /// command's, the last key position among the selectors'.
+    /// allows it; otherwise the denial Redis reports: a channel's over a
+    /// key's over a command's, the last position among the selectors'.
     pub fn check_id(&self, id: usize, args: &[Vec<u8>]) -> Result<(), Denied> {
+        let rank = |d: &Denied| match *d {
+            Denied::Command(_) => (0, 0),
+            Denied::Key(k) => (1, k),
+            Denied::Channel(k) => (2, k),
+        };
         let mut worst = match self.root.check(id, args) {
             Ok(()) => return Ok(()),
             Err(d) => d,
@@ -812,12 +868,11 @@ impl User {
         for s in &self.selectors {
             match s.check(id, args) {
                 Ok(()) => return Ok(()),
-                Err(Denied::Key(k)) => {
-                    if !matches!(worst, Denied::Key(w) if w >= k) {
-                        worst = Denied::Key(k);
+                Err(d) => {
+                    if rank(&d) > rank(&worst) {
+                        worst = d;
                     }
                 }
-                Err(Denied::Command(_)) => {}
             }
         }
         Err(worst)
@@ -994,9 +1049,9 @@ pub struct Acl {
     default_nopass: AtomicBool,
     serial: AtomicU64,
     log: Mutex<VecDeque<LogEntry>>,
-    /// Failed logins, denied commands, denied keys (INFO stats'
+    /// Failed logins, denied commands, keys and channels (INFO stats'
     /// `acl_access_denied_*`; CONFIG RESETSTAT zeroes them).
-    denied: [AtomicU64; 3],
+    denied: [AtomicU64; 4],
     /// `acllog-max-len`.
     log_max: AtomicU64,
     /// `aclfile`, for ACL LOAD and SAVE.
@@ -1312,7 +1367,8 @@ impl Acl {
         let kind = match reason {
             "auth" => 0,
             "command" => 1,
-            _ => 2,
+            "key" => 2,
+            _ => 3,
         };
         self.denied[kind].fetch_add(1, Ordering::Relaxed);
         let now = now_ms();
@@ -1357,10 +1413,10 @@ impl Acl {
             .collect()
     }
 
-    /// Failed logins, denied commands and denied keys since the start or
+    /// Failed logins, denied commands, keys and channels since the start or
     /// the last [`Acl::reset_stats`].
-    pub fn denied(&self) -> [u64; 3] {
-        [0, 1, 2].map(|i| self.denied[i].load(Ordering::Relaxed))
+    pub fn denied(&self) -> [u64; 4] {
+        [0, 1, 2, 3].map(|i| self.denied[i].load(Ordering::Relaxed))
     }
 
     pub fn reset_stats(&self) {
@@ -1472,6 +1528,44 @@ mod tests {
         assert!(acl.authenticate(b"default", b"px").is_none());
         acl.set_default_password(None);
         assert!(!acl.auth_required(false));
+    }
+
+    #[test]
+    fn channel_rules_check_pubsub_arguments() {
+        let a = |s: &str| -> Vec<Vec<u8>> { s.split(' ').map(|w| w.as_bytes().to_vec()).collect() };
+        let [publish, subscribe, psubscribe, unsubscribe] =
+            ["publish", "subscribe", "psubscribe", "unsubscribe"]
+                .map(|n| lookup(n.as_bytes()).unwrap());
+        let u = user("on ~* +@all &news* &chat");
+        assert!(!u.unrestricted());
+        assert_eq!(u.check(publish, &a("publish news1 m")), Ok(()));
+        assert_eq!(
+            u.check(publish, &a("publish other m")),
+            Err(Denied::Channel(1))
+        );
+        assert_eq!(u.check(subscribe, &a("subscribe chat news2")), Ok(()));
+        assert_eq!(
+            u.check(subscribe, &a("subscribe chat x news2")),
+            Err(Denied::Channel(2))
+        );
+        // A pattern must be one of the user's as written.
+        assert_eq!(u.check(psubscribe, &a("psubscribe news*")), Ok(()));
+        assert_eq!(
+            u.check(psubscribe, &a("psubscribe news1")),
+            Err(Denied::Channel(1))
+        );
+        assert_eq!(u.check(unsubscribe, &a("unsubscribe x")), Ok(()));
+        // No channel rule: no channel (Redis 7.0's resetchannels default).
+        let none = user("on ~* +@all");
+        assert_eq!(
+            none.check(publish, &a("publish c m")),
+            Err(Denied::Channel(1))
+        );
+        // A selector that allows the channel wins; the reported denial is the
+        // channel's over a command's.
+        let s = user("on ~* +get resetchannels (+publish &c*)");
+        assert_eq!(s.check(publish, &a("publish c1 m")), Ok(()));
+        assert_eq!(s.check(publish, &a("publish d m")), Err(Denied::Channel(1)));
     }
 
     #[test]
@@ -1652,9 +1746,10 @@ mod tests {
             acl.log("key", format!("k{i}").as_bytes(), b"u", String::new());
         }
         assert_eq!(acl.log_entries(1000).len(), LOG_MAX_LEN);
-        assert_eq!(acl.denied(), [0, 2, 301]);
+        acl.log("channel", b"ch", b"u", String::new());
+        assert_eq!(acl.denied(), [0, 2, 301, 1]);
         acl.reset_stats();
-        assert_eq!(acl.denied(), [0, 0, 0]);
+        assert_eq!(acl.denied(), [0, 0, 0, 0]);
         acl.set_log_max(3);
         acl.log("key", b"x", b"u", String::new());
         assert_eq!(acl.log_entries(1000).len(), 3);

@@ -11,7 +11,7 @@ use crate::tls::Conn;
 use proto::reply::put;
 use proto::{Reply, RespCodec, Version};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -39,6 +39,11 @@ pub struct ClientMeta {
     /// In MULTI: 1 + the commands queued (CLIENT LIST flag `x`, `multi=`);
     /// 0 outside a transaction.
     pub multi: AtomicU64,
+    /// Channel, pattern and shard-channel subscriptions (CLIENT LIST `sub`,
+    /// `psub`, `ssub`; any makes it a `pubsub` client, flag `P`).
+    pub sub: AtomicU32,
+    pub psub: AtomicU32,
+    pub ssub: AtomicU32,
 }
 
 impl ClientMeta {
@@ -60,11 +65,21 @@ impl ClientMeta {
             last_cmd: AtomicU64::new(0),
             blocked: AtomicBool::new(false),
             multi: AtomicU64::new(0),
+            sub: AtomicU32::new(0),
+            psub: AtomicU32::new(0),
+            ssub: AtomicU32::new(0),
         }
     }
 }
 
 impl ClientMeta {
+    /// Subscribed to something (Redis's `CLIENT_PUBSUB`).
+    pub fn is_pubsub(&self) -> bool {
+        self.sub.load(Ordering::Relaxed) > 0
+            || self.psub.load(Ordering::Relaxed) > 0
+            || self.ssub.load(Ordering::Relaxed) > 0
+    }
+
     /// The client connected from a loopback address (Redis's `connIsLocal`).
     pub fn is_local(&self) -> bool {
         self.addr
@@ -82,6 +97,9 @@ impl ClientMeta {
         };
         let multi = self.multi.load(Ordering::Relaxed) as i64 - 1;
         let mut flags = String::new();
+        if self.is_pubsub() {
+            flags.push('P');
+        }
         if multi >= 0 {
             flags.push('x');
         }
@@ -92,7 +110,7 @@ impl ClientMeta {
             flags.push('N');
         }
         format!(
-            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub=0 psub=0 ssub=0 multi={} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub={} psub={} ssub={} multi={} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -102,6 +120,9 @@ impl ClientMeta {
             idle,
             flags,
             self.db.load(Ordering::Relaxed),
+            self.sub.load(Ordering::Relaxed),
+            self.psub.load(Ordering::Relaxed),
+            self.ssub.load(Ordering::Relaxed),
             multi,
             cmd,
             self.user.lock().unwrap_or_else(|p| p.into_inner()),
@@ -162,6 +183,8 @@ pub struct Client {
     pub(crate) blocked: Option<Box<crate::blocking::Blocked>>,
     /// How many times it blocked (numbers its waits, see `blocking`).
     pub(crate) block_seq: u64,
+    /// Its Pub/Sub subscriptions (None while it has none; see `pubsub`).
+    pub(crate) subs: Option<Box<crate::pubsub::Subs>>,
     /// In MULTI: the queued transaction (see `cmd::multi`).
     pub multi: Option<Multi>,
     /// Keys it WATCHes.
@@ -217,6 +240,7 @@ impl Client {
             multi: None,
             watching: Default::default(),
             deny_blocking: false,
+            subs: None,
         }
     }
 }

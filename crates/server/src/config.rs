@@ -257,9 +257,8 @@ pub struct ObufLimit {
 }
 
 /// The client classes of `client-output-buffer-limit`, in Redis's order.
-/// Only normal clients exist so far: the replica and pubsub limits are kept
-/// and reported, and apply to those clients when replication and Pub/Sub
-/// arrive.
+/// Replicas do not exist yet: their limit is kept and reported; the
+/// `pubsub` limit applies to clients with subscriptions.
 pub const OBUF_CLASSES: [&str; 3] = ["normal", "slave", "pubsub"];
 
 /// Parses Redis's `client-output-buffer-limit` value (one or more groups of
@@ -362,6 +361,11 @@ pub struct Config {
     pub tls_auth_clients: TlsAuth,
     /// `client-output-buffer-limit` per class (`OBUF_CLASSES`).
     pub client_output_buffer_limit: [ObufLimit; 3],
+    /// Bytes above which a sparse HyperLogLog becomes dense (Redis's
+    /// `hll-sparse-max-bytes`).
+    pub hll_sparse_max_bytes: u64,
+    /// `notify-keyspace-events` as flags (see [`crate::notify`]).
+    pub notify_keyspace_events: u32,
     /// Redis directives accepted with no effect here (name → value as given).
     pub no_effect: BTreeMap<String, String>,
     /// The file the configuration was read from.
@@ -425,6 +429,8 @@ impl Default for Config {
                     soft_seconds: 60,
                 },
             ],
+            hll_sparse_max_bytes: crate::hll::SPARSE_MAX_BYTES as u64,
+            notify_keyspace_events: 0,
             no_effect: BTreeMap::new(),
             config_file: None,
         }
@@ -470,7 +476,6 @@ pub const NO_EFFECT: &[&str] = &[
     "zset-max-listpack-value",
     "stream-node-max-bytes",
     "stream-node-max-entries",
-    "hll-sparse-max-bytes",
     "activerehashing",
     "activedefrag",
     "lazyfree-lazy-eviction",
@@ -534,6 +539,8 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("tls-ca-cert-file", false),
     ("tls-auth-clients", false),
     ("client-output-buffer-limit", true),
+    ("hll-sparse-max-bytes", true),
+    ("notify-keyspace-events", true),
 ];
 
 /// Parses a size the way Redis's `memtoll` does: `k`/`m`/`g` are powers of
@@ -760,6 +767,17 @@ impl Config {
             "client-output-buffer-limit" => {
                 parse_obuf_limits(args, &mut self.client_output_buffer_limit)?
             }
+            "hll-sparse-max-bytes" => {
+                let n = parse_size(one()?)?;
+                if n > i64::MAX as u64 {
+                    return Err("argument must be a memory value".into());
+                }
+                self.hll_sparse_max_bytes = n;
+            }
+            "notify-keyspace-events" => {
+                self.notify_keyspace_events = crate::notify::parse_flags(one()?)
+                    .ok_or("Invalid event class character. Use 'Ag$lshzxeKEtmdn'.")?
+            }
             n if NO_EFFECT.contains(&n) => {
                 self.no_effect.insert(n.to_string(), args.join(" "));
             }
@@ -953,6 +971,8 @@ impl Config {
                 .map(|(n, l)| format!("{n} {} {} {}", l.hard, l.soft, l.soft_seconds))
                 .collect::<Vec<_>>()
                 .join(" "),
+            "hll-sparse-max-bytes" => self.hll_sparse_max_bytes.to_string(),
+            "notify-keyspace-events" => crate::notify::flags_string(self.notify_keyspace_events),
             n if NO_EFFECT.contains(&n) => self.no_effect.get(n).cloned().unwrap_or_default(),
             _ => return None,
         })

@@ -60,6 +60,7 @@ impl Embedded {
         let sess = sh.store.session().map_err(|e| e.to_string())?;
         let mut ks = Keyspace::new(sess, sh.counts.clone(), id, sh.hk.clone());
         ks.set_watches(sh.watches.clone());
+        ks.notify = sh.pubsub.notify_flags().clone();
         let ws = sh.stats.workers[id].clone();
         let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
         let addr = l.local_addr().map_err(|e| e.to_string())?;

@@ -32,6 +32,8 @@ impl Worker {
         }
         let sh = self.sh.clone();
         housekeep::expire_cycle(&sh, &mut self.ks, deadline);
+        // `expired` notifications of the keys it deleted.
+        crate::notify::flush_pending(&sh, &mut self.ks);
         if !sh.hk.indexed() {
             let step = Instant::now() + Duration::from_millis(1);
             if let Err(e) = housekeep::start_pass(

@@ -286,6 +286,15 @@ pub struct Keyspace {
     outcomes: Vec<Outcome>,
     /// Keys deleted because they had expired (INFO `expired_keys`).
     pub expired: u64,
+    /// `notify-keyspace-events` (shared with `Pubsub`): while its `x` or
+    /// `n` class is on, the store keys found expired and those a write
+    /// created are logged for [`crate::notify`] to publish.
+    pub notify: Arc<std::sync::atomic::AtomicU32>,
+    pub expired_log: Vec<Vec<u8>>,
+    pub created_log: Vec<Vec<u8>>,
+    /// Events of the running command, published when it ends (class,
+    /// Redis's name, store key).
+    pub events: Vec<(u32, &'static str, Vec<u8>)>,
     /// The per-database key counts every write here keeps (DBSIZE).
     counts: Arc<KeyCounts>,
     /// This worker's shard of them.
@@ -333,6 +342,10 @@ impl Keyspace {
             before: Vec::new(),
             outcomes: Vec::new(),
             expired: 0,
+            notify: Arc::default(),
+            expired_log: Vec::new(),
+            created_log: Vec::new(),
+            events: Vec::new(),
             counts,
             shard,
             hk,
@@ -457,6 +470,8 @@ impl Keyspace {
             return Ok(());
         }
         let counts = &*self.counts;
+        let log_new =
+            self.notify.load(std::sync::atomic::Ordering::Relaxed) & crate::notify::NEW != 0;
         // While a recount runs, the writes and their counts exclude a
         // recount step.
         let guard = counts.write_guard();
@@ -488,6 +503,9 @@ impl Keyspace {
             };
             if after == Some(true) {
                 self.hk.note_ttl(skey);
+            }
+            if log_new && matches!(out, Outcome::Put { created: true, .. }) && !skey.is_empty() {
+                self.created_log.push(skey.to_vec());
             }
             let before = match *out {
                 Outcome::Put {
@@ -733,9 +751,19 @@ impl Keyspace {
         if expired {
             self.free_pieces_of_raw()?;
             self.stage_remove(skey, true);
-            self.expired += 1;
+            self.note_expired(skey);
         }
         Ok(f)
+    }
+
+    /// Counts a key deleted because it expired, and logs it for its
+    /// `expired` notification when that class is on.
+    fn note_expired(&mut self, skey: &[u8]) {
+        self.expired += 1;
+        let f = self.notify.load(std::sync::atomic::Ordering::Relaxed);
+        if f & crate::notify::EXPIRED != 0 {
+            self.expired_log.push(skey.to_vec());
+        }
     }
 
     /// Stages the removal of the pieces of the value in `self.raw` (just
@@ -795,7 +823,7 @@ impl Keyspace {
         self.free_pieces_of_raw()?;
         self.stage_remove(skey, ttl);
         if expired {
-            self.expired += 1;
+            self.note_expired(skey);
         }
         Ok(f.is_some())
     }

@@ -24,7 +24,8 @@
 //!   network, for crash tests.
 //! - [`cmd`]: the command table and handlers; [`acl`]: ACL users, their
 //!   rules and checks, ACL LOG; [`blocking`]: blocked clients (BLPOP...)
-//!   and how writes wake them.
+//!   and how writes wake them; [`pubsub`]: subscriptions and message
+//!   delivery across workers; [`notify`]: keyspace notifications.
 //! - [`info`], [`metrics`], [`stats`]: observability; [`clock`]: the
 //!   per-command clock.
 
@@ -48,13 +49,19 @@ pub mod config;
 pub mod counts;
 mod embedded;
 mod expire;
+pub mod geohash;
 pub mod glob;
+pub mod hll;
 pub mod housekeep;
 #[allow(unsafe_code)]
 pub mod info;
 pub mod keyspace;
 pub mod lua;
 pub mod metrics;
+pub mod notify;
+pub mod pqsort;
+pub mod pubsub;
+pub mod rdb;
 #[allow(unsafe_code)]
 mod rlimit;
 pub mod server;

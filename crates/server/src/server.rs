@@ -58,6 +58,8 @@ pub struct Shared {
     /// Scripts, function libraries and the running script (see
     /// [`crate::lua`]).
     pub scripting: crate::lua::Scripting,
+    /// Pub/Sub subscriptions and message delivery (see [`crate::pubsub`]).
+    pub pubsub: crate::pubsub::Pubsub,
     pub next_client_id: AtomicU64,
     pub connected: AtomicU64,
     pub stats: Stats,
@@ -91,6 +93,7 @@ impl Shared {
         // the store holds: needed unless it is known to hold neither.
         let ttls = (0..=u8::MAX).any(|db| counts.get(db).is_none_or(|(_, e)| e > 0));
         let hk = Arc::new(crate::housekeep::Housekeeping::new(pieced || ttls));
+        let pubsub = crate::pubsub::Pubsub::new(workers, cfg.notify_keyspace_events);
         let sh = Shared {
             cfg: RwLock::new(cfg),
             cfg_epoch: AtomicU64::new(0),
@@ -107,6 +110,7 @@ impl Shared {
             watches: Arc::default(),
             acl,
             scripting: crate::lua::Scripting::default(),
+            pubsub,
             next_client_id: AtomicU64::new(1),
             connected: AtomicU64::new(0),
             stats: Stats::new(workers),
@@ -221,6 +225,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             .unwrap_or_else(|p| p.into_inner())
             .push(waker.clone());
         sh.blocking.set_waker(id, waker.clone());
+        sh.pubsub.set_waker(id, waker.clone());
         let (tx, rx) = channel();
         doors.push((tx, waker.clone()));
         let sh2 = sh.clone();

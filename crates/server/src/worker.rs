@@ -88,18 +88,19 @@ pub(crate) struct Settings {
     /// when there is none): one comparison per command when under it.
     obuf: ObufLimit,
     obuf_check: usize,
+    /// `client-output-buffer-limit pubsub`, for clients with subscriptions,
+    /// and its check threshold.
+    obuf_pubsub: ObufLimit,
+    obuf_pubsub_check: usize,
 }
 
 impl Settings {
     pub(crate) fn load(sh: &Shared) -> Settings {
         let epoch = sh.cfg_epoch.load(Ordering::Acquire);
         let c = sh.cfg();
-        let obuf = c.client_output_buffer_limit[0];
-        let obuf_check = [obuf.hard, obuf.soft]
-            .into_iter()
-            .filter(|&l| l > 0)
-            .min()
-            .map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
+        let obuf = c.client_output_buffer_limit[crate::pubsub::OBUF_NORMAL];
+        let obuf_check = crate::pubsub::obuf_check(&obuf);
+        let obuf_pubsub = c.client_output_buffer_limit[crate::pubsub::OBUF_PUBSUB];
         let limits = Limits {
             max_bulk_len: c.proto_max_bulk_len as usize,
             max_query_buffer: c.client_query_buffer_limit as usize,
@@ -118,6 +119,8 @@ impl Settings {
             busy_poll: Duration::from_micros(c.busy_poll_us),
             obuf,
             obuf_check,
+            obuf_pubsub,
+            obuf_pubsub_check: crate::pubsub::obuf_check(&obuf_pubsub),
         }
     }
 }
@@ -159,6 +162,7 @@ pub(crate) struct Worker {
 
 impl Worker {
     pub(crate) fn run(mut self) {
+        self.ks.notify = self.sh.pubsub.notify_flags().clone();
         let mut events = Events::with_capacity(1024);
         let mut last_tick = Instant::now();
         let mut busy_maint = false;
@@ -215,6 +219,9 @@ impl Worker {
             if group {
                 rewake = self.serve_arrivals(&mut events, &mut ready, &mut requesting);
             }
+            // Pub/Sub messages for this worker's clients, released with the
+            // batch's commit.
+            self.deliver_pubsub(&mut ready);
             let served = self.batch_requests;
             if group {
                 self.ws.group_commit_batches.add(1);
@@ -597,9 +604,14 @@ impl Worker {
     /// the rest of its output being written, and logged. Called when the
     /// pending output is above the smaller limit, and by the periodic tick
     /// for clients that got no new output meanwhile.
-    fn output_limit_reached(&mut self, c: &mut Client) -> bool {
+    pub(crate) fn output_limit_reached(&mut self, c: &mut Client) -> bool {
         let pending = (c.out.len() - c.outpos) as u64;
-        let l = self.settings.obuf;
+        let class = crate::pubsub::obuf_class(c);
+        let l = if class == crate::pubsub::OBUF_PUBSUB {
+            self.settings.obuf_pubsub
+        } else {
+            self.settings.obuf
+        };
         let hard = l.hard > 0 && pending >= l.hard;
         let mut soft = false;
         if l.soft > 0 && pending >= l.soft {
@@ -612,8 +624,9 @@ impl Worker {
             return false;
         }
         eprintln!(
-            "ember: Client {} closed for overcoming of output buffer limits ({pending} bytes pending; client-output-buffer-limit normal {} {} {})",
+            "ember: Client {} closed for overcoming of output buffer limits ({pending} bytes pending; client-output-buffer-limit {} {} {} {})",
             c.meta.line(),
+            crate::config::OBUF_CLASSES[class],
             l.hard,
             l.soft,
             l.soft_seconds
@@ -626,6 +639,16 @@ impl Worker {
         c.out = Vec::new();
         c.outpos = 0;
         true
+    }
+
+    /// The pending output from which `c` is checked against its class's
+    /// output buffer limit.
+    pub(crate) fn obuf_check_of(&self, c: &Client) -> usize {
+        if crate::pubsub::obuf_class(c) == crate::pubsub::OBUF_PUBSUB {
+            self.settings.obuf_pubsub_check
+        } else {
+            self.settings.obuf_check
+        }
     }
 
     /// Runs buffered requests; false when stopped at the output high water.
@@ -692,7 +715,7 @@ impl Worker {
                 return true;
             }
             let pending = c.out.len() - c.outpos;
-            if pending >= self.settings.obuf_check && self.output_limit_reached(c) {
+            if pending >= self.obuf_check_of(c) && self.output_limit_reached(c) {
                 return true;
             }
             if pending > OUT_HIGH_WATER {
@@ -814,9 +837,12 @@ impl Worker {
                 }
             }
         }
-        if c.obuf_soft_since.is_some()
-            && ((c.out.len() - c.outpos) as u64) < self.settings.obuf.soft
-        {
+        let soft = if crate::pubsub::obuf_class(c) == crate::pubsub::OBUF_PUBSUB {
+            self.settings.obuf_pubsub.soft
+        } else {
+            self.settings.obuf.soft
+        };
+        if c.obuf_soft_since.is_some() && ((c.out.len() - c.outpos) as u64) < soft {
             // Below the soft limit again: its clock starts over.
             c.obuf_soft_since = None;
         }
@@ -864,6 +890,7 @@ impl Worker {
         if let Some(mut c) = self.clients.remove(&t) {
             self.forget_blocked(&mut c, t);
             self.sh.watches.unwatch_all(c.id, &mut c.watching);
+            crate::pubsub::forget(&self.sh, &mut c);
             if !c.kill {
                 c.sock.close_notify();
             }
@@ -925,12 +952,15 @@ impl Worker {
         }
         // The soft output limit's seconds run out for clients that got no
         // new output meanwhile (stalled, or not reading their last reply).
-        let check = self.settings.obuf_check;
+        let check = self
+            .settings
+            .obuf_check
+            .min(self.settings.obuf_pubsub_check);
         if check != usize::MAX {
             let over: Vec<Token> = self
                 .clients
                 .iter()
-                .filter(|(_, c)| c.out.len() - c.outpos >= check && !c.kill)
+                .filter(|(_, c)| c.out.len() - c.outpos >= self.obuf_check_of(c) && !c.kill)
                 .map(|(t, _)| *t)
                 .collect();
             for t in over {

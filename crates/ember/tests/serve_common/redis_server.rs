@@ -40,6 +40,9 @@ impl RedisServer {
                 .args(["--appendonly", "no"])
                 .args(["--bind", "127.0.0.1"])
                 .args(extra)
+                // SORT ALPHA compares with strcoll: the C locale makes that
+                // byte order, as Ember compares.
+                .env("LC_ALL", "C")
                 .arg("--dir")
                 .arg(dir.path())
                 .current_dir(dir.path())
@@ -100,6 +103,11 @@ impl Conn {
         Conn { s, buf: Vec::new() }
     }
 
+    /// Sends an encoded request without reading its reply.
+    pub fn send(&mut self, req: &[u8]) {
+        self.s.write_all(req).unwrap();
+    }
+
     /// Sends an encoded request and reads exactly one reply.
     pub fn request(&mut self, req: &[u8]) -> Result<Reply, String> {
         self.s.write_all(req).map_err(|e| format!("write: {e}"))?;
@@ -118,6 +126,24 @@ impl Conn {
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e) => return Err(format!("read: {e}")),
             }
+        }
+    }
+
+    /// Sends a request and returns its reply's bytes exactly as sent (to
+    /// compare formatting that parsing would hide, such as a RESP3
+    /// double's digits).
+    pub fn call_raw<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Vec<u8> {
+        let mut req = Vec::new();
+        encode_request(args, &mut req);
+        self.s.write_all(&req).unwrap();
+        let mut chunk = [0u8; 16384];
+        loop {
+            if let Some((_, n)) = parse_reply(&self.buf).unwrap() {
+                return self.buf.drain(..n).collect();
+            }
+            let n = self.s.read(&mut chunk).unwrap();
+            assert!(n > 0, "the server closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
         }
     }
 

@@ -210,6 +210,12 @@ pub fn acl(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                     t.extend_from_slice(b"' key");
                     c.bulk(&t);
                 }
+                Err(Denied::Channel(k)) => {
+                    let mut t = b"This user has no permissions to access the '".to_vec();
+                    t.extend_from_slice(&args[k]);
+                    t.extend_from_slice(b"' channel");
+                    c.bulk(&t);
+                }
             }
         }
         "help" => {

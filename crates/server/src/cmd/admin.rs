@@ -79,6 +79,10 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 .any(|p| eq(&p[0], "requirepass"))
                 .then(|| next.requirepass.clone());
             ctx.sh.acl.set_log_max(next.acllog_max_len);
+            ctx.sh
+                .pubsub
+                .notify_flags()
+                .store(next.notify_keyspace_events, Ordering::Relaxed);
             *ctx.sh.cfg.write().unwrap_or_else(|p| p.into_inner()) = next;
             ctx.sh.cfg_epoch.fetch_add(1, Ordering::AcqRel);
             // requirepass is the default user's password (Redis's
@@ -165,7 +169,14 @@ fn command_info(s: &Spec) -> Reply {
     Reply::Array(vec![
         bulk(s.name),
         Reply::Integer(s.arity as i64),
-        Reply::Set(s.flags.names().map(|f| Reply::Simple(f.into())).collect()),
+        // Redis hides `may_replicate` and `protected` from COMMAND INFO.
+        Reply::Set(
+            s.flags
+                .names()
+                .filter(|f| !matches!(*f, "may_replicate" | "protected"))
+                .map(|f| Reply::Simple(f.into()))
+                .collect(),
+        ),
         Reply::Integer(k.first as i64),
         Reply::Integer(k.last as i64),
         Reply::Integer(k.step as i64),

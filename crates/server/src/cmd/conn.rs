@@ -9,6 +9,13 @@ use std::sync::atomic::Ordering;
 pub const REDIS_COMPAT_VERSION: &str = "7.2.0";
 
 pub fn ping(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    if a.len() <= 2 && c.subs.is_some() && c.resp == Version::Resp2 {
+        // Subscriber mode: an array, as Redis answers there.
+        c.array_header(2);
+        c.bulk(b"pong");
+        c.bulk(a.get(1).map_or(&b""[..], |x| x));
+        return Ok(());
+    }
     match a.len() {
         1 => c.simple("PONG"),
         2 => c.bulk(&a[1]),
@@ -137,6 +144,7 @@ pub fn hello(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 
 pub fn reset(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
     super::multi::discard_transaction(ctx, c);
+    crate::pubsub::forget(ctx.sh, c);
     c.db = 0;
     c.resp = Version::Resp2;
     c.set_user(&ctx.sh.acl, None);
@@ -214,6 +222,8 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         }
         "list" => {
             let mut ids: Option<Vec<u64>> = None;
+            // TYPE normal / pubsub: clients without / with subscriptions.
+            let mut pubsub: Option<bool> = None;
             let mut i = 2;
             while i < a.len() {
                 if eq(&a[i], "type") && i + 1 < a.len() {
@@ -221,8 +231,10 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                     if !matches!(t.as_str(), "normal" | "master" | "replica" | "pubsub") {
                         return Err(CmdError::UnknownClientType(t));
                     }
-                    if t != "normal" {
-                        ids = Some(vec![]);
+                    match t.as_str() {
+                        "normal" => pubsub = Some(false),
+                        "pubsub" => pubsub = Some(true),
+                        _ => ids = Some(vec![]),
                     }
                     i += 2;
                 } else if eq(&a[i], "id") && i + 1 < a.len() {
@@ -249,7 +261,9 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 .collect();
             let mut s = String::new();
             for m in all {
-                if ids.as_ref().is_some_and(|v| !v.contains(&m.id)) {
+                if ids.as_ref().is_some_and(|v| !v.contains(&m.id))
+                    || pubsub.is_some_and(|p| p != m.is_pubsub())
+                {
                     continue;
                 }
                 s.push_str(&m.line());

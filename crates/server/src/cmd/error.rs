@@ -28,6 +28,9 @@ pub enum CmdError {
         cmd: &'static str,
         sub: Vec<u8>,
     },
+    /// A command other than the Pub/Sub ones, PING, QUIT and RESET from a
+    /// RESP2 client with subscriptions (its full name, `config|get`).
+    SubscriberMode(String),
     /// A command before authentication.
     NoAuth,
     /// HELLO without authentication and without AUTH.
@@ -58,6 +61,21 @@ pub enum CmdError {
     StringTooLong,
     /// SETRANGE's negative offset.
     OffsetOutOfRange,
+    /// A bit offset that is not a number, negative, or beyond
+    /// `proto-max-bulk-len` bytes (SETBIT, GETBIT, BITFIELD).
+    BitOffset,
+    /// SETBIT's value other than 0 or 1.
+    BitValue,
+    /// BITFIELD's type other than `i1`..`i64`, `u1`..`u63`.
+    BitfieldType,
+    /// A string key that does not hold a HyperLogLog (PFADD, PFCOUNT, PFMERGE).
+    NotHll,
+    /// A HyperLogLog whose sparse encoding is damaged.
+    HllCorrupt,
+    /// LCS whose table would exceed `proto-max-bulk-len`.
+    LcsTooLarge,
+    /// PFDEBUG's unknown subcommand (as given).
+    UnknownPfdebug(Vec<u8>),
     /// INCR/INCRBY past the 64-bit range.
     IncrOverflow,
     /// DECRBY of `i64::MIN`.
@@ -148,6 +166,8 @@ pub enum CmdError {
     NoPermCommand(String),
     /// The user may not touch one of the command's keys.
     NoPermKey,
+    /// A Pub/Sub channel the ACL user may not use.
+    NoPermChannel,
     /// ACL SETUSER's rules refused (the text after `ERR `, see
     /// `acl::apply_rules`), or ACL LOAD's errors.
     Acl(String),
@@ -185,6 +205,18 @@ pub enum CmdError {
     UnblockReason,
     /// The reply of a client that CLIENT UNBLOCK ... ERROR unblocked.
     UnblockedByClient,
+    /// A longitude or latitude beyond Redis's geo limits.
+    GeoLonLat(f64, f64),
+    /// GEOSEARCH(STORE) without FROMMEMBER or FROMLONLAT (the command name
+    /// as given).
+    GeoSearchFrom(Vec<u8>),
+    /// GEOSEARCH(STORE) without BYRADIUS or BYBOX.
+    GeoSearchBy(Vec<u8>),
+    /// SORT with BY or GET patterns by a user who may not read every key
+    /// (the option's name).
+    SortPatternDenied(&'static str),
+    /// OBJECT FREQ without an LFU maxmemory policy.
+    NoLfuPolicy,
     /// A container's subcommand with an argument count it refuses, where
     /// Redis checks it in the subcommand (`sub` as given).
     SubcommandArgs {
@@ -237,6 +269,7 @@ impl CmdError {
             E::UnknownSubcommand { cmd, sub } => {
                 format!("ERR unknown subcommand '{}'. Try {cmd} HELP.", c_str(sub))
             }
+            E::SubscriberMode(name) => format!("ERR Can't execute '{name}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context"),
             E::NoAuth => return "NOAUTH Authentication required.".into(),
             E::HelloNoAuth => return "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time".into(),
             E::WrongPass => {
@@ -266,6 +299,15 @@ impl CmdError {
                 return "ERR string exceeds maximum allowed size (proto-max-bulk-len)".into()
             }
             E::OffsetOutOfRange => return "ERR offset is out of range".into(),
+            E::BitOffset => return "ERR bit offset is not an integer or out of range".into(),
+            E::BitValue => return "ERR bit is not an integer or out of range".into(),
+            E::BitfieldType => return "ERR Invalid bitfield type. Use something like i16 u8. Note that u64 is not supported but i64 is.".into(),
+            E::NotHll => return "WRONGTYPE Key is not a valid HyperLogLog string value.".into(),
+            E::HllCorrupt => return "INVALIDOBJ Corrupted HLL object detected".into(),
+            E::UnknownPfdebug(sub) => {
+                format!("ERR Unknown PFDEBUG subcommand '{}'", c_str(sub))
+            }
+            E::LcsTooLarge => return "ERR Insufficient memory, transient memory for LCS exceeds proto-max-bulk-len".into(),
             E::IncrOverflow => return "ERR increment or decrement would overflow".into(),
             E::DecrOverflow => return "ERR decrement would overflow".into(),
             E::NanOrInfinity => return "ERR increment would produce NaN or Infinity".into(),
@@ -340,6 +382,7 @@ impl CmdError {
                 format!("NOPERM this user has no permissions to run the '{name}' command")
             }
             E::NoPermKey => return "NOPERM this user has no permissions to access one of the keys used as arguments".into(),
+            E::NoPermChannel => return "NOPERM this user has no permissions to access one of the channels used as arguments".into(),
             E::Acl(text) => format!("ERR {text}"),
             E::AclBadUsername => {
                 return "ERR Usernames can't contain spaces or null characters".into()
@@ -356,6 +399,21 @@ impl CmdError {
             E::ExecAbort => {
                 return "EXECABORT Transaction discarded because of previous errors.".into()
             }
+            E::GeoLonLat(lon, lat) => {
+                format!("ERR invalid longitude,latitude pair {lon:.6},{lat:.6}")
+            }
+            E::GeoSearchFrom(cmd) => format!(
+                "ERR exactly one of FROMMEMBER or FROMLONLAT can be specified for {}",
+                String::from_utf8_lossy(until_nul(cmd))
+            ),
+            E::GeoSearchBy(cmd) => format!(
+                "ERR exactly one of BYRADIUS and BYBOX can be specified for {}",
+                String::from_utf8_lossy(until_nul(cmd))
+            ),
+            E::SortPatternDenied(opt) => {
+                format!("ERR {opt} option of SORT denied due to insufficient ACL permissions.")
+            }
+            E::NoLfuPolicy => "ERR An LFU maxmemory policy is not selected, access frequency not tracked. Please note that when switching between policies at runtime LRU and LFU data will take some time to adjust.".to_string(),
             E::AtLeastOneKey(cmd) => {
                 format!("ERR at least 1 input key is needed for '{cmd}' command")
             }

@@ -7,6 +7,7 @@
 use super::strings::{float_arg, format_incr_float};
 use super::{eq, int_arg, maps, CmdError, Ctx, R};
 use crate::keyspace::KIND_HASH;
+use crate::notify::{self, event};
 use crate::server::Client;
 use engine::types::head::MapHead;
 use engine::types::lhash::Pair;
@@ -72,6 +73,7 @@ pub fn hset(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     } else {
         c.int(added);
     }
+    event(ctx, notify::HASH, "hset", c.db, &a[1]);
     Ok(())
 }
 
@@ -83,6 +85,9 @@ pub fn hsetnx(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         set_field(ctx, head, &a[2], &a[3])
     })?;
     c.int(set as i64);
+    if set {
+        event(ctx, notify::HASH, "hset", c.db, &a[1]);
+    }
     Ok(())
 }
 
@@ -118,8 +123,14 @@ pub fn hmget(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 }
 
 pub fn hdel(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
-    let n = maps::remove_fields(ctx, c, &a[1], KIND_HASH, &a[2..])?;
+    let (n, emptied) = maps::remove_fields(ctx, c, &a[1], KIND_HASH, &a[2..])?;
     c.int(n);
+    if n > 0 {
+        event(ctx, notify::HASH, "hdel", c.db, &a[1]);
+        if emptied {
+            event(ctx, notify::GENERIC, "del", c.db, &a[1]);
+        }
+    }
     Ok(())
 }
 
@@ -195,6 +206,7 @@ pub fn hincrby(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         Ok(n)
     })?;
     c.int(n);
+    event(ctx, notify::HASH, "hincrby", c.db, &a[1]);
     Ok(())
 }
 
@@ -218,6 +230,7 @@ pub fn hincrbyfloat(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         Ok(s)
     })?;
     c.bulk(out.as_bytes());
+    event(ctx, notify::HASH, "hincrbyfloat", c.db, &a[1]);
     Ok(())
 }
 

@@ -7,22 +7,27 @@ use crate::keyspace::{
     skey, type_name, Keyspace, KsError, KIND_HASH, KIND_LIST, KIND_SET, KIND_STREAM, KIND_STRING,
     KIND_ZSET, PIECE_PREFIX,
 };
+use crate::notify::{self, event};
 use crate::server::{Client, Shared};
 use proto::Reply;
 
 pub fn del(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sks: Vec<Vec<u8>> = a[1..].iter().map(|k| skey(c.db, k)).collect();
     let refs: Vec<&[u8]> = sks.iter().map(|k| k.as_slice()).collect();
-    locked(ctx, &refs, |ctx| {
-        let mut n = 0;
-        for sk in &sks {
+    let gone = locked(ctx, &refs, |ctx| {
+        let mut gone = Vec::new();
+        for (i, sk) in sks.iter().enumerate() {
             if ctx.ks.delete(sk, ctx.now)? {
-                n += 1;
+                gone.push(i + 1);
             }
         }
-        c.int(n);
-        Ok(())
-    })
+        c.int(gone.len() as i64);
+        Ok(gone)
+    })?;
+    for i in gone {
+        event(ctx, notify::GENERIC, "del", c.db, &a[i]);
+    }
+    Ok(())
 }
 
 pub fn exists(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -132,7 +137,7 @@ pub fn scan(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 fn rename_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], nx: bool) -> R {
     let src = skey(c.db, &a[1]);
     let dst = skey(c.db, &a[2]);
-    locked(ctx, &[&src, &dst], |ctx| {
+    let renamed = locked(ctx, &[&src, &dst], |ctx| {
         let Some(h) = ctx.ks.lookup_locked(&src, ctx.now)? else {
             return Err(CmdError::NoSuchKey);
         };
@@ -143,11 +148,11 @@ fn rename_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], nx: bool) -> R {
             } else {
                 c.ok();
             }
-            return Ok(());
+            return Ok(false);
         }
         if nx && ctx.ks.lookup_locked(&dst, ctx.now)?.is_some() {
             c.int(0);
-            return Ok(());
+            return Ok(false);
         }
         // The destination is written first: a crash in between leaves both keys,
         // never neither. A collection it held leaves no pieces behind.
@@ -159,8 +164,15 @@ fn rename_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], nx: bool) -> R {
         } else {
             c.ok();
         }
-        Ok(())
-    })
+        Ok(true)
+    })?;
+    if renamed {
+        // Redis adds the destination (`new`) before these two.
+        notify::flush_pending(ctx.sh, ctx.ks);
+        event(ctx, notify::GENERIC, "rename_from", c.db, &a[1]);
+        event(ctx, notify::GENERIC, "rename_to", c.db, &a[2]);
+    }
+    Ok(())
 }
 
 pub fn rename(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -346,16 +358,16 @@ pub fn copy(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     }
     let src = skey(c.db, &a[1]);
     let dst = skey(db, &a[2]);
-    locked(ctx, &[&src, &dst], |ctx| {
+    let copied = locked(ctx, &[&src, &dst], |ctx| {
         let Some(h) = ctx.ks.lookup_locked(&src, ctx.now)? else {
             c.int(0);
-            return Ok(());
+            return Ok(false);
         };
         let raw = ctx.ks.raw.clone();
         let exists = ctx.ks.lookup_locked(&dst, ctx.now)?.is_some();
         if exists && !replace {
             c.int(0);
-            return Ok(());
+            return Ok(false);
         }
         // The copy first (a large one applies batches of pieces before the
         // command's own), then the replaced value's removal and the new head
@@ -366,8 +378,12 @@ pub fn copy(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         }
         ctx.ks.put(&dst, h.kind, h.expire, &payload);
         c.int(1);
-        Ok(())
-    })
+        Ok(true)
+    })?;
+    if copied {
+        event(ctx, notify::GENERIC, "copy_to", db, &a[2]);
+    }
+    Ok(())
 }
 
 /// MOVE key db: the head value moves (a collection's pieces are keyed by
@@ -379,21 +395,28 @@ pub fn move_(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     }
     let src = skey(c.db, &a[1]);
     let dst = skey(db, &a[1]);
-    locked(ctx, &[&src, &dst], |ctx| {
+    let moved = locked(ctx, &[&src, &dst], |ctx| {
         let Some(h) = ctx.ks.lookup_locked(&src, ctx.now)? else {
             c.int(0);
-            return Ok(());
+            return Ok(false);
         };
         let raw = ctx.ks.raw.clone();
         if ctx.ks.lookup_locked(&dst, ctx.now)?.is_some() {
             c.int(0);
-            return Ok(());
+            return Ok(false);
         }
         ctx.ks.put_raw(&dst, &raw);
         ctx.ks.remove_known(&src, h.expire.is_some());
         c.int(1);
-        Ok(())
-    })
+        Ok(true)
+    })?;
+    if moved {
+        // Redis adds the destination (`new`) before these two.
+        notify::flush_pending(ctx.sh, ctx.ks);
+        event(ctx, notify::GENERIC, "move_from", c.db, &a[1]);
+        event(ctx, notify::GENERIC, "move_to", db, &a[1]);
+    }
+    Ok(())
 }
 
 /// MEMORY USAGE key [SAMPLES n] (and HELP). The estimate is the key's store
@@ -528,10 +551,10 @@ fn expire_generic(
         when = when.checked_add(ctx.now).ok_or_else(invalid)?;
     }
     let sk = skey(c.db, &a[1]);
-    locked(ctx, &[&sk], |ctx| {
+    let what = locked(ctx, &[&sk], |ctx| {
         let Some(h) = ctx.ks.lookup_locked(&sk, ctx.now)? else {
             c.int(0);
-            return Ok(());
+            return Ok(None);
         };
         let cur = h.expire;
         let refuse = (nx && cur.is_some())
@@ -540,17 +563,23 @@ fn expire_generic(
             || (lt && cur.is_some_and(|t| when >= t));
         if refuse {
             c.int(0);
-            return Ok(());
+            return Ok(None);
         }
-        if when <= ctx.now {
+        let what = if when <= ctx.now {
             ctx.ks.delete(&sk, ctx.now)?;
+            "del"
         } else {
             let v = ctx.ks.raw[h.off..].to_vec();
             ctx.ks.put(&sk, h.kind, Some(when), &v);
-        }
+            "expire"
+        };
         c.int(1);
-        Ok(())
-    })
+        Ok(Some(what))
+    })?;
+    if let Some(name) = what {
+        event(ctx, notify::GENERIC, name, c.db, &a[1]);
+    }
+    Ok(())
 }
 
 pub fn expire(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -602,17 +631,24 @@ pub fn pexpiretime(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 
 pub fn persist(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sk = skey(c.db, &a[1]);
-    locked(ctx, &[&sk], |ctx| {
+    let done = locked(ctx, &[&sk], |ctx| {
         match ctx.ks.lookup_locked(&sk, ctx.now)? {
             Some(h) if h.expire.is_some() => {
                 let v = ctx.ks.raw[h.off..].to_vec();
                 ctx.ks.put(&sk, h.kind, None, &v);
                 c.int(1);
+                Ok(true)
             }
-            _ => c.int(0),
+            _ => {
+                c.int(0);
+                Ok(false)
+            }
         }
-        Ok(())
-    })
+    })?;
+    if done {
+        event(ctx, notify::GENERIC, "persist", c.db, &a[1]);
+    }
+    Ok(())
 }
 
 /// Redis's encoding name for a string value.
@@ -634,11 +670,17 @@ pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             "ENCODING <key>",
             "    Return the kind of internal representation used in order to store the value",
             "    associated with a <key>.",
+            "FREQ <key>",
+            "    Return the access frequency index of the <key>. The returned integer is",
+            "    proportional to the logarithm of the recent access frequency of the key.",
+            "IDLETIME <key>",
+            "    Return the idle time of the <key>, that is the approximated number of",
+            "    seconds elapsed since the last access to the key.",
             "REFCOUNT <key>",
             "    Return the number of references of the value associated with the specified",
             "    <key>.",
             "HELP",
-            "    Print this help.",
+            "    Prints this help.",
         ];
         super::help(c, &lines);
         return Ok(());
@@ -673,12 +715,12 @@ pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             let shared = proto::int::parse_i64(v).is_some_and(|n| (0..10_000).contains(&n));
             c.int(if shared { i32::MAX as i64 } else { 1 });
         }
-        s => {
-            return Err(CmdError::NotSupported {
-                what: format!("OBJECT {}", s.to_ascii_uppercase()),
-                why: " (it keeps no access clock or counter)",
-            })
-        }
+        // Ember has no maxmemory policy; Redis's default (noeviction) is
+        // not an LFU one, so FREQ is Redis's error for it.
+        "freq" => return Err(CmdError::NoLfuPolicy),
+        // Ember keeps no access clock per key: every key reads as just
+        // accessed (Redis's answer for a key read this second).
+        _ => c.int(0),
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ use super::{eq, int_arg, locked, CmdError, Ctx, R};
 use crate::blocking::{self, Try, Wait};
 use crate::coll::{self, KsPieces};
 use crate::keyspace::{skey, KIND_LIST};
+use crate::notify::{self, event};
 use crate::server::Client;
 use engine::types::head::ListHead;
 use engine::types::node::Entry;
@@ -156,6 +157,33 @@ fn range(
     Ok(out)
 }
 
+/// Every element of the list at `sk` (stripe lock held), in order: None
+/// when absent, WRONGTYPE for another type (SORT's input).
+pub(crate) fn items(ctx: &mut Ctx, sk: &[u8]) -> Result<Option<Vec<Vec<u8>>>, CmdError> {
+    let Some(mut l) = load(ctx, sk)? else {
+        return Ok(None);
+    };
+    match l.head.len() {
+        0 => Ok(Some(Vec::new())),
+        n => range(ctx, &mut l.head, 0, n - 1, false).map(Some),
+    }
+}
+
+/// Stages `items` as the new list at `dst`, replacing whatever it held
+/// (SORT ... STORE); no items deletes `dst`. One batch with the command's
+/// other writes.
+pub(crate) fn store(ctx: &mut Ctx, dst: &[u8], items: Vec<Vec<u8>>) -> Result<bool, CmdError> {
+    let existed = ctx.ks.delete(dst, ctx.now)?;
+    if items.is_empty() {
+        return Ok(existed);
+    }
+    let mut l = new_list();
+    l.head = ListHead::Inline(items.into_iter().map(|b| Entry::new(0.0, b)).collect());
+    grow(ctx, &mut l.head)?;
+    save(ctx, dst, &l);
+    Ok(existed)
+}
+
 /// Redis's range normalisation (LRANGE, LTRIM): negative indexes count
 /// from the end; None when the range is empty.
 fn norm_range(start: i64, end: i64, len: u64) -> Option<(u64, u64)> {
@@ -207,7 +235,33 @@ fn push_cmd(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], left: bool, only_exist
         Ok(l.head.len())
     })?;
     c.int(n as i64);
+    if n > 0 {
+        event(ctx, notify::LIST, push_name(left), c.db, &a[1]);
+    }
     Ok(())
+}
+
+fn push_name(left: bool) -> &'static str {
+    if left {
+        "lpush"
+    } else {
+        "rpush"
+    }
+}
+
+/// The events of elements popped from `key`: `lpop`/`rpop`, then `del`
+/// when that emptied it.
+fn pop_events(ctx: &mut Ctx, db: u8, key: &[u8], left: bool, emptied: bool) {
+    event(
+        ctx,
+        notify::LIST,
+        if left { "lpop" } else { "rpop" },
+        db,
+        key,
+    );
+    if emptied {
+        event(ctx, notify::GENERIC, "del", db, key);
+    }
 }
 
 pub fn lpush(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -223,14 +277,12 @@ pub fn rpushx(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     push_cmd(ctx, c, a, false, true)
 }
 
+/// Elements popped, and whether that emptied (deleted) the list.
+type Popped = (Vec<Vec<u8>>, bool);
+
 /// Pops up to `count` elements from one end of the list at `sk` (stripe
 /// lock held); None when the key is absent.
-fn pop_n(
-    ctx: &mut Ctx,
-    sk: &[u8],
-    left: bool,
-    count: u64,
-) -> Result<Option<Vec<Vec<u8>>>, CmdError> {
+fn pop_n(ctx: &mut Ctx, sk: &[u8], left: bool, count: u64) -> Result<Option<Popped>, CmdError> {
     let Some(mut l) = load(ctx, sk)? else {
         return Ok(None);
     };
@@ -241,7 +293,7 @@ fn pop_n(
     if !out.is_empty() {
         save(ctx, sk, &l);
     }
-    Ok(Some(out))
+    Ok(Some((out, l.head.is_empty())))
 }
 
 fn pop_cmd(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], left: bool) -> R {
@@ -256,6 +308,12 @@ fn pop_cmd(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], left: bool) -> R {
     };
     let sk = skey(c.db, &a[1]);
     let popped = locked(ctx, &[&sk], |ctx| pop_n(ctx, &sk, left, count.unwrap_or(1)))?;
+    if let Some((v, emptied)) = &popped {
+        if !v.is_empty() {
+            pop_events(ctx, c.db, &a[1], left, *emptied);
+        }
+    }
+    let popped = popped.map(|(v, _)| v);
     match (count, popped) {
         (None, Some(mut v)) if !v.is_empty() => c.bulk(&v.swap_remove(0)),
         (None, _) => c.null(),
@@ -328,6 +386,7 @@ pub fn lset(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         Ok(())
     })?;
     c.ok();
+    event(ctx, notify::LIST, "lset", c.db, &a[1]);
     Ok(())
 }
 
@@ -352,9 +411,9 @@ pub fn lrange(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 pub fn ltrim(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let (start, end) = (int_arg(&a[2])?, int_arg(&a[3])?);
     let sk = skey(c.db, &a[1]);
-    locked(ctx, &[&sk], |ctx| {
+    let trimmed = locked(ctx, &[&sk], |ctx| {
         let Some(mut l) = load(ctx, &sk)? else {
-            return Ok(());
+            return Ok(None);
         };
         let len = l.head.len();
         let (left, right) = match norm_range(start, end, len) {
@@ -370,9 +429,15 @@ pub fn ltrim(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         if left + right > 0 {
             save(ctx, &sk, &l);
         }
-        Ok(())
+        Ok(Some(l.head.is_empty()))
     })?;
     c.ok();
+    if let Some(emptied) = trimmed {
+        event(ctx, notify::LIST, "ltrim", c.db, &a[1]);
+        if emptied {
+            event(ctx, notify::GENERIC, "del", c.db, &a[1]);
+        }
+    }
     Ok(())
 }
 
@@ -391,7 +456,7 @@ pub fn lrem(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sk = skey(c.db, &a[1]);
     let removed = locked(ctx, &[&sk], |ctx| {
         let Some(mut l) = load(ctx, &sk)? else {
-            return Ok(0);
+            return Ok((0, false));
         };
         let items = all(ctx, &mut l.head)?;
         let mut hits: Vec<u64> = items
@@ -414,9 +479,15 @@ pub fn lrem(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         if !hits.is_empty() {
             save(ctx, &sk, &l);
         }
-        Ok(hits.len())
+        Ok((hits.len(), l.head.is_empty()))
     })?;
-    c.int(removed as i64);
+    c.int(removed.0 as i64);
+    if removed.0 > 0 {
+        event(ctx, notify::LIST, "lrem", c.db, &a[1]);
+        if removed.1 {
+            event(ctx, notify::GENERIC, "del", c.db, &a[1]);
+        }
+    }
     Ok(())
 }
 
@@ -442,6 +513,9 @@ pub fn linsert(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         Ok(l.head.len() as i64)
     })?;
     c.int(n);
+    if n > 0 {
+        event(ctx, notify::LIST, "linsert", c.db, &a[1]);
+    }
     Ok(())
 }
 
@@ -531,16 +605,36 @@ fn lmove_generic(
     to_left: bool,
 ) -> Result<Option<Vec<u8>>, CmdError> {
     let (s, d) = (skey(c.db, src), skey(c.db, dst));
-    locked(ctx, &[&s, &d], |ctx| {
+    let moved = locked(ctx, &[&s, &d], |ctx| {
         let Some(sl) = load(ctx, &s)? else {
             return Ok(None);
         };
         move_locked(ctx, &s, &d, sl, from_left, to_left)
-    })
+    })?;
+    Ok(moved.map(|(v, emptied)| {
+        move_events(ctx, c.db, src, dst, from_left, to_left, emptied);
+        v
+    }))
+}
+
+/// The events of LMOVE: the push on the destination, then the pop (and
+/// the source's `del` when emptied).
+fn move_events(
+    ctx: &mut Ctx,
+    db: u8,
+    src: &[u8],
+    dst: &[u8],
+    from_left: bool,
+    to_left: bool,
+    emptied: bool,
+) {
+    event(ctx, notify::LIST, push_name(to_left), db, dst);
+    pop_events(ctx, db, src, from_left, emptied);
 }
 
 /// LMOVE's move from the list `sl` read at `s` to `d` (stripe locks of
-/// both held): WRONGTYPE when `d` holds another type.
+/// both held): WRONGTYPE when `d` holds another type. The element moved,
+/// and whether the source was emptied.
 fn move_locked(
     ctx: &mut Ctx,
     s: &[u8],
@@ -548,14 +642,14 @@ fn move_locked(
     mut sl: List,
     from_left: bool,
     to_left: bool,
-) -> Result<Option<Vec<u8>>, CmdError> {
+) -> Result<Option<(Vec<u8>, bool)>, CmdError> {
     if s == d {
         let Some(v) = pop(ctx, &mut sl.head, from_left)? else {
             return Ok(None);
         };
         push(ctx, &mut sl.head, to_left, &v)?;
         save(ctx, s, &sl);
-        return Ok(Some(v));
+        return Ok(Some((v, false)));
     }
     let mut dl = load(ctx, d)?.unwrap_or_else(new_list);
     let Some(v) = pop(ctx, &mut sl.head, from_left)? else {
@@ -564,7 +658,7 @@ fn move_locked(
     push(ctx, &mut dl.head, to_left, &v)?;
     save(ctx, s, &sl);
     save(ctx, d, &dl);
-    Ok(Some(v))
+    Ok(Some((v, sl.head.is_empty())))
 }
 
 pub fn lmove(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -620,9 +714,9 @@ pub fn lmpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
     let popped = locked(ctx, &refs, |ctx| {
         for (i, sk) in keys.iter().enumerate() {
-            if let Some(v) = pop_n(ctx, sk, left, count)? {
+            if let Some((v, emptied)) = pop_n(ctx, sk, left, count)? {
                 if !v.is_empty() {
-                    return Ok(Some((i, v)));
+                    return Ok(Some((i, v, emptied)));
                 }
             }
         }
@@ -630,7 +724,10 @@ pub fn lmpop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     })?;
     match popped {
         None => c.reply(&Reply::NullArray),
-        Some((i, v)) => mpop_reply(c, &a[2 + i], v),
+        Some((i, v, emptied)) => {
+            mpop_reply(c, &a[2 + i], v);
+            pop_events(ctx, c.db, &a[2 + i], left, emptied);
+        }
     }
     Ok(())
 }
@@ -656,8 +753,14 @@ fn try_pop(
     left: bool,
     count: u64,
 ) -> Result<Result<Vec<Vec<u8>>, Try>, CmdError> {
-    match pop_n(ctx, &skey(c.db, &a[i]), left, count) {
-        Ok(Some(v)) if !v.is_empty() => Ok(Ok(v)),
+    let sk = skey(c.db, &a[i]);
+    match pop_n(ctx, &sk, left, count) {
+        Ok(Some((v, emptied))) if !v.is_empty() => {
+            // A serve step runs under `blocking`'s locks: its events are
+            // published from here, before the writes are applied.
+            pop_events(ctx, c.db, &a[i], left, emptied);
+            Ok(Ok(v))
+        }
         Ok(_) => Ok(Err(Try::Empty)),
         Err(CmdError::WrongType) => Ok(Err(Try::Mismatch)),
         Err(e) => Err(e),
@@ -730,8 +833,9 @@ fn serve_move(
         Err(e) => return Err(e),
     };
     match move_locked(ctx, &s, &d, sl, from_left, to_left)? {
-        Some(v) => {
+        Some((v, emptied)) => {
             c.bulk(&v);
+            move_events(ctx, c.db, &a[1], &a[2], from_left, to_left, emptied);
             Ok(Try::Served)
         }
         None => Ok(Try::Empty),

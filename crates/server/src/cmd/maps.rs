@@ -119,18 +119,18 @@ pub(crate) fn del(ctx: &mut Ctx, head: &mut MapHead, f: &[u8]) -> Result<bool, C
 }
 
 /// Deletes `fields` from the map of type `kind` at `key` (HDEL, SREM);
-/// returns how many were there.
+/// returns how many were there, and whether that emptied (deleted) it.
 pub(crate) fn remove_fields(
     ctx: &mut Ctx,
     c: &Client,
     key: &[u8],
     kind: u8,
     fields: &[Vec<u8>],
-) -> Result<i64, CmdError> {
+) -> Result<(i64, bool), CmdError> {
     let sk = skey(c.db, key);
     locked(ctx, &[&sk], |ctx| {
         let Some(mut m) = load(ctx, &sk, kind)? else {
-            return Ok(0);
+            return Ok((0, false));
         };
         let mut n = 0;
         for f in fields {
@@ -139,7 +139,7 @@ pub(crate) fn remove_fields(
         if n > 0 {
             save(ctx, &sk, kind, &m);
         }
-        Ok(n)
+        Ok((n, m.head.is_empty()))
     })
 }
 

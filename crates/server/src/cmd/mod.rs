@@ -3,15 +3,22 @@
 
 mod acl;
 mod admin;
+mod bits;
 mod conn;
+mod dump;
 mod error;
+mod geo;
 mod hashes;
+mod hll;
 mod keys;
+mod lcs;
 mod lists;
 mod maps;
 mod multi;
+mod pubsub;
 mod scripting;
 mod sets;
+mod sort;
 mod streams;
 mod strings;
 mod table;
@@ -23,6 +30,7 @@ pub use table::{
     TABLE,
 };
 
+pub(crate) use bits::bitfield_reads_only;
 pub use conn::REDIS_COMPAT_VERSION;
 pub use error::CmdError;
 pub use keys::finish_flushes;
@@ -215,11 +223,27 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
         multi::reject(c, &CmdError::Script(e.into()));
         return;
     }
+    // A RESP2 client with subscriptions runs only the Pub/Sub commands,
+    // PING, QUIT and RESET (Redis's subscriber mode).
+    if c.subs.is_some()
+        && c.resp == proto::Version::Resp2
+        && !crate::pubsub::allowed_in_subscriber_mode(spec.name)
+    {
+        ctx.ws.cmds[i].rejected.add(1);
+        multi::reject(
+            c,
+            &CmdError::SubscriberMode(crate::acl::cmd_name(id).to_string()),
+        );
+        return;
+    }
+    let mark = c.out.len();
     if queue {
         multi::queue(ctx, c, args);
+        crate::pubsub::after_command(ctx.sh, ctx.ks, c, mark);
         return;
     }
     let failed = run_spec(ctx, c, spec, args);
+    crate::pubsub::after_command(ctx.sh, ctx.ks, c, mark);
     let t1 = Stamp::now();
     *clock = t1;
     ctx.ws.record(i, t1.micros_since(t0), failed);
@@ -275,6 +299,12 @@ fn acl_check(ctx: &Ctx, c: &Client, i: usize, args: &[Vec<u8>]) -> Result<(), Cm
         Err(crate::acl::Denied::Key(k)) => {
             ctx.sh.acl.log("key", &args[k], &c.user.name, c.meta.line());
             Err(CmdError::NoPermKey)
+        }
+        Err(crate::acl::Denied::Channel(k)) => {
+            ctx.sh
+                .acl
+                .log("channel", &args[k], &c.user.name, c.meta.line());
+            Err(CmdError::NoPermChannel)
         }
     }
 }

@@ -131,10 +131,12 @@ fn exec_locks(cmds: &[Vec<Vec<u8>>], db: u8, watched: &[Vec<u8>]) -> Locks {
         if unit::needs_all(spec.name) || matches!(spec.name, "select" | "move" | "copy") {
             return Locks::All;
         }
-        let idx: Vec<usize> = if spec.flags.contains(Flags::MOVABLEKEYS) {
+        // A container's keys are its subcommand's (XGROUP CREATE's key).
+        let cmd = crate::acl::cmd(crate::acl::resolve(i, args).unwrap_or(i));
+        let idx: Vec<usize> = if cmd.flags.contains(Flags::MOVABLEKEYS) {
             movable_keys(spec.name, args)
         } else {
-            spec.keys.indexes(args.len()).collect()
+            cmd.keys.indexes(args.len()).collect()
         };
         for k in idx {
             keys.insert(skey(db, &args[k]));

@@ -6,6 +6,7 @@
 use super::maps;
 use super::{int_arg, locked, CmdError, Ctx, R};
 use crate::keyspace::{skey, KIND_SET};
+use crate::notify::{self, event};
 use crate::server::Client;
 use engine::types::head::MapHead;
 use engine::types::lhash::Bucket;
@@ -64,12 +65,21 @@ pub fn sadd(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         Ok(n)
     })?;
     c.int(n);
+    if n > 0 {
+        event(ctx, notify::SET, "sadd", c.db, &a[1]);
+    }
     Ok(())
 }
 
 pub fn srem(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
-    let n = maps::remove_fields(ctx, c, &a[1], KIND_SET, &a[2..])?;
+    let (n, emptied) = maps::remove_fields(ctx, c, &a[1], KIND_SET, &a[2..])?;
     c.int(n);
+    if n > 0 {
+        event(ctx, notify::SET, "srem", c.db, &a[1]);
+        if emptied {
+            event(ctx, notify::GENERIC, "del", c.db, &a[1]);
+        }
+    }
     Ok(())
 }
 
@@ -147,8 +157,17 @@ pub fn spop(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         if !picked.is_empty() {
             maps::save(ctx, &sk, KIND_SET, &s);
         }
-        Ok(Some(picked))
+        Ok(Some((picked, s.head.is_empty())))
     })?;
+    let popped = popped.map(|(p, emptied)| {
+        if !p.is_empty() {
+            event(ctx, notify::SET, "spop", c.db, &a[1]);
+            if emptied {
+                event(ctx, notify::GENERIC, "del", c.db, &a[1]);
+            }
+        }
+        p
+    });
     match (count, popped) {
         (None, Some(mut p)) if !p.is_empty() => c.bulk(&p.swap_remove(0)),
         (None, _) => c.null(),
@@ -199,25 +218,34 @@ pub fn smove(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let (src, dst) = (skey(c.db, &a[1]), skey(c.db, &a[2]));
     let moved = locked(ctx, &[&src, &dst], |ctx| {
         let Some(mut s) = maps::load(ctx, &src, KIND_SET)? else {
-            return Ok(false);
+            return Ok(None);
         };
         let d = maps::load(ctx, &dst, KIND_SET)?;
         if src == dst {
-            return contains(ctx, &s.head, &a[3]);
+            return Ok(contains(ctx, &s.head, &a[3])?.then_some(None));
         }
         if !maps::del(ctx, &mut s.head, &a[3])? {
-            return Ok(false);
+            return Ok(None);
         }
         maps::save(ctx, &src, KIND_SET, &s);
         let mut d = d.unwrap_or(maps::Map {
             expire: None,
             head: MapHead::Inline(Bucket::default()),
         });
-        add(ctx, &mut d.head, &a[3])?;
+        let added = add(ctx, &mut d.head, &a[3])?;
         maps::save(ctx, &dst, KIND_SET, &d);
-        Ok(true)
+        Ok(Some(Some((s.head.is_empty(), added))))
     })?;
-    c.int(moved as i64);
+    c.int(moved.is_some() as i64);
+    if let Some(Some((emptied, added))) = moved {
+        event(ctx, notify::SET, "srem", c.db, &a[1]);
+        if emptied {
+            event(ctx, notify::GENERIC, "del", c.db, &a[1]);
+        }
+        if added {
+            event(ctx, notify::SET, "sadd", c.db, &a[2]);
+        }
+    }
     Ok(())
 }
 
@@ -303,15 +331,25 @@ fn store_cmd(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], op: Op) -> R {
     let keys: Vec<Vec<u8>> = a[2..].iter().map(|k| skey(c.db, k)).collect();
     let mut refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
     refs.push(&dst);
-    let n = locked(ctx, &refs, |ctx| {
+    let (n, existed) = locked(ctx, &refs, |ctx| {
         let out = combine(ctx, &keys, op, 0)?;
         // The destination is replaced whatever it held.
-        ctx.ks.delete(&dst, ctx.now)?;
+        let existed = ctx.ks.delete(&dst, ctx.now)?;
         let head = build(ctx, &out)?;
         maps::save(ctx, &dst, KIND_SET, &maps::Map { expire: None, head });
-        Ok(out.len())
+        Ok((out.len(), existed))
     })?;
     c.int(n as i64);
+    if n > 0 {
+        let name = match op {
+            Op::Inter => "sinterstore",
+            Op::Union => "sunionstore",
+            Op::Diff => "sdiffstore",
+        };
+        event(ctx, notify::SET, name, c.db, &a[1]);
+    } else if existed {
+        event(ctx, notify::GENERIC, "del", c.db, &a[1]);
+    }
     Ok(())
 }
 

@@ -19,6 +19,7 @@ use super::{eq, int_arg, locked, CmdError, Ctx, R};
 use crate::blocking::{self, Try, Wait};
 use crate::coll::{self, KsPieces};
 use crate::keyspace::{skey, KIND_STREAM};
+use crate::notify::{self, event};
 use crate::server::Client;
 use engine::types::node::Entry;
 use engine::types::stream::{
@@ -473,8 +474,9 @@ pub fn xadd(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         with_tree(ctx, cid, &mut h.entries, |tr| tr.insert_key(0.0, &member))?;
         h.last = id;
         h.entries_added += 1;
-        if t.maxlen.is_some() || t.minid.is_some() {
-            trim(ctx, h, &t)?;
+        event(ctx, notify::STREAM, "xadd", c.db, &a[1]);
+        if (t.maxlen.is_some() || t.minid.is_some()) && trim(ctx, h, &t)? > 0 {
+            event(ctx, notify::STREAM, "xtrim", c.db, &a[1]);
         }
         save(ctx, &sk, &s);
         c.bulk(id.to_string().as_bytes());
@@ -493,6 +495,7 @@ pub fn xtrim(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         let n = trim(ctx, &mut s.head, &t)?;
         if n > 0 {
             save(ctx, &sk, &s);
+            event(ctx, notify::STREAM, "xtrim", c.db, &a[1]);
         }
         c.int(n as i64);
         Ok(())
@@ -527,6 +530,7 @@ pub fn xdel(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         }
         if deleted > 0 {
             save(ctx, &sk, &s);
+            event(ctx, notify::STREAM, "xdel", c.db, &a[1]);
         }
         c.int(deleted);
         Ok(())
@@ -597,11 +601,11 @@ fn nogroup(key: &[u8], group: &[u8], tail: &str) -> CmdError {
 
 /// The consumer's index in group `g`, created (seen now) when absent; a
 /// found one is seen now too (Redis's lookup refreshes it).
-fn consumer_of(g: &mut Group, name: &[u8], now: i64) -> usize {
+fn consumer_of(g: &mut Group, name: &[u8], now: i64) -> (usize, bool) {
     match g.consumer(name) {
         Ok(i) => {
             g.consumers[i].seen = now;
-            i
+            (i, false)
         }
         Err(i) => {
             g.consumers.insert(
@@ -612,8 +616,17 @@ fn consumer_of(g: &mut Group, name: &[u8], now: i64) -> usize {
                     pending: 0,
                 },
             );
-            i
+            (i, true)
         }
+    }
+}
+
+/// [`consumer_of`], publishing Redis's `xgroup-createconsumer` event on
+/// `key` (database `db`) when it creates the consumer.
+fn consumer_seen(ctx: &mut Ctx, h: &mut StreamHead, gi: usize, name: &[u8], key: (u8, &[u8])) {
+    let now = ctx.now;
+    if consumer_of(&mut h.groups[gi], name, now).1 {
+        event(ctx, notify::STREAM, "xgroup-createconsumer", key.0, key.1);
     }
 }
 
@@ -714,9 +727,10 @@ fn deliver(
     cons: &[u8],
     count: usize,
     noack: bool,
+    key: (u8, &[u8]),
 ) -> Result<Vec<Reply>, CmdError> {
     let now = ctx.now;
-    consumer_of(&mut h.groups[gi], cons, now);
+    consumer_seen(ctx, h, gi, cons, key);
     let Some(start) = h.groups[gi].last.next() else {
         return Ok(Vec::new());
     };
@@ -765,9 +779,10 @@ fn history(
     cons: &[u8],
     start: Sid,
     count: usize,
+    key: (u8, &[u8]),
 ) -> Result<Vec<Reply>, CmdError> {
     let now = ctx.now;
-    consumer_of(&mut h.groups[gi], cons, now);
+    consumer_seen(ctx, h, gi, cons, key);
     let mut out = Vec::new();
     let mut pos = pel_seek(ctx, h, gi, start)?;
     while count == 0 || out.len() < count {
@@ -943,13 +958,13 @@ fn xread_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], group_cmd: bool) 
             let top = last_entry(ctx, &mut s.head)?;
             match (resolved[i], gi, &r.group) {
                 (After::New, Some(gi), Some((_, cons))) if top > Some(s.head.groups[gi].last) => {
-                    let e = deliver(ctx, &mut s.head, gi, cons, r.count, r.noack)?;
+                    let e = deliver(ctx, &mut s.head, gi, cons, r.count, r.noack, (c.db, &key))?;
                     save(ctx, &keys[i], &s);
                     served.push((key, e));
                 }
                 (After::Id(id), Some(gi), Some((_, cons))) => {
                     let start = id.next().unwrap_or(Sid::MAX);
-                    let e = history(ctx, &mut s.head, gi, cons, start, r.count)?;
+                    let e = history(ctx, &mut s.head, gi, cons, start, r.count, (c.db, &key))?;
                     save(ctx, &keys[i], &s);
                     served.push((key, e));
                 }
@@ -1061,7 +1076,7 @@ fn serve_xreadgroup(
     } else {
         r.count
     };
-    let e = deliver(ctx, &mut s.head, gi, cons, count, r.noack)?;
+    let e = deliver(ctx, &mut s.head, gi, cons, count, r.noack, (c.db, &a[i]))?;
     save(ctx, &sk, &s);
     read_reply(c, vec![(a[i].clone(), e)]);
     Ok(Try::Served)
@@ -1205,6 +1220,7 @@ pub fn xgroup(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 }
             }
             save(ctx, &sk, &s);
+            event(ctx, notify::STREAM, "xgroup-create", c.db, key);
             c.ok();
             return Ok(());
         }
@@ -1225,6 +1241,7 @@ pub fn xgroup(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             g.last = id;
             g.entries_read = entries_read;
             save(ctx, &sk, &s);
+            event(ctx, notify::STREAM, "xgroup-setid", c.db, key);
             c.ok();
         } else if eq(sub, "destroy") && a.len() == 4 {
             let g = s.head.groups.remove(gi);
@@ -1237,6 +1254,7 @@ pub fn xgroup(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 Ok(())
             })?;
             save(ctx, &sk, &s);
+            event(ctx, notify::STREAM, "xgroup-destroy", c.db, key);
             c.int(1);
         } else if eq(sub, "createconsumer") && a.len() == 5 {
             let g = &mut s.head.groups[gi];
@@ -1252,6 +1270,7 @@ pub fn xgroup(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                         },
                     );
                     save(ctx, &sk, &s);
+                    event(ctx, notify::STREAM, "xgroup-createconsumer", c.db, key);
                     c.int(1);
                 }
             }
@@ -1272,6 +1291,7 @@ pub fn xgroup(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             }
             s.head.groups[gi].consumers.remove(ci);
             save(ctx, &sk, &s);
+            event(ctx, notify::STREAM, "xgroup-delconsumer", c.db, key);
             c.int(pending as i64);
         } else {
             return Err(syntax());
@@ -1330,6 +1350,7 @@ pub fn xsetid(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             h.max_deleted = maxdel;
         }
         save(ctx, &sk, &s);
+        event(ctx, notify::STREAM, "xsetid", c.db, &a[1]);
         c.ok();
         Ok(())
     })
@@ -1562,7 +1583,7 @@ pub fn xclaim(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 },
                 None => continue,
             };
-            consumer_of(&mut s.head.groups[gi], name, now);
+            consumer_seen(ctx, &mut s.head, gi, name, (c.db, &a[1]));
             p.delivered = delivered;
             if retry >= 0 {
                 p.count = retry as u64;
@@ -1640,7 +1661,7 @@ pub fn xautoclaim(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             if minidle > 0 && now - p.delivered < minidle {
                 continue;
             }
-            consumer_of(&mut s.head.groups[gi], name, now);
+            consumer_seen(ctx, &mut s.head, gi, name, (c.db, &a[1]));
             p.delivered = now;
             if !justid {
                 p.count += 1;
@@ -1880,6 +1901,120 @@ fn full_group(
         (b("pending"), Reply::Array(pel)),
         (b("consumers"), Reply::Array(consumers)),
     ]))
+}
+
+/// The whole stream at `sk` (DUMP; the unit holds its lock), None when
+/// absent.
+pub(crate) fn export(
+    ctx: &mut Ctx,
+    sk: &[u8],
+) -> Result<Option<crate::rdb::StreamValue>, CmdError> {
+    let Some(mut s) = load(ctx, sk)? else {
+        return Ok(None);
+    };
+    let h = &mut s.head;
+    let members = range(ctx, h, Sid::MIN, Sid::MAX, 0, false)?;
+    let mut entries = Vec::with_capacity(members.len());
+    for m in &members {
+        entries.push(decode_entry(m)?);
+    }
+    let first = first_id(ctx, h)?;
+    let mut groups = Vec::with_capacity(h.groups.len());
+    for gi in 0..h.groups.len() {
+        let mut pel = Vec::new();
+        let mut pos = 0;
+        while let Some(p) = pel_at(ctx, h, gi, pos)? {
+            pos += 1;
+            pel.push((p.id, p.delivered, p.count, p.consumer));
+        }
+        let g = &h.groups[gi];
+        groups.push(crate::rdb::GroupValue {
+            name: g.name.clone(),
+            last: g.last,
+            entries_read: g.entries_read,
+            pel,
+            consumers: g
+                .consumers
+                .iter()
+                .map(|c| (c.name.clone(), c.seen))
+                .collect(),
+        });
+    }
+    Ok(Some(crate::rdb::StreamValue {
+        entries,
+        last: h.last,
+        first,
+        max_deleted: h.max_deleted,
+        entries_added: h.entries_added,
+        groups,
+    }))
+}
+
+/// Stages stream `v` at `sk`, which is absent (RESTORE; the unit holds its
+/// lock): every tree bulk-loaded, each piece written once.
+pub(crate) fn import(
+    ctx: &mut Ctx,
+    sk: &[u8],
+    v: &crate::rdb::StreamValue,
+) -> Result<(), CmdError> {
+    let bad = || CmdError::Msg("Bad data format");
+    let mut s = new_stream(ctx);
+    let h = &mut s.head;
+    let members: Vec<Entry> = v
+        .entries
+        .iter()
+        .map(|(id, pairs)| {
+            let refs: Vec<(&[u8], &[u8])> = pairs
+                .iter()
+                .map(|(f, x)| (f.as_slice(), x.as_slice()))
+                .collect();
+            Entry::new(0.0, entry_member(*id, &refs))
+        })
+        .collect();
+    let cid = h.id;
+    with_tree(ctx, cid, &mut h.entries, |t| t.bulk_load(members))?;
+    h.last = v.last;
+    h.max_deleted = v.max_deleted;
+    h.entries_added = v.entries_added;
+    for g in &v.groups {
+        let Err(at) = h.group(&g.name) else {
+            return Err(bad());
+        };
+        let slot = h.next_slot;
+        h.next_slot += 1;
+        let mut grp = Group::new(g.name.clone(), g.last, g.entries_read, slot);
+        for (name, seen) in &g.consumers {
+            match grp.consumer(name) {
+                Ok(_) => return Err(bad()),
+                Err(i) => grp.consumers.insert(
+                    i,
+                    Consumer {
+                        name: name.clone(),
+                        seen: *seen,
+                        pending: 0,
+                    },
+                ),
+            }
+        }
+        let mut pel = Vec::with_capacity(g.pel.len());
+        for (id, delivered, count, consumer) in &g.pel {
+            let Ok(i) = grp.consumer(consumer) else {
+                return Err(bad());
+            };
+            grp.consumers[i].pending += 1;
+            let p = Pending {
+                id: *id,
+                delivered: *delivered,
+                count: *count,
+                consumer: consumer.clone(),
+            };
+            pel.push(Entry::new(0.0, p.member()));
+        }
+        with_tree(ctx, cid, &mut grp.pel, |t| t.bulk_load(pel))?;
+        h.groups.insert(at, grp);
+    }
+    save(ctx, sk, &s);
+    Ok(())
 }
 
 /// OBJECT ENCODING of a stream.

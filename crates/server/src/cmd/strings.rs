@@ -2,6 +2,7 @@
 
 use super::{eq, int_arg, locked, CmdError, Ctx, R};
 use crate::keyspace::{skey, Header, KIND_STRING};
+use crate::notify::{self, event};
 use crate::server::Client;
 
 /// Largest string (Redis's `proto-max-bulk-len` default).
@@ -107,7 +108,7 @@ pub fn expire_at(
 }
 
 /// Writes a string under the caller's lock; a past expiry deletes the key.
-fn store(ctx: &mut Ctx, sk: &[u8], expire: Option<i64>, v: &[u8]) -> R {
+pub(super) fn store(ctx: &mut Ctx, sk: &[u8], expire: Option<i64>, v: &[u8]) -> R {
     if v.len() as i64 > MAX_STRING {
         return Err(CmdError::StringTooLong);
     }
@@ -134,7 +135,8 @@ pub fn set(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     };
     let (nx, xx, get) = (o.nx, o.xx, o.get);
     let sk = skey(c.db, &a[1]);
-    locked(ctx, &[&sk], |ctx| {
+    let db = c.db;
+    let wrote = locked(ctx, &[&sk], |ctx| {
         let need_old = nx || xx || get || o.keepttl;
         let old = if need_old {
             ctx.ks.lookup_locked(&sk, ctx.now)?
@@ -165,21 +167,43 @@ pub fn set(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         } else {
             c.ok();
         }
-        Ok(())
-    })
+        Ok(!skip)
+    })?;
+    if wrote {
+        set_events(ctx, db, &a[1], at);
+    }
+    Ok(())
+}
+
+/// The events of a SET-like write: `set`, then `expire` when it set a TTL
+/// (and `expired` when that time had passed: Ember removes such a key at
+/// once, where Redis expires it at its next look).
+fn set_events(ctx: &mut Ctx, db: u8, key: &[u8], at: Option<i64>) {
+    event(ctx, notify::STRING, "set", db, key);
+    if let Some(t) = at {
+        event(ctx, notify::GENERIC, "expire", db, key);
+        if t <= ctx.now {
+            event(ctx, notify::EXPIRED, "expired", db, key);
+        }
+    }
 }
 
 pub fn setnx(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sk = skey(c.db, &a[1]);
-    locked(ctx, &[&sk], |ctx| {
+    let wrote = locked(ctx, &[&sk], |ctx| {
         if ctx.ks.lookup_locked(&sk, ctx.now)?.is_some() {
             c.int(0);
+            Ok(false)
         } else {
             store(ctx, &sk, None, &a[2])?;
             c.int(1);
+            Ok(true)
         }
-        Ok(())
-    })
+    })?;
+    if wrote {
+        event(ctx, notify::STRING, "set", c.db, &a[1]);
+    }
+    Ok(())
 }
 
 fn setex_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], ms: bool, cmd: &'static str) -> R {
@@ -189,7 +213,9 @@ fn setex_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], ms: bool, cmd: &'
         store(ctx, &sk, Some(t), &a[3])?;
         c.ok();
         Ok(())
-    })
+    })?;
+    set_events(ctx, c.db, &a[1], Some(t));
+    Ok(())
 }
 
 pub fn setex(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -214,23 +240,32 @@ pub fn getset(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             None => c.null(),
         }
         Ok(())
-    })
+    })?;
+    event(ctx, notify::STRING, "set", c.db, &a[1]);
+    Ok(())
 }
 
 pub fn getdel(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sk = skey(c.db, &a[1]);
-    locked(ctx, &[&sk], |ctx| {
+    let deleted = locked(ctx, &[&sk], |ctx| {
         match ctx.ks.lookup_locked(&sk, ctx.now)? {
-            Some(h) if h.kind != KIND_STRING => return Err(CmdError::WrongType),
+            Some(h) if h.kind != KIND_STRING => Err(CmdError::WrongType),
             Some(h) => {
                 let v = ctx.ks.raw[h.off..].to_vec();
                 ctx.ks.delete(&sk, ctx.now)?;
                 c.bulk(&v);
+                Ok(true)
             }
-            None => c.null(),
+            None => {
+                c.null();
+                Ok(false)
+            }
         }
-        Ok(())
-    })
+    })?;
+    if deleted {
+        event(ctx, notify::GENERIC, "del", c.db, &a[1]);
+    }
+    Ok(())
 }
 
 pub fn getex(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -238,10 +273,10 @@ pub fn getex(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     // last (GETEX on a missing key answers nil even with a bad time).
     let o = parse_ext(a, 2, false)?;
     let sk = skey(c.db, &a[1]);
-    locked(ctx, &[&sk], |ctx| {
+    let what = locked(ctx, &[&sk], |ctx| {
         let Some(h) = ctx.ks.lookup_locked(&sk, ctx.now)? else {
             c.null();
-            return Ok(());
+            return Ok(None);
         };
         if h.kind != KIND_STRING {
             return Err(CmdError::WrongType);
@@ -251,14 +286,24 @@ pub fn getex(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             None => None,
         };
         let v = ctx.ks.raw[h.off..].to_vec();
-        match at {
-            Some(t) => store(ctx, &sk, Some(t), &v)?,
-            None if o.persist && h.expire.is_some() => store(ctx, &sk, None, &v)?,
-            None => {}
-        }
+        let what = match at {
+            Some(t) => {
+                store(ctx, &sk, Some(t), &v)?;
+                Some(if t <= ctx.now { "del" } else { "expire" })
+            }
+            None if o.persist && h.expire.is_some() => {
+                store(ctx, &sk, None, &v)?;
+                Some("persist")
+            }
+            None => None,
+        };
         c.bulk(&v);
-        Ok(())
-    })
+        Ok(what)
+    })?;
+    if let Some(name) = what {
+        event(ctx, notify::GENERIC, name, c.db, &a[1]);
+    }
+    Ok(())
 }
 
 pub fn mget(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -278,12 +323,12 @@ fn mset_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], nx: bool) -> R {
     }
     let sks: Vec<Vec<u8>> = a[1..].chunks(2).map(|p| skey(c.db, &p[0])).collect();
     let refs: Vec<&[u8]> = sks.iter().map(|k| k.as_slice()).collect();
-    locked(ctx, &refs, |ctx| {
+    let wrote = locked(ctx, &refs, |ctx| {
         if nx {
             for sk in &sks {
                 if ctx.ks.lookup_locked(sk, ctx.now)?.is_some() {
                     c.int(0);
-                    return Ok(());
+                    return Ok(false);
                 }
             }
         }
@@ -295,8 +340,14 @@ fn mset_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], nx: bool) -> R {
         } else {
             c.ok();
         }
-        Ok(())
-    })
+        Ok(true)
+    })?;
+    if wrote {
+        for p in a[1..].chunks(2) {
+            event(ctx, notify::STRING, "set", c.db, &p[0]);
+        }
+    }
+    Ok(())
 }
 
 pub fn mset(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
@@ -333,19 +384,31 @@ fn modify(
     })
 }
 
+/// Redis's `checkStringLength`: a string of `len` bytes is refused above
+/// `proto-max-bulk-len` (checked after the key's type, as Redis does).
+fn check_length(limit: u64, len: u64) -> Result<(), CmdError> {
+    if len > limit {
+        return Err(CmdError::StringTooLong);
+    }
+    Ok(())
+}
+
 pub fn append(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let add = &a[2];
+    let limit = ctx.sh.cfg().proto_max_bulk_len;
     let n = modify(ctx, c, &a[1], |cur| {
-        let cur = cur.unwrap_or_default();
-        if (cur.len() + add.len()) as i64 > MAX_STRING {
-            return Err(CmdError::StringTooLong);
+        // A new key takes the argument as it is (the protocol bounded it).
+        if let Some(cur) = cur {
+            check_length(limit, (cur.len() + add.len()) as u64)?;
         }
+        let cur = cur.unwrap_or_default();
         let mut v = Vec::with_capacity(cur.len() + add.len());
         v.extend_from_slice(cur);
         v.extend_from_slice(add);
         Ok(Some(v))
     })?;
     c.int(n.unwrap_or(0) as i64);
+    event(ctx, notify::STRING, "append", c.db, &a[1]);
     Ok(())
 }
 
@@ -394,13 +457,12 @@ pub fn setrange(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         return Err(CmdError::OffsetOutOfRange);
     }
     let val = &a[3];
-    if !val.is_empty() && off.saturating_add(val.len() as i64) > MAX_STRING {
-        return Err(CmdError::StringTooLong);
-    }
+    let limit = ctx.sh.cfg().proto_max_bulk_len;
     let n = modify(ctx, c, &a[1], |cur| {
         if val.is_empty() {
             return Ok(None);
         }
+        check_length(limit, (off as u64).saturating_add(val.len() as u64))?;
         let cur = cur.unwrap_or_default();
         let off = off as usize;
         let mut v = cur.to_vec();
@@ -411,6 +473,9 @@ pub fn setrange(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         Ok(Some(v))
     })?;
     c.int(n.unwrap_or(0) as i64);
+    if !val.is_empty() {
+        event(ctx, notify::STRING, "setrange", c.db, &a[1]);
+    }
     Ok(())
 }
 
@@ -425,6 +490,7 @@ fn incr_generic(ctx: &mut Ctx, c: &mut Client, key: &[u8], by: i64) -> R {
         Ok(Some(result.to_string().into_bytes()))
     })?;
     c.int(result);
+    event(ctx, notify::STRING, "incrby", c.db, key);
     Ok(())
 }
 
@@ -599,6 +665,7 @@ pub fn incrbyfloat(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         Ok(Some(out.clone().into_bytes()))
     })?;
     c.bulk(out.as_bytes());
+    event(ctx, notify::STRING, "incrbyfloat", c.db, &a[1]);
     Ok(())
 }
 

@@ -46,13 +46,14 @@ pub fn needs_all(name: &str) -> bool {
     )
 }
 
-/// Runs `body` as one unit under `locks` (see the module's text): the
+/// Runs `body` as one unit under `locks` (see the module's text; inside a
+/// running unit, `body` simply runs as part of it): the
 /// commands it runs with [`call`] take no locks and stage their writes,
 /// which are applied as one batch when it returns; clients blocked on keys
 /// it wrote are woken after. When a command escaped the declared keys,
 /// `body` runs again under [`Locks::All`] after its staged writes and its
-/// replies (everything appended to `c.out` since the unit began) are
-/// dropped and the client's database is set back. A failure to apply the
+/// replies (everything appended to `c.out` since the unit began) and its
+/// keyspace events are dropped and the client's database is set back. A failure to apply the
 /// batch (a full heap) is the unit's error and applies nothing.
 pub fn run(
     ctx: &mut Ctx,
@@ -60,9 +61,18 @@ pub fn run(
     locks: Locks,
     mut body: impl FnMut(&mut Ctx, &mut Client) -> R,
 ) -> R {
+    if ctx.ks.in_unit() {
+        // Inside another unit (a script in a transaction, DUMP in a
+        // script): its runner holds the locks and applies the writes; a key
+        // outside them escapes it as any command's would.
+        return body(ctx, c);
+    }
     let sh = ctx.sh;
     let mark = c.out.len();
     let db = c.db;
+    // Keyspace events the unit's commands leave for the end of the command
+    // (`notify`): a run that escapes drops its own.
+    let (events, expired) = (ctx.ks.events.len(), ctx.ks.expired_log.len());
     let mut locks = locks;
     loop {
         let all = matches!(locks, Locks::All);
@@ -85,6 +95,8 @@ pub fn run(
         let unit = ctx.ks.end_unit();
         if unit.is_some_and(|u| u.escaped) && !all {
             ctx.ks.discard_staged();
+            ctx.ks.events.truncate(events);
+            ctx.ks.expired_log.truncate(expired);
             c.out.truncate(mark);
             if c.db != db {
                 c.db = db;
@@ -168,4 +180,39 @@ pub fn call(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
     }
     ctx.ws
         .record(i, crate::clock::Stamp::now().micros_since(t0), failed);
+}
+
+/// Runs a request that a command builds for itself inside its unit (RESTORE
+/// filling a key, DUMP reading one) and returns its reply, which is not
+/// written to the client: no ACL check (the command itself was checked),
+/// no statistics (the client did not send it) and no keyspace events.
+pub fn internal(
+    ctx: &mut Ctx,
+    c: &mut Client,
+    args: &[&[u8]],
+) -> Result<proto::Reply, super::CmdError> {
+    let args: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
+    let Some(i) = lookup(&args[0]) else {
+        return Err(super::CmdError::UnknownCommand(args));
+    };
+    let spec = &TABLE[i];
+    if !spec.arity_ok(args.len()) {
+        return Err(arity_error(spec.name));
+    }
+    let mark = c.out.len();
+    let resp = c.resp;
+    // Its keyspace events are not the command's (RESTORE publishes
+    // `restore`, not the `rpush` that built the list).
+    let events = ctx.ks.events.len();
+    c.resp = proto::Version::Resp2;
+    run_spec(ctx, c, spec, &args);
+    c.resp = resp;
+    ctx.ks.events.truncate(events);
+    let r = proto::reply::parse_reply(&c.out[mark..]);
+    c.out.truncate(mark);
+    match r {
+        Ok(Some((proto::Reply::Error(e), _))) => Err(super::CmdError::Text(e)),
+        Ok(Some((r, _))) => Ok(r),
+        _ => Err(super::CmdError::Msg("an internal request gave no reply")),
+    }
 }

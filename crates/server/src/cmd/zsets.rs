@@ -12,6 +12,7 @@ use super::{eq, int_arg, locked, maps, CmdError, Ctx, R};
 use crate::blocking::{self, Try, Wait};
 use crate::coll::{self, KsPieces};
 use crate::keyspace::{skey, KIND_SET, KIND_ZSET};
+use crate::notify::{self, event};
 use crate::server::Client;
 use engine::types::head::{MapHead, ZsetHead};
 use engine::types::lhash::{self, Table};
@@ -25,12 +26,12 @@ const MAX_INLINE_ENTRIES: usize = 128;
 const MAX_INLINE_VALUE: usize = 64;
 
 /// A sorted set read under its stripe lock.
-struct Zset {
+pub(crate) struct Zset {
     expire: Option<i64>,
-    head: ZsetHead,
+    pub(crate) head: ZsetHead,
 }
 
-fn load(ctx: &mut Ctx, sk: &[u8]) -> Result<Option<Zset>, CmdError> {
+pub(crate) fn load(ctx: &mut Ctx, sk: &[u8]) -> Result<Option<Zset>, CmdError> {
     Ok(super::load_head(ctx, sk, KIND_ZSET, ZsetHead::decode)?
         .map(|(expire, head)| Zset { expire, head }))
 }
@@ -80,7 +81,7 @@ fn decode_score(b: &[u8]) -> Result<f64, CmdError> {
 // ---- the structure's operations ----
 
 /// The score of member `m`.
-fn score_of(ctx: &mut Ctx, head: &ZsetHead, m: &[u8]) -> Result<Option<f64>, CmdError> {
+pub(crate) fn score_of(ctx: &mut Ctx, head: &ZsetHead, m: &[u8]) -> Result<Option<f64>, CmdError> {
     match head {
         ZsetHead::Inline(v) => Ok(v.iter().find(|e| e.bytes == m).map(|e| e.score)),
         ZsetHead::Tree { id, map, .. } => {
@@ -198,7 +199,7 @@ fn rank_of(ctx: &mut Ctx, head: &ZsetHead, score: f64, m: &[u8]) -> Result<Optio
 
 /// Elements of ranks `start..=end` (valid ranks), from `end` down when
 /// `rev`.
-fn range(
+pub(crate) fn range(
     ctx: &mut Ctx,
     head: &ZsetHead,
     start: u64,
@@ -229,7 +230,7 @@ fn range(
 }
 
 /// Every element, in order (O(n)).
-fn all(ctx: &mut Ctx, head: &ZsetHead) -> Result<Vec<Entry>, CmdError> {
+pub(crate) fn all(ctx: &mut Ctx, head: &ZsetHead) -> Result<Vec<Entry>, CmdError> {
     match head.len() {
         0 => Ok(Vec::new()),
         n => range(ctx, head, 0, n - 1, false),
@@ -238,7 +239,7 @@ fn all(ctx: &mut Ctx, head: &ZsetHead) -> Result<Vec<Entry>, CmdError> {
 
 /// How many elements satisfy `before`, a predicate true for a prefix of the
 /// order: the rank where the rest begins.
-fn count_before(
+pub(crate) fn count_before(
     ctx: &mut Ctx,
     head: &ZsetHead,
     before: impl Fn(&Entry) -> bool,
@@ -298,15 +299,51 @@ fn build(ctx: &mut Ctx, entries: Vec<Entry>) -> Result<ZsetHead, CmdError> {
 }
 
 /// Stages `entries` (in order) as the new value of `dst`, replacing
-/// whatever it held; an empty result deletes `dst`. Returns the size.
-fn store(ctx: &mut Ctx, dst: &[u8], entries: Vec<Entry>) -> Result<u64, CmdError> {
-    ctx.ks.delete(dst, ctx.now)?;
+/// whatever it held; an empty result deletes `dst`. Returns the size, and
+/// whether `dst` held a value.
+pub(crate) fn store(
+    ctx: &mut Ctx,
+    dst: &[u8],
+    entries: Vec<Entry>,
+) -> Result<(u64, bool), CmdError> {
+    let existed = ctx.ks.delete(dst, ctx.now)?;
     let n = entries.len() as u64;
     if n > 0 {
         let head = build(ctx, entries)?;
         save(ctx, dst, &Zset { expire: None, head });
     }
-    Ok(n)
+    Ok((n, existed))
+}
+
+/// The event of a *STORE: `name` on the destination, or `del` when an
+/// empty result deleted what it held.
+pub(crate) fn store_events(
+    ctx: &mut Ctx,
+    db: u8,
+    dst: &[u8],
+    name: &'static str,
+    (n, existed): (u64, bool),
+) {
+    if n > 0 {
+        event(ctx, notify::ZSET, name, db, dst);
+    } else if existed {
+        event(ctx, notify::GENERIC, "del", db, dst);
+    }
+}
+
+/// The events of a pop from `key`: `zpopmin`/`zpopmax`, then `del` when
+/// it emptied it.
+fn pop_events(ctx: &mut Ctx, db: u8, key: &[u8], max: bool, emptied: bool) {
+    event(
+        ctx,
+        notify::ZSET,
+        if max { "zpopmax" } else { "zpopmin" },
+        db,
+        key,
+    );
+    if emptied {
+        event(ctx, notify::GENERIC, "del", db, key);
+    }
 }
 
 // ---- ranges ----
@@ -622,6 +659,15 @@ pub fn zadd(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         }
         Ok((added, updated, processed, last))
     })?;
+    if added + updated > 0 {
+        event(
+            ctx,
+            notify::ZSET,
+            if incr { "zincr" } else { "zadd" },
+            c.db,
+            &a[1],
+        );
+    }
     if incr {
         if processed > 0 {
             double(c, last);
@@ -636,9 +682,9 @@ pub fn zadd(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 
 pub fn zrem(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sk = skey(c.db, &a[1]);
-    let n = locked(ctx, &[&sk], |ctx| {
+    let (n, emptied) = locked(ctx, &[&sk], |ctx| {
         let Some(mut z) = load(ctx, &sk)? else {
-            return Ok(0);
+            return Ok((0, false));
         };
         let mut n = 0;
         for m in &a[2..] {
@@ -650,9 +696,15 @@ pub fn zrem(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         if n > 0 {
             save(ctx, &sk, &z);
         }
-        Ok(n)
+        Ok((n, z.head.is_empty()))
     })?;
     c.int(n);
+    if n > 0 {
+        event(ctx, notify::ZSET, "zrem", c.db, &a[1]);
+        if emptied {
+            event(ctx, notify::GENERIC, "del", c.db, &a[1]);
+        }
+    }
     Ok(())
 }
 
@@ -660,7 +712,7 @@ pub fn zrem(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 
 /// Runs `f` on the sorted set at `key` under its stripe lock (None when
 /// absent).
-fn read<T>(
+pub(crate) fn read<T>(
     ctx: &mut Ctx,
     c: &Client,
     key: &[u8],
@@ -922,7 +974,7 @@ pub fn zrangestore(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         // elements in the order it emits them, converting before the first
         // member past 64 bytes: the scores added before it lose a `-0`, the
         // ones after keep it. `insert` does just that.
-        ctx.ks.delete(&dst, ctx.now)?;
+        let existed = ctx.ks.delete(&dst, ctx.now)?;
         let n = out.len() as u64;
         if n > 0 {
             let mut z = new_zset();
@@ -931,9 +983,10 @@ pub fn zrangestore(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             }
             save(ctx, &dst, &z);
         }
-        Ok(n)
+        Ok((n, existed))
     })?;
-    c.int(n as i64);
+    c.int(n.0 as i64);
+    store_events(ctx, c.db, &a[1], "zrangestore", n);
     Ok(())
 }
 
@@ -946,9 +999,9 @@ fn remrange(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], by: By) -> R {
         By::Lex => Bounds::Lex(lex_range(&a[2], &a[3])?),
     };
     let sk = skey(c.db, &a[1]);
-    let n = locked(ctx, &[&sk], |ctx| {
+    let (n, emptied) = locked(ctx, &[&sk], |ctx| {
         let Some(mut z) = load(ctx, &sk)? else {
-            return Ok(0);
+            return Ok((0, false));
         };
         let (lo, hi) = match &b {
             Bounds::Rank(s, e) => match rank_window(*s, *e, z.head.len()) {
@@ -962,9 +1015,20 @@ fn remrange(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], by: By) -> R {
         if n > 0 {
             save(ctx, &sk, &z);
         }
-        Ok(n)
+        Ok((n, z.head.is_empty()))
     })?;
     c.int(n as i64);
+    if n > 0 {
+        let name = match by {
+            By::Rank => "zremrangebyrank",
+            By::Score => "zremrangebyscore",
+            By::Lex => "zremrangebylex",
+        };
+        event(ctx, notify::ZSET, name, c.db, &a[1]);
+        if emptied {
+            event(ctx, notify::GENERIC, "del", c.db, &a[1]);
+        }
+    }
     Ok(())
 }
 
@@ -991,14 +1055,14 @@ struct PopShape {
 
 /// Pops up to `count` elements (`None`: one, the plain form) from the
 /// lowest (or highest, `max`) end of the first of `keys` (store keys, locks
-/// held) that exists; `Ok(None)` when none does. The key's index and the
-/// popped elements otherwise.
+/// held) that exists; `Ok(None)` when none does. The key's index, the
+/// popped elements and whether that emptied the key otherwise.
 fn pop_first(
     ctx: &mut Ctx,
     keys: &[Vec<u8>],
     max: bool,
     count: u64,
-) -> Result<Option<(usize, Vec<Entry>)>, CmdError> {
+) -> Result<Option<(usize, Vec<Entry>, bool)>, CmdError> {
     for (i, sk) in keys.iter().enumerate() {
         let Some(mut z) = load(ctx, sk)? else {
             continue;
@@ -1012,7 +1076,7 @@ fn pop_first(
         if n > 0 {
             save(ctx, sk, &z);
         }
-        return Ok(Some((i, out)));
+        return Ok(Some((i, out, z.head.is_empty())));
     }
     Ok(None)
 }
@@ -1058,8 +1122,11 @@ fn try_pop(
     })?;
     match popped {
         None => Ok(false),
-        Some((i, v)) => {
+        Some((i, v, emptied)) => {
             reply_pop(c, Some(&keys[i]), &v, shape);
+            if !v.is_empty() {
+                pop_events(ctx, c.db, &keys[i], max, emptied);
+            }
             Ok(true)
         }
     }
@@ -1163,8 +1230,11 @@ fn serve_zpop(
         Some(_) => {}
     }
     match pop_first(ctx, &[sk], max, count)? {
-        Some((_, v)) if !v.is_empty() => {
+        Some((_, v, emptied)) if !v.is_empty() => {
             reply_pop(c, Some(&a[i]), &v, shape);
+            // A serve step runs under `blocking`'s locks: its events are
+            // published from here, before the writes are applied.
+            pop_events(ctx, c.db, &a[i], max, emptied);
             Ok(Try::Served)
         }
         _ => Ok(Try::Empty),
@@ -1583,7 +1653,13 @@ fn setop_store(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], op: SetOp) -> R {
         let out = compute(ctx, a, &sks, &mut q, op, (true, false))?;
         store(ctx, &dst, out)
     })?;
-    c.int(n as i64);
+    c.int(n.0 as i64);
+    let name = match op {
+        SetOp::Union => "zunionstore",
+        SetOp::Inter => "zinterstore",
+        SetOp::Diff => "zdiffstore",
+    };
+    store_events(ctx, c.db, &a[1], name, n);
     Ok(())
 }
 

@@ -1537,6 +1537,12 @@ fn redis_call(
                     ctx.sh.acl.log("key", &argv[k], &c.user.name, c.meta.line());
                     return fail("The user executing the script no permissions to access one of the keys used as arguments");
                 }
+                Err(crate::acl::Denied::Channel(k)) => {
+                    ctx.sh
+                        .acl
+                        .log("channel", &argv[k], &c.user.name, c.meta.line());
+                    return fail("The user executing the script no permissions to access one of the channels used as arguments");
+                }
             }
         }
     }
