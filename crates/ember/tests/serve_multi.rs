@@ -12,7 +12,7 @@ mod serve_common;
 use proto::Reply;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use serve_common::redis_server::{Conn, RedisServer};
+use serve_common::redis_server::{reply_int, Conn, RedisServer};
 use serve_common::Server;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -380,23 +380,7 @@ print("redis-py ok")
 "#,
         port = ember.port
     );
-    match std::process::Command::new("python3")
-        .args(["-c", &script])
-        .output()
-    {
-        Ok(out) if out.status.success() => {
-            assert!(String::from_utf8_lossy(&out.stdout).contains("redis-py ok"));
-        }
-        Ok(out) => {
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                err.contains("No module named 'redis'"),
-                "redis-py failed: {err}"
-            );
-            eprintln!("redis-py is not installed: its part of the test was skipped");
-        }
-        Err(e) => eprintln!("python3 not found ({e}): redis-py part skipped"),
-    }
+    serve_common::run_redis_py(&script);
 }
 
 /// Optimistic increments (WATCH, GET, MULTI, SET, EXEC, retried on a null
@@ -509,11 +493,7 @@ fn sigkill_keeps_transactions_whole() {
         srv.restart();
         let mut c = Conn::open(srv.port);
         for (id, acked) in results {
-            let int = |r: Reply| match r {
-                Reply::Bulk(b) => String::from_utf8_lossy(&b).parse::<i64>().unwrap(),
-                Reply::Integer(n) => n,
-                _ => 0,
-            };
+            let int = reply_int;
             let a = int(c.call(&["GET", &format!("a:{id}")]));
             let l = int(c.call(&["LLEN", &format!("l:{id}")]));
             let h = int(c.call(&["HGET", &format!("h:{id}"), "n"]));

@@ -344,6 +344,10 @@ pub struct Config {
     pub tcp_backlog: u32,
     /// Microseconds a worker polls without sleeping after finding work.
     pub busy_poll_us: u64,
+    /// Milliseconds a script or function runs before other clients are
+    /// answered `-BUSY` and SCRIPT KILL / FUNCTION KILL may stop it
+    /// (`busy-reply-threshold`, alias `lua-time-limit`; 0 = never).
+    pub busy_reply_threshold: u64,
     /// Seconds a shutdown waits for the workers before the process exits
     /// without the clean steps.
     pub shutdown_worker_timeout: u64,
@@ -398,6 +402,7 @@ impl Default for Config {
             log_size: 32 * MB,
             fence_ns: 0,
             busy_poll_us: 50,
+            busy_reply_threshold: 5000,
             tcp_backlog: 511,
             shutdown_worker_timeout: 5,
             enable_debug_command: Protected::No,
@@ -524,6 +529,8 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("fence-ns", false),
     ("tcp-backlog", false),
     ("busy-poll-us", true),
+    ("busy-reply-threshold", true),
+    ("lua-time-limit", true),
     ("shutdown-worker-timeout", true),
     ("enable-debug-command", false),
     ("tls-port", false),
@@ -647,6 +654,9 @@ impl Config {
             }
             "timeout" => self.timeout = parse_u64(one()?)?,
             "hz" => self.hz = parse_u64(one()?)?.clamp(1, 500),
+            "busy-reply-threshold" | "lua-time-limit" => {
+                self.busy_reply_threshold = parse_u64(one()?)?
+            }
             "protected-mode" => self.protected_mode = parse_bool(one()?)?,
             "databases" => {
                 let n = parse_u64(one()?)?;
@@ -930,6 +940,7 @@ impl Config {
             "maxclients" => self.maxclients.to_string(),
             "timeout" => self.timeout.to_string(),
             "hz" => self.hz.to_string(),
+            "busy-reply-threshold" | "lua-time-limit" => self.busy_reply_threshold.to_string(),
             "protected-mode" => if self.protected_mode { "yes" } else { "no" }.into(),
             "databases" => self.databases.to_string(),
             "proto-max-bulk-len" => self.proto_max_bulk_len.to_string(),
@@ -1214,6 +1225,23 @@ mod tests {
         std::fs::write(&f, format!("port 7000\ninclude {}\n", f.display())).unwrap();
         let e = Config::default().apply_file(&f).unwrap_err();
         assert!(e.contains("nested more than"), "{e}");
+    }
+
+    #[test]
+    fn busy_reply_threshold_and_its_alias() {
+        assert_eq!(Config::default().busy_reply_threshold, 5000);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("e.conf");
+        std::fs::write(&f, "lua-time-limit 250\n").unwrap();
+        let a = ServeArgs {
+            config: Some(f.clone()),
+            ..Default::default()
+        };
+        let c = Config::load(&a).unwrap();
+        assert_eq!(c.busy_reply_threshold, 250);
+        assert_eq!(c.get("busy-reply-threshold").unwrap(), "250");
+        assert_eq!(c.get("lua-time-limit").unwrap(), "250");
+        assert!(HONOURED.contains(&("busy-reply-threshold", true)));
     }
 
     #[test]

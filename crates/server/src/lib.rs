@@ -56,6 +56,7 @@ pub mod housekeep;
 #[allow(unsafe_code)]
 pub mod info;
 pub mod keyspace;
+pub mod lua;
 pub mod metrics;
 pub mod notify;
 pub mod pqsort;

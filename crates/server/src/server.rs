@@ -55,6 +55,9 @@ pub struct Shared {
     pub watches: Arc<crate::watch::Watches>,
     /// ACL users and ACL LOG (see [`crate::acl`]).
     pub acl: crate::acl::Acl,
+    /// Scripts, function libraries and the running script (see
+    /// [`crate::lua`]).
+    pub scripting: crate::lua::Scripting,
     /// Pub/Sub subscriptions and message delivery (see [`crate::pubsub`]).
     pub pubsub: crate::pubsub::Pubsub,
     pub next_client_id: AtomicU64,
@@ -106,6 +109,7 @@ impl Shared {
             blocking: crate::blocking::Blocking::new(workers),
             watches: Arc::default(),
             acl,
+            scripting: crate::lua::Scripting::default(),
             pubsub,
             next_client_id: AtomicU64::new(1),
             connected: AtomicU64::new(0),
@@ -115,6 +119,8 @@ impl Shared {
             tcp_port,
         };
         crate::cmd::finish_flushes(&sh).map_err(|e| format!("cannot finish a flush: {e:?}"))?;
+        crate::lua::load_functions(&sh)
+            .map_err(|e| format!("cannot load the function libraries: {e}"))?;
         Ok(sh)
     }
 

@@ -18,7 +18,8 @@
 //!   ZINCRBY counters hold every acknowledged increment and none that was
 //!   never started.
 //! - a transaction (`MULTI; INCR t; RPUSH lt x; HINCRBY ht n 1; ZINCRBY zt
-//!   1 n; SADD st <i>; EXEC`, the list and the set large, so pieced) is one
+//!   1 n; SADD st <i>; EXEC`, the list and the set large, so pieced), or
+//!   every other time the same writes as one Lua script (EVAL), is one
 //!   unit: the five counts agree, between acknowledged and started.
 //! - a stream appended to (XADD with growing IDs) while a consumer group
 //!   reads it (XREADGROUP) and acknowledges (XACK) keeps a prefix of the
@@ -163,6 +164,11 @@ struct Counted {
     xadd: Vec<(u64, u64)>,
 }
 
+/// A transaction's writes as a script (every other transaction runs so).
+const TX_SCRIPT: &str = "redis.call('incr', KEYS[1]) redis.call('rpush', KEYS[2], 'x') \
+    redis.call('hincrby', KEYS[3], 'n', 1) redis.call('zincrby', KEYS[4], 1, 'n') \
+    return redis.call('sadd', KEYS[5], ARGV[1])";
+
 fn workload(e: &mut Embedded, sim: &CrashSim, seed: u64) -> Counted {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut counted = Counted::default();
@@ -208,19 +214,28 @@ fn workload(e: &mut Embedded, sim: &CrashSim, seed: u64) -> Counted {
                 }
                 7 => {
                     let i = counted.tx.len() + pending_tx.len();
-                    assert_eq!(run(e, &["MULTI"]), b"+OK\r\n");
-                    for c in [
-                        vec!["INCR", "t"],
-                        vec!["RPUSH", "lt", "x"],
-                        vec!["HINCRBY", "ht", "n", "1"],
-                        vec!["ZINCRBY", "zt", "1", "n"],
-                    ] {
-                        assert_eq!(run(e, &c), b"+QUEUED\r\n");
-                    }
                     let m = format!("tx{i}");
-                    assert_eq!(run(e, &["SADD", "st", &m]), b"+QUEUED\r\n");
-                    let r = run(e, &["EXEC"]);
-                    assert!(r.starts_with(b"*5\r\n"), "{}", String::from_utf8_lossy(&r));
+                    if i % 2 == 0 {
+                        assert_eq!(run(e, &["MULTI"]), b"+OK\r\n");
+                        for c in [
+                            vec!["INCR", "t"],
+                            vec!["RPUSH", "lt", "x"],
+                            vec!["HINCRBY", "ht", "n", "1"],
+                            vec!["ZINCRBY", "zt", "1", "n"],
+                        ] {
+                            assert_eq!(run(e, &c), b"+QUEUED\r\n");
+                        }
+                        assert_eq!(run(e, &["SADD", "st", &m]), b"+QUEUED\r\n");
+                        let r = run(e, &["EXEC"]);
+                        assert!(r.starts_with(b"*5\r\n"), "{}", String::from_utf8_lossy(&r));
+                    } else {
+                        // The same five writes as one Lua script.
+                        let r = run(
+                            e,
+                            &["EVAL", TX_SCRIPT, "5", "t", "lt", "ht", "zt", "st", &m],
+                        );
+                        assert_eq!(r, b":1\r\n", "{}", String::from_utf8_lossy(&r));
+                    }
                     pending_tx.push(start);
                 }
                 0 => {

@@ -248,3 +248,23 @@ pub fn info_field(con: &mut redis::Connection, section: &str, field: &str) -> St
         .trim()
         .to_string()
 }
+
+/// Runs a Python script that uses redis-py; it must print `redis-py ok`.
+/// Skipped (with a note) when python3 or redis-py is not installed
+/// (scripts/test.sh installs them).
+pub fn run_redis_py(script: &str) {
+    match Command::new("python3").args(["-c", script]).output() {
+        Ok(out) if out.status.success() => {
+            assert!(String::from_utf8_lossy(&out.stdout).contains("redis-py ok"));
+        }
+        Ok(out) => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("No module named 'redis'"),
+                "redis-py failed: {err}"
+            );
+            eprintln!("redis-py is not installed: its part of the test was skipped");
+        }
+        Err(e) => eprintln!("python3 not found ({e}): the redis-py part was skipped"),
+    }
+}

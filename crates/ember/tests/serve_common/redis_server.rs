@@ -153,3 +153,13 @@ impl Conn {
         self.request(&req).unwrap()
     }
 }
+
+/// An integer reply, or a bulk string holding one (GET of a counter); 0 for
+/// anything else (a missing key).
+pub fn reply_int(r: Reply) -> i64 {
+    match r {
+        Reply::Bulk(b) => String::from_utf8_lossy(&b).parse::<i64>().unwrap(),
+        Reply::Integer(n) => n,
+        _ => 0,
+    }
+}

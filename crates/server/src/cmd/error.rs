@@ -223,6 +223,9 @@ pub enum CmdError {
         cmd: &'static str,
         sub: Vec<u8>,
     },
+    /// A scripting error whose whole text (its code included) depends on the
+    /// script or the request (see `crate::lua`).
+    Script(String),
 }
 
 impl From<KsError> for CmdError {
@@ -420,6 +423,7 @@ impl CmdError {
                 return "ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR".into()
             }
             E::UnblockedByClient => return "UNBLOCKED client unblocked via CLIENT UNBLOCK".into(),
+            E::Script(text) => text.clone(),
             E::SubcommandArgs { cmd, sub } => format!(
                 "ERR unknown subcommand or wrong number of arguments for '{}'. Try {cmd} HELP.",
                 c_str(sub)

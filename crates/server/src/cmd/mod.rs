@@ -16,6 +16,7 @@ mod lists;
 mod maps;
 mod multi;
 mod pubsub;
+mod scripting;
 mod sets;
 mod sort;
 mod streams;
@@ -214,6 +215,13 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
             multi::reject(c, &e);
             return;
         }
+    }
+    // A script running past busy-reply-threshold: only the commands
+    // allowed then run (SCRIPT KILL, FUNCTION KILL, FUNCTION STATS...).
+    if let Some(e) = crate::lua::busy_error(ctx.sh, spec, args) {
+        ctx.ws.cmds[i].rejected.add(1);
+        multi::reject(c, &CmdError::Script(e.into()));
+        return;
     }
     // A RESP2 client with subscriptions runs only the Pub/Sub commands,
     // PING, QUIT and RESET (Redis's subscriber mode).

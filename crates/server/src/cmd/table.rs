@@ -4,8 +4,8 @@
 //! replication all read it; a new command is a handler and one row here.
 
 use super::{
-    acl, admin, bits, conn, dump, geo, hashes, hll, keys, lcs, lists, multi, pubsub, sets, sort,
-    streams, strings, zsets, Handler,
+    acl, admin, bits, conn, dump, geo, hashes, hll, keys, lcs, lists, multi, pubsub, scripting,
+    sets, sort, streams, strings, zsets, Handler,
 };
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -149,6 +149,7 @@ pub fn movable_keys(name: &str, args: &[Vec<u8>]) -> Vec<usize> {
             numkeys_at(args, 1)
         }
         "blmpop" | "bzmpop" => numkeys_at(args, 2),
+        "eval" | "evalsha" | "eval_ro" | "evalsha_ro" | "fcall" | "fcall_ro" => numkeys_at(args, 2),
         "xread" | "xreadgroup" => streams_keys(args),
         "zunionstore" | "zinterstore" | "zdiffstore" => {
             let mut keys = vec![1];
@@ -275,9 +276,15 @@ pub fn arity_ok(arity: i32, n: usize) -> bool {
 /// categories `own` (see [`Spec::categories`]).
 pub fn categories(f: Flags, own: Cats) -> Cats {
     let mut c = own;
+    // Redis gives @read to read-only commands outside @scripting only.
+    let read = if own.contains(Cats::SCRIPTING) {
+        Cats::empty()
+    } else {
+        Cats::READ
+    };
     for (flag, cats) in [
         (Flags::WRITE, Cats::WRITE),
-        (Flags::READONLY, Cats::READ),
+        (Flags::READONLY, read),
         (Flags::ADMIN, Cats::ADMIN.with(Cats::DANGEROUS)),
         (Flags::PUBSUB, Cats::PUBSUB),
         (Flags::BLOCKING, Cats::BLOCKING),
@@ -458,6 +465,15 @@ pub static TABLE: &[Spec] = &[
     spec!("zdiffstore", -4, [WRITE, DENYOOM, MOVABLEKEYS], [SORTEDSET], (1, 1, 1), "sorted_set", "6.2.0", "Stores the difference of multiple sorted sets in a key.", zsets::zdiffstore),
     spec!("zintercard", -3, [READONLY, MOVABLEKEYS], [SORTEDSET], (0, 0, 0), "sorted_set", "7.0.0", "Returns the number of members of the intersect of multiple sorted sets.", zsets::zintercard),
     spec!("zscan", -3, [READONLY], [SORTEDSET], (1, 1, 1), "sorted_set", "2.8.0", "Iterates over members and scores of a sorted set.", zsets::zscan),
+    // scripting
+    spec!("eval", -3, [NOSCRIPT, STALE, SKIP_MONITOR, MOVABLEKEYS], [SCRIPTING], (0, 0, 0), "scripting", "2.6.0", "Executes a server-side Lua script.", scripting::eval),
+    spec!("evalsha", -3, [NOSCRIPT, STALE, SKIP_MONITOR, MOVABLEKEYS], [SCRIPTING], (0, 0, 0), "scripting", "2.6.0", "Executes a server-side Lua script by SHA1 digest.", scripting::evalsha),
+    spec!("eval_ro", -3, [READONLY, NOSCRIPT, STALE, SKIP_MONITOR, MOVABLEKEYS], [SCRIPTING], (0, 0, 0), "scripting", "7.0.0", "Executes a read-only server-side Lua script.", scripting::eval_ro),
+    spec!("evalsha_ro", -3, [READONLY, NOSCRIPT, STALE, SKIP_MONITOR, MOVABLEKEYS], [SCRIPTING], (0, 0, 0), "scripting", "7.0.0", "Executes a read-only server-side Lua script by SHA1 digest.", scripting::evalsha_ro),
+    spec!("fcall", -3, [NOSCRIPT, STALE, SKIP_MONITOR, MOVABLEKEYS], [SCRIPTING], (0, 0, 0), "scripting", "7.0.0", "Invokes a function.", scripting::fcall),
+    spec!("fcall_ro", -3, [READONLY, NOSCRIPT, STALE, SKIP_MONITOR, MOVABLEKEYS], [SCRIPTING], (0, 0, 0), "scripting", "7.0.0", "Invokes a read-only function.", scripting::fcall_ro),
+    spec!("script", -2, [], [], (0, 0, 0), "scripting", "2.6.0", "A container for Lua scripts management commands.", scripting::script),
+    spec!("function", -2, [], [], (0, 0, 0), "scripting", "7.0.0", "A container for function commands.", scripting::function),
     // streams
     spec!("xadd", -5, [WRITE, DENYOOM, FAST], [STREAM], (1, 1, 1), "stream", "5.0.0", "Appends a new message to a stream. Creates the key if it doesn't exist.", streams::xadd),
     spec!("xrange", -4, [READONLY], [STREAM], (1, 1, 1), "stream", "5.0.0", "Returns the messages from a stream within a range of IDs.", streams::xrange),
@@ -657,6 +673,21 @@ pub static SUBCOMMANDS: &[SubSpec] = &[
     sub!("acl", "setuser", -3, [ADMIN, NOSCRIPT, LOADING, STALE], []),
     sub!("acl", "users", 2, [ADMIN, NOSCRIPT, LOADING, STALE], []),
     sub!("acl", "whoami", 2, [NOSCRIPT, LOADING, STALE], []),
+    sub!("script", "debug", 3, [NOSCRIPT], [SCRIPTING]),
+    sub!("script", "exists", -3, [NOSCRIPT], [SCRIPTING]),
+    sub!("script", "flush", -2, [NOSCRIPT], [SCRIPTING]),
+    sub!("script", "help", 2, [LOADING, STALE], [SCRIPTING]),
+    sub!("script", "kill", 2, [NOSCRIPT, ALLOW_BUSY], [SCRIPTING]),
+    sub!("script", "load", 3, [NOSCRIPT, STALE], [SCRIPTING]),
+    sub!("function", "delete", 3, [WRITE, NOSCRIPT], [SCRIPTING]),
+    sub!("function", "dump", 2, [NOSCRIPT], [SCRIPTING]),
+    sub!("function", "flush", -2, [WRITE, NOSCRIPT], [SCRIPTING]),
+    sub!("function", "help", 2, [LOADING, STALE], [SCRIPTING]),
+    sub!("function", "kill", 2, [NOSCRIPT, ALLOW_BUSY], [SCRIPTING]),
+    sub!("function", "list", -2, [NOSCRIPT], [SCRIPTING]),
+    sub!("function", "load", -3, [WRITE, DENYOOM, NOSCRIPT], [SCRIPTING]),
+    sub!("function", "restore", -3, [WRITE, DENYOOM, NOSCRIPT], [SCRIPTING]),
+    sub!("function", "stats", 2, [NOSCRIPT, ALLOW_BUSY], [SCRIPTING]),
 ];
 
 /// The access to its keys a command needs from ACL `%R~`/`%W~` patterns
@@ -669,6 +700,9 @@ pub static SUBCOMMANDS: &[SubSpec] = &[
 #[rustfmt::skip]
 pub static KEY_ACCESS: &[(&str, &str, &str)] = &[
     ("getdel", "RW", "RW"),
+    ("eval", "RW", "RW"),
+    ("evalsha", "RW", "RW"),
+    ("fcall", "RW", "RW"),
     ("getset", "RW", "RW"),
     ("getex", "RW", "RW"),
     ("incr", "RW", "RW"),
@@ -830,6 +864,10 @@ mod tests {
         assert_eq!(lookup(&[0xff; 4]), None);
     }
 
+    fn req(words: &[&str]) -> Vec<Vec<u8>> {
+        words.iter().map(|w| w.as_bytes().to_vec()).collect()
+    }
+
     #[test]
     fn categories_and_keys_as_redis_reports_them() {
         let get = &TABLE[lookup(b"get").unwrap()];
@@ -855,6 +893,18 @@ mod tests {
         assert_eq!(rename.keys.indexes(3).collect::<Vec<_>>(), [1, 2]);
         let ping = &TABLE[lookup(b"ping").unwrap()];
         assert_eq!(ping.keys.indexes(2).count(), 0);
+        // Redis gives @read to no @scripting command, read-only or not.
+        let eval_ro = &TABLE[lookup(b"eval_ro").unwrap()];
+        assert_eq!(
+            eval_ro.categories().names().collect::<Vec<_>>(),
+            ["slow", "scripting"]
+        );
+        let eval = req(&["EVAL", "return 1", "2", "a", "b", "c"]);
+        assert_eq!(movable_keys("eval", &eval), [3, 4]);
+        assert_eq!(
+            movable_keys("fcall", &req(&["FCALL", "f", "0", "x"])),
+            [0usize; 0]
+        );
         assert_eq!(Cats::by_name("String"), Some(Cats::STRING));
         assert_eq!(Flags::by_name("nosuch"), None);
     }
