@@ -57,7 +57,7 @@ fn read_value(ctx: &mut Ctx, c: &mut Client, key: &[u8]) -> Result<Option<Value>
         "hash" => {
             let flat = bulks(unit::internal(ctx, c, &[b"HGETALL", key])?)?;
             Value::Hash(
-                flat.chunks(2)
+                flat.chunks_exact(2)
                     .map(|p| (p[0].clone(), p[1].clone()))
                     .collect(),
             )
@@ -69,7 +69,7 @@ fn read_value(ctx: &mut Ctx, c: &mut Client, key: &[u8]) -> Result<Option<Value>
                 &[b"ZRANGE", key, b"0", b"-1", b"WITHSCORES"],
             )?)?;
             let mut v = Vec::with_capacity(flat.len() / 2);
-            for p in flat.chunks(2) {
+            for p in flat.chunks_exact(2) {
                 let s = std::str::from_utf8(&p[1])
                     .ok()
                     .and_then(|s| s.parse::<f64>().ok())

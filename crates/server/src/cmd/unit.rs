@@ -140,7 +140,11 @@ pub fn escaped(ctx: &Ctx) -> bool {
 /// its reply, or its error, is appended to `c.out`.
 pub fn call(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
     let t0 = crate::clock::Stamp::now();
-    let Some(i) = lookup(&args[0]) else {
+    if args.is_empty() {
+        c.err(&super::CmdError::Msg("a request needs at least a command name").text());
+        return;
+    }
+    let Some(i) = args.first().and_then(|a| lookup(a)) else {
         c.err(&super::CmdError::UnknownCommand(args.to_vec()).text());
         return;
     };
@@ -192,7 +196,12 @@ pub fn internal(
     args: &[&[u8]],
 ) -> Result<proto::Reply, super::CmdError> {
     let args: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
-    let Some(i) = lookup(&args[0]) else {
+    if args.is_empty() {
+        return Err(super::CmdError::Msg(
+            "a request needs at least a command name",
+        ));
+    }
+    let Some(i) = args.first().and_then(|a| lookup(a)) else {
         return Err(super::CmdError::UnknownCommand(args));
     };
     let spec = &TABLE[i];
