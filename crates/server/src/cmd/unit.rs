@@ -73,6 +73,8 @@ pub fn run(
     // Keyspace events the unit's commands leave for the end of the command
     // (`notify`): a run that escapes drops its own.
     let (events, expired) = (ctx.ks.events.len(), ctx.ks.expired_log.len());
+    // So are its counts of keys found expired (INFO `expired_keys`).
+    let expired_count = ctx.ks.expired;
     let mut locks = locks;
     loop {
         let all = matches!(locks, Locks::All);
@@ -97,6 +99,7 @@ pub fn run(
             ctx.ks.discard_staged();
             ctx.ks.events.truncate(events);
             ctx.ks.expired_log.truncate(expired);
+            ctx.ks.expired = expired_count;
             c.out.truncate(mark);
             if c.db != db {
                 c.db = db;
