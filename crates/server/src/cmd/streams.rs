@@ -1147,13 +1147,11 @@ pub fn xgroup(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         );
         return Ok(());
     }
+    // Past `sub_arity`, every subcommand names its key and group (2, 3).
     let syntax = || CmdError::SubcommandArgs {
         cmd: "XGROUP",
         sub: sub.clone(),
     };
-    if a.len() < 4 {
-        return Err(syntax());
-    }
     let create = eq(sub, "create");
     let setid = eq(sub, "setid");
     let mut mkstream = false;
@@ -1700,12 +1698,6 @@ pub fn xinfo(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         &[("consumers", 4), ("groups", 3), ("help", 2), ("stream", -3)],
     )?;
     if eq(sub, "help") {
-        if a.len() != 2 {
-            return Err(CmdError::SubcommandArgs {
-                cmd: "XINFO",
-                sub: sub.clone(),
-            });
-        }
         super::help(
             c,
             &[
@@ -1722,13 +1714,11 @@ pub fn xinfo(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         );
         return Ok(());
     }
+    // Past `sub_arity`, every subcommand names its key at 2.
     let syntax = || CmdError::SubcommandArgs {
         cmd: "XINFO",
         sub: sub.clone(),
     };
-    if a.len() < 3 {
-        return Err(syntax());
-    }
     let sk = skey(c.db, &a[2]);
     locked(ctx, &[&sk], |ctx| {
         let Some(mut s) = load(ctx, &sk)? else {
