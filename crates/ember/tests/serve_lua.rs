@@ -7,7 +7,8 @@
 //! can show: function libraries survive a restart and a SIGKILL; a script's
 //! writes are isolated from other workers and all-or-nothing across a
 //! SIGKILL; a script past busy-reply-threshold makes other workers answer
-//! BUSY until SCRIPT KILL stops it (UNKILLABLE once it wrote); redis-py's
+//! BUSY until SCRIPT KILL stops it (UNKILLABLE once it wrote), and so does
+//! the script's own worker for its other connections; redis-py's
 //! Lock and register_script work.
 
 mod serve_common;
@@ -692,6 +693,154 @@ fn busy_script_and_script_kill() {
         matches!(&r, Reply::Error(e) if e.starts_with("ERR Script killed by user with SCRIPT KILL...")),
         "{r:?}"
     );
+}
+
+/// Waits for `s` to answer `args` with BUSY (the script went past the
+/// threshold); the connection may be on the script's own worker.
+fn until_busy(s: &mut TcpStream, args: &[&str]) {
+    let t = Instant::now();
+    loop {
+        match call_on(s, args) {
+            Reply::Error(e) if e.starts_with("BUSY") => return,
+            r => assert!(t.elapsed() < Duration::from_secs(20), "still {r:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One worker (the two-core default): the script's own worker answers its
+/// other connections while the script is busy — BUSY to most commands,
+/// SCRIPT KILL, AUTH, HELLO and SHUTDOWN NOSAVE run — including a
+/// connection opened after the script started (as `redis-cli -a pw script
+/// kill` would: AUTH then SCRIPT KILL). WATCH waits for the script's end,
+/// with what follows it. SHUTDOWN NOSAVE stops a script that wrote (which
+/// SCRIPT KILL refuses) and drops its writes.
+#[test]
+fn busy_script_on_its_own_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut srv = Server::start(dir.path(), &["--threads", "1", "--requirepass", "pw"]);
+    let port = srv.port;
+    let open = || {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        assert_eq!(call_on(&mut c, &["AUTH", "pw"]), Reply::Simple("OK".into()));
+        c
+    };
+    let mut c = open();
+    assert_eq!(
+        call_on(&mut c, &["CONFIG", "SET", "busy-reply-threshold", "100"]),
+        Reply::Simple("OK".into())
+    );
+    let mut early = open();
+    let runner = std::thread::spawn(move || {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        assert_eq!(call_on(&mut c, &["AUTH", "pw"]), Reply::Simple("OK".into()));
+        call_on(
+            &mut c,
+            &["EVAL", "local i = 0 while true do i = i + 1 end", "0"],
+        )
+    });
+    until_busy(&mut early, &["GET", "x"]);
+    let busy =
+        "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.";
+    // Checks before BUSY, as Redis orders them.
+    assert_eq!(
+        call_on(&mut early, &["NOSUCH"]),
+        Reply::Error("ERR unknown command 'NOSUCH', with args beginning with: ".into())
+    );
+    assert_eq!(
+        call_on(&mut early, &["GET"]),
+        Reply::Error("ERR wrong number of arguments for 'get' command".into())
+    );
+    assert_eq!(call_on(&mut early, &["PING"]), Reply::Error(busy.into()));
+    // A new connection: not yet authenticated, then AUTH runs.
+    let mut late = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    late.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    assert_eq!(
+        call_on(&mut late, &["PING"]),
+        Reply::Error("NOAUTH Authentication required.".into())
+    );
+    assert_eq!(
+        call_on(&mut late, &["AUTH", "pw"]),
+        Reply::Simple("OK".into())
+    );
+    let Reply::Map(hello) = call_on(&mut late, &["HELLO", "3"]) else {
+        panic!("HELLO 3");
+    };
+    assert_eq!(hello[2].1, Reply::Integer(3));
+    assert_eq!(call_on(&mut late, &["MULTI"]), Reply::Simple("OK".into()));
+    assert_eq!(call_on(&mut late, &["GET", "x"]), Reply::Error(busy.into()));
+    assert_eq!(call_on(&mut late, &["DISCARD"]), Reply::Simple("OK".into()));
+    // WATCH waits for the script, and so does the PING sent after it.
+    let mut req = Vec::new();
+    encode_request(&["WATCH", "x"], &mut req);
+    encode_request(&["PING"], &mut req);
+    early.write_all(&req).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        call_on(&mut late, &["SCRIPT", "KILL"]),
+        Reply::Simple("OK".into())
+    );
+    let r = runner.join().unwrap();
+    assert!(
+        matches!(&r, Reply::Error(e) if e.starts_with("ERR Script killed by user with SCRIPT KILL...")),
+        "{r:?}"
+    );
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 256];
+    while buf != b"+OK\r\n+PONG\r\n" {
+        let n = early.read(&mut chunk).unwrap();
+        assert!(
+            n > 0 && buf.len() + n <= 12,
+            "{:?}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    assert_eq!(
+        call_on(&mut early, &["SET", "kept", "1"]),
+        Reply::Simple("OK".into())
+    );
+
+    // A script that wrote: SCRIPT KILL refuses, SHUTDOWN without NOSAVE is
+    // BUSY, SHUTDOWN NOSAVE stops the server without the script's writes.
+    let runner = std::thread::spawn(move || {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        assert_eq!(call_on(&mut c, &["AUTH", "pw"]), Reply::Simple("OK".into()));
+        let mut req = Vec::new();
+        encode_request(
+            &[
+                "EVAL",
+                "redis.call('set', 'dropped', 1) while true do end",
+                "0",
+            ],
+            &mut req,
+        );
+        c.write_all(&req).unwrap();
+        read_reply(&mut c)
+    });
+    until_busy(&mut early, &["GET", "x"]);
+    let r = call_on(&mut late, &["SCRIPT", "KILL"]);
+    assert!(
+        matches!(&r, Reply::Error(e) if e.starts_with("UNKILLABLE")),
+        "{r:?}"
+    );
+    assert_eq!(call_on(&mut late, &["SHUTDOWN"]), Reply::Error(busy.into()));
+    let mut req = Vec::new();
+    encode_request(&["SHUTDOWN", "NOSAVE"], &mut req);
+    late.write_all(&req).unwrap();
+    assert!(srv.wait_exit(), "the server did not exit");
+    assert_eq!(runner.join().unwrap(), None);
+    srv.restart();
+    // (A restart may take another port.)
+    let mut c = TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
+    assert_eq!(call_on(&mut c, &["AUTH", "pw"]), Reply::Simple("OK".into()));
+    assert_eq!(
+        call_on(&mut c, &["GET", "kept"]),
+        Reply::Bulk(b"1".to_vec())
+    );
+    assert_eq!(call_on(&mut c, &["EXISTS", "dropped"]), Reply::Integer(0));
 }
 
 /// redis-py's Lock (Lua scripts for release, extend, reacquire) and

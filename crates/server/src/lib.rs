@@ -31,13 +31,17 @@
 
 // Unsafe code lives where the server calls the C library directly: socket
 // and file-descriptor calls (`accept`, `rlimit`), the time-stamp counter
-// (`clock`), the CPU a thread runs on (`commit`) and resource usage (`info`).
+// (`clock`), the CPU a thread runs on (`commit`) and resource usage (`info`);
+// and `busy`, where a busy script's thread borrows its worker's connections
+// through a pointer the worker lends for the command's duration.
 #![deny(unsafe_code)]
 
 #[allow(unsafe_code)]
 mod accept;
 pub mod acl;
 pub mod blocking;
+#[allow(unsafe_code)]
+mod busy;
 mod client;
 #[allow(unsafe_code)]
 pub mod clock;
@@ -69,7 +73,7 @@ pub mod stats;
 pub mod store;
 pub mod tls;
 pub mod watch;
-mod worker;
+pub(crate) mod worker;
 
 pub use config::{Config, ServeArgs};
 

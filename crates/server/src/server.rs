@@ -268,6 +268,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     pipeline: pipeline_commits,
                     acl_epoch: 0,
                     block_timers: std::collections::BTreeSet::new(),
+                    pump_woke: false,
                 }
                 .run()
             })

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 pub(crate) const WAKER: Token = Token(0);
 /// Output buffered for one client before the worker stops executing its
 /// pipelined requests until the socket drains.
-const OUT_HIGH_WATER: usize = 64 << 20;
+pub(crate) const OUT_HIGH_WATER: usize = 64 << 20;
 /// Bytes read from one socket per batch before moving to the next client.
 const READ_BUDGET: usize = 1 << 20;
 /// One socket read: into the worker's scratch buffer, then appended to the
@@ -95,6 +95,16 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
+    /// The request limits for connection `c` (tighter before it
+    /// authenticates).
+    pub(crate) fn limits_for(&self, sh: &Shared, c: &Client) -> &Limits {
+        if !sh.acl.auth_required(c.authed) {
+            &self.limits
+        } else {
+            &self.unauth_limits
+        }
+    }
+
     pub(crate) fn load(sh: &Shared) -> Settings {
         let epoch = sh.cfg_epoch.load(Ordering::Acquire);
         let c = sh.cfg();
@@ -158,6 +168,8 @@ pub(crate) struct Worker {
     /// Timeouts of this worker's blocked clients: (deadline, client id,
     /// wait number, token), earliest first (see `blocking`).
     pub(crate) block_timers: std::collections::BTreeSet<(Instant, u64, u64, Token)>,
+    /// A busy script's pump (`busy`) took the wake-up event.
+    pub(crate) pump_woke: bool,
 }
 
 impl Worker {
@@ -175,6 +187,7 @@ impl Worker {
         let mut rewake = false;
         while !self.sh.shutdown.load(Ordering::Acquire) {
             let period = Duration::from_millis(1000 / self.settings.hz.max(1));
+            rewake |= std::mem::take(&mut self.pump_woke);
             let timeout = if busy_maint || std::mem::take(&mut rewake) || !self.pending.is_empty() {
                 Duration::ZERO
             } else {
@@ -459,48 +472,15 @@ impl Worker {
     }
 
     fn adopt_new(&mut self) {
-        while let Ok((s, peer, tls)) = self.rx.try_recv() {
-            let _ = s.set_nodelay(true);
-            let laddr = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
-            let fd = {
-                use std::os::fd::AsRawFd;
-                s.as_raw_fd()
-            };
-            let mut sock = match tls {
-                None => Conn::Plain(TcpStream::from_std(s)),
-                Some(cfg) => match Conn::tls(TcpStream::from_std(s), cfg) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        eprintln!("ember: TLS connection from {peer} refused: {e}");
-                        self.sh.connected.fetch_sub(1, Ordering::AcqRel);
-                        continue;
-                    }
-                },
-            };
-            self.next_token += 1;
-            let token = Token(self.next_token);
-            if self
-                .poll
-                .registry()
-                .register(&mut sock, token, Interest::READABLE)
-                .is_err()
-            {
-                self.sh.connected.fetch_sub(1, Ordering::AcqRel);
-                continue;
-            }
-            let id = self.sh.next_client_id.fetch_add(1, Ordering::Relaxed);
-            let meta = Arc::new(ClientMeta::new(id, peer.to_string(), laddr, fd));
-            self.sh
-                .clients
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(id, meta.clone());
-            let mut c = Client::new(id, sock, meta, &self.sh.acl);
-            c.home = Some((self.id, token));
-            self.clients.insert(token, c);
-            // Data may have arrived before registration: look once.
-            self.pending.push(token);
-        }
+        adopt(
+            &self.sh,
+            self.id,
+            &self.rx,
+            &self.poll,
+            &mut self.next_token,
+            &mut self.clients,
+            &mut self.pending,
+        );
     }
 
     /// Reads what the socket has and executes every complete request.
@@ -730,11 +710,7 @@ impl Worker {
                 c.inpos = 0;
                 return true;
             }
-            let limits = if !self.sh.acl.auth_required(c.authed) {
-                &self.settings.limits
-            } else {
-                &self.settings.unauth_limits
-            };
+            let limits = self.settings.limits_for(&self.sh, c);
             match c.codec.decode(&c.inbuf[c.inpos..], limits, args) {
                 Ok(Some(consumed)) => {
                     c.inpos += consumed;
@@ -756,7 +732,22 @@ impl Worker {
                         ws: &self.ws,
                         now,
                     };
-                    cmd::execute(&mut ctx, c, args, clock);
+                    // Lent to a script that runs past busy-reply-threshold,
+                    // to answer this worker's other connections meanwhile.
+                    let mut pump = crate::busy::Pump {
+                        sh: &self.sh,
+                        ws: &self.ws,
+                        worker: self.id,
+                        poll: &mut self.poll,
+                        rx: &self.rx,
+                        next_token: &mut self.next_token,
+                        clients: &mut self.clients,
+                        pending: &mut self.pending,
+                        rbuf: &mut self.rbuf,
+                        settings: &self.settings,
+                        woke: &mut self.pump_woke,
+                    };
+                    crate::busy::with_pump(&mut pump, || cmd::execute(&mut ctx, c, args, clock));
                     self.batch_requests += 1;
                     if let (Some(_), Some((_, token))) = (&c.blocked, c.home) {
                         self.note_blocked(c, token);
@@ -977,5 +968,59 @@ impl Worker {
             self.active_expire();
         }
         self.ws.expired_keys.set_total(self.ks.expired);
+    }
+}
+
+/// Registers the connections the acceptor handed to worker `id` and adds
+/// them to its `clients` (and to `pending`: data may have arrived before
+/// registration).
+pub(crate) fn adopt(
+    sh: &Shared,
+    id: usize,
+    rx: &Receiver<NewConn>,
+    poll: &Poll,
+    next_token: &mut usize,
+    clients: &mut HashMap<Token, Client>,
+    pending: &mut Vec<Token>,
+) {
+    while let Ok((s, peer, tls)) = rx.try_recv() {
+        let _ = s.set_nodelay(true);
+        let laddr = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        let fd = {
+            use std::os::fd::AsRawFd;
+            s.as_raw_fd()
+        };
+        let mut sock = match tls {
+            None => Conn::Plain(TcpStream::from_std(s)),
+            Some(cfg) => match Conn::tls(TcpStream::from_std(s), cfg) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("ember: TLS connection from {peer} refused: {e}");
+                    sh.connected.fetch_sub(1, Ordering::AcqRel);
+                    continue;
+                }
+            },
+        };
+        *next_token += 1;
+        let token = Token(*next_token);
+        if poll
+            .registry()
+            .register(&mut sock, token, Interest::READABLE)
+            .is_err()
+        {
+            sh.connected.fetch_sub(1, Ordering::AcqRel);
+            continue;
+        }
+        let cid = sh.next_client_id.fetch_add(1, Ordering::Relaxed);
+        let meta = Arc::new(ClientMeta::new(cid, peer.to_string(), laddr, fd));
+        sh.clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(cid, meta.clone());
+        let mut c = Client::new(cid, sock, meta, &sh.acl);
+        c.home = Some((id, token));
+        clients.insert(token, c);
+        // Data may have arrived before registration: look once.
+        pending.push(token);
     }
 }

@@ -3,7 +3,7 @@
 use super::{eq, Cats, CmdError, Ctx, Spec, R, TABLE};
 use crate::config::{HONOURED, NO_EFFECT};
 use crate::glob::Glob;
-use crate::server::Client;
+use crate::server::{Client, Shared};
 use proto::Reply;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -400,19 +400,42 @@ fn strtod_prefix(a: &[u8]) -> f64 {
 }
 
 pub fn shutdown(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
-    let mut abort = false;
+    shutdown_with(ctx.sh, c, a)
+}
+
+/// SHUTDOWN, with the shared state alone (also run while a script is busy,
+/// see `busy`). Every write is durable already: SAVE, NOW and FORCE change
+/// nothing. While a script is busy only SHUTDOWN NOSAVE is allowed, as in
+/// Redis; it stops the script and drops its writes (Redis exits without
+/// them).
+pub(crate) fn shutdown_with(sh: &Shared, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let (mut abort, mut nosave, mut save, mut other) = (false, false, false, false);
     for o in &a[1..] {
-        if eq(o, "abort") {
+        if eq(o, "nosave") {
+            nosave = true;
+        } else if eq(o, "save") {
+            save = true;
+        } else if eq(o, "now") || eq(o, "force") {
+            other = true;
+        } else if eq(o, "abort") {
             abort = true;
-        } else if !(eq(o, "nosave") || eq(o, "save") || eq(o, "now") || eq(o, "force")) {
+        } else {
             return Err(CmdError::Syntax);
         }
+    }
+    if (abort && (nosave || save || other)) || (nosave && save) {
+        return Err(CmdError::Syntax);
     }
     if abort {
         return Err(CmdError::NoShutdown);
     }
+    if nosave {
+        sh.scripting.abandon();
+    } else if let Some(e) = crate::lua::busy_now(sh) {
+        return Err(CmdError::Script(e.into()));
+    }
     eprintln!("ember: SHUTDOWN requested by client id={}", c.id);
-    ctx.sh.begin_shutdown();
+    sh.begin_shutdown();
     // Like Redis, no reply: the connection closes with the server.
     c.close_after = true;
     Ok(())

@@ -1,7 +1,7 @@
 //! Connection commands.
 
 use super::{eq, int_arg, CmdError, Ctx, R};
-use crate::server::Client;
+use crate::server::{Client, Shared};
 use proto::{Reply, Version};
 use std::sync::atomic::Ordering;
 
@@ -30,6 +30,10 @@ pub fn echo(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 }
 
 pub fn quit(_ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
+    quit_with(c)
+}
+
+pub(crate) fn quit_with(c: &mut Client) -> R {
     c.ok();
     c.close_after = true;
     Ok(())
@@ -52,8 +56,8 @@ pub fn select(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 
 /// Logs the connection in as `user`, or records the failure in ACL LOG
 /// (`cmd` is the command as the client typed it).
-fn login(ctx: &Ctx, c: &mut Client, cmd: &[u8], user: &[u8], pass: &[u8]) -> R {
-    let acl = &ctx.sh.acl;
+fn login(sh: &Shared, c: &mut Client, cmd: &[u8], user: &[u8], pass: &[u8]) -> R {
+    let acl = &sh.acl;
     match acl.authenticate(user, pass) {
         Some(u) => {
             c.set_user(acl, Some(u));
@@ -67,11 +71,16 @@ fn login(ctx: &Ctx, c: &mut Client, cmd: &[u8], user: &[u8], pass: &[u8]) -> R {
 }
 
 pub fn auth(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    auth_with(ctx.sh, c, a)
+}
+
+/// AUTH, with the shared state alone (also run while a script is busy).
+pub(crate) fn auth_with(sh: &Shared, c: &mut Client, a: &[Vec<u8>]) -> R {
     let (user, pass): (&[u8], &[u8]) = match a.len() {
         // The one-argument form logs in as `default`, and is an error when
         // the default user needs no password.
         2 => {
-            if ctx.sh.acl.default_nopass() {
+            if sh.acl.default_nopass() {
                 return Err(CmdError::AuthNotConfigured);
             }
             (b"default", &a[1])
@@ -79,7 +88,7 @@ pub fn auth(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         3 => (&a[1], &a[2]),
         _ => return Err(CmdError::Syntax),
     };
-    login(ctx, c, &a[0], user, pass)?;
+    login(sh, c, &a[0], user, pass)?;
     c.ok();
     Ok(())
 }
@@ -89,6 +98,11 @@ fn valid_name(n: &[u8]) -> bool {
 }
 
 pub fn hello(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    hello_with(ctx.sh, c, a)
+}
+
+/// HELLO, with the shared state alone (also run while a script is busy).
+pub(crate) fn hello_with(sh: &Shared, c: &mut Client, a: &[Vec<u8>]) -> R {
     let mut ver = None;
     let mut i = 1;
     if a.len() > 1 {
@@ -103,7 +117,7 @@ pub fn hello(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     // stops at once.
     while i < a.len() {
         if eq(&a[i], "auth") && i + 2 < a.len() {
-            login(ctx, c, &a[0], &a[i + 1], &a[i + 2])?;
+            login(sh, c, &a[0], &a[i + 1], &a[i + 2])?;
             i += 3;
         } else if eq(&a[i], "setname") && i + 1 < a.len() {
             let n = &a[i + 1];
@@ -143,7 +157,7 @@ pub fn hello(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 }
 
 pub fn reset(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
-    super::multi::discard_transaction(ctx, c);
+    super::multi::discard_transaction(ctx.sh, c);
     crate::pubsub::forget(ctx.sh, c);
     c.db = 0;
     c.resp = Version::Resp2;

@@ -2,9 +2,9 @@
 //! command reference (and Redis 7's source where the reference is silent).
 
 mod acl;
-mod admin;
+pub(crate) mod admin;
 mod bits;
-mod conn;
+pub(crate) mod conn;
 mod dump;
 mod error;
 mod geo;
@@ -14,9 +14,9 @@ mod keys;
 mod lcs;
 mod lists;
 mod maps;
-mod multi;
+pub(crate) mod multi;
 mod pubsub;
-mod scripting;
+pub(crate) mod scripting;
 mod sets;
 mod sort;
 mod streams;
@@ -160,82 +160,10 @@ pub fn unknown_subcommand(cmd: &'static str, sub: &[u8]) -> CmdError {
 /// [`multi`]); a refused one makes its EXEC fail.
 pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stamp) {
     let t0 = *clock;
-    let acl = &ctx.sh.acl;
-    // A user changed since this connection last read it (ACL SETUSER,
-    // DELUSER, LOAD, CONFIG SET requirepass): re-read it, as Redis's
-    // connections see their user's changes at once. A deleted or reloaded
-    // user's connections are closed without running anything more.
-    if c.acl_epoch != acl.epoch() && !acl.refresh(&mut c.user, &mut c.acl_epoch) {
-        c.kill = true;
-        return;
-    }
-    let Some(i) = lookup(&args[0]) else {
-        multi::reject(c, &CmdError::UnknownCommand(args.to_vec()));
+    let Some((i, queue)) = precheck(ctx.sh, ctx.ws, c, args, t0) else {
         return;
     };
     let spec = &TABLE[i];
-    if !spec.arity_ok(args.len()) {
-        ctx.ws.cmds[i].rejected.add(1);
-        multi::reject(c, &arity_error(spec.name));
-        return;
-    }
-    // Redis's protected commands: refused before authentication.
-    if spec.flags.contains(Flags::PROTECTED)
-        && !ctx.sh.cfg().enable_debug_command.allows(c.meta.is_local())
-    {
-        ctx.ws.cmds[i].rejected.add(1);
-        multi::reject(c, &CmdError::DebugNotAllowed);
-        return;
-    }
-    if acl.auth_required(c.authed) && !spec.flags.contains(Flags::NO_AUTH) {
-        ctx.ws.cmds[i].rejected.add(1);
-        multi::reject(c, &CmdError::NoAuth);
-        return;
-    }
-    let queue = c.multi.is_some() && !multi::runs_in_multi(spec);
-    if queue && spec.flags.contains(Flags::NO_MULTI) {
-        ctx.ws.cmds[i].rejected.add(1);
-        multi::reject(
-            c,
-            &CmdError::Msg("Command not allowed inside a transaction"),
-        );
-        return;
-    }
-    // CLIENT LIST names a container's subcommand (`client|list`), as Redis.
-    let id = crate::acl::resolve(i, args).unwrap_or(i);
-    c.meta.last_cmd.store(id as u64 + 1, Ordering::Relaxed);
-    c.meta
-        .last_ms
-        .store(t0.millis_since(c.meta.created), Ordering::Relaxed);
-    // ACL: a user with allcommands and allkeys (the default user) costs this
-    // flag test; only a restricted user's rules and key patterns are walked.
-    if !c.user.unrestricted() {
-        if let Err(e) = acl_check(ctx, c, i, args) {
-            ctx.ws.cmds[i].rejected.add(1);
-            multi::reject(c, &e);
-            return;
-        }
-    }
-    // A script running past busy-reply-threshold: only the commands
-    // allowed then run (SCRIPT KILL, FUNCTION KILL, FUNCTION STATS...).
-    if let Some(e) = crate::lua::busy_error(ctx.sh, spec, args) {
-        ctx.ws.cmds[i].rejected.add(1);
-        multi::reject(c, &CmdError::Script(e.into()));
-        return;
-    }
-    // A RESP2 client with subscriptions runs only the Pub/Sub commands,
-    // PING, QUIT and RESET (Redis's subscriber mode).
-    if c.subs.is_some()
-        && c.resp == proto::Version::Resp2
-        && !crate::pubsub::allowed_in_subscriber_mode(spec.name)
-    {
-        ctx.ws.cmds[i].rejected.add(1);
-        multi::reject(
-            c,
-            &CmdError::SubscriberMode(crate::acl::cmd_name(id).to_string()),
-        );
-        return;
-    }
     let mark = c.out.len();
     if queue {
         multi::queue(ctx, c, args);
@@ -247,6 +175,100 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
     let t1 = Stamp::now();
     *clock = t1;
     ctx.ws.record(i, t1.micros_since(t0), failed);
+}
+
+/// The checks a request passes before it runs, in Redis's order: the
+/// connection's user is current, the command exists and its arity is right,
+/// `protected` commands, authentication, `no_multi` in a transaction, the
+/// ACL, a busy script (`-BUSY` for commands without `allow_busy`) and
+/// subscriber mode. A refused request's error is replied (in MULTI it also
+/// fails the EXEC) and None returned; otherwise the command's table index
+/// and whether it is to be queued (MULTI) rather than run. `t0` is the
+/// command's start (CLIENT LIST's `cmd` and age).
+pub(crate) fn precheck(
+    sh: &Shared,
+    ws: &WorkerStats,
+    c: &mut Client,
+    args: &[Vec<u8>],
+    t0: Stamp,
+) -> Option<(usize, bool)> {
+    let acl = &sh.acl;
+    // A user changed since this connection last read it (ACL SETUSER,
+    // DELUSER, LOAD, CONFIG SET requirepass): re-read it, as Redis's
+    // connections see their user's changes at once. A deleted or reloaded
+    // user's connections are closed without running anything more.
+    if c.acl_epoch != acl.epoch() && !acl.refresh(&mut c.user, &mut c.acl_epoch) {
+        c.kill = true;
+        return None;
+    }
+    let Some(i) = lookup(&args[0]) else {
+        multi::reject(c, &CmdError::UnknownCommand(args.to_vec()));
+        return None;
+    };
+    let spec = &TABLE[i];
+    if !spec.arity_ok(args.len()) {
+        ws.cmds[i].rejected.add(1);
+        multi::reject(c, &arity_error(spec.name));
+        return None;
+    }
+    // Redis's protected commands: refused before authentication.
+    if spec.flags.contains(Flags::PROTECTED)
+        && !sh.cfg().enable_debug_command.allows(c.meta.is_local())
+    {
+        ws.cmds[i].rejected.add(1);
+        multi::reject(c, &CmdError::DebugNotAllowed);
+        return None;
+    }
+    if acl.auth_required(c.authed) && !spec.flags.contains(Flags::NO_AUTH) {
+        ws.cmds[i].rejected.add(1);
+        multi::reject(c, &CmdError::NoAuth);
+        return None;
+    }
+    let queue = c.multi.is_some() && !multi::runs_in_multi(spec);
+    if queue && spec.flags.contains(Flags::NO_MULTI) {
+        ws.cmds[i].rejected.add(1);
+        multi::reject(
+            c,
+            &CmdError::Msg("Command not allowed inside a transaction"),
+        );
+        return None;
+    }
+    // CLIENT LIST names a container's subcommand (`client|list`), as Redis.
+    let id = crate::acl::resolve(i, args).unwrap_or(i);
+    c.meta.last_cmd.store(id as u64 + 1, Ordering::Relaxed);
+    c.meta
+        .last_ms
+        .store(t0.millis_since(c.meta.created), Ordering::Relaxed);
+    // ACL: a user with allcommands and allkeys (the default user) costs this
+    // flag test; only a restricted user's rules and key patterns are walked.
+    if !c.user.unrestricted() {
+        if let Err(e) = acl_check(sh, c, i, args) {
+            ws.cmds[i].rejected.add(1);
+            multi::reject(c, &e);
+            return None;
+        }
+    }
+    // A script running past busy-reply-threshold: only the commands
+    // allowed then run (SCRIPT KILL, FUNCTION KILL, FUNCTION STATS...).
+    if let Some(e) = crate::lua::busy_error(sh, spec, args) {
+        ws.cmds[i].rejected.add(1);
+        multi::reject(c, &CmdError::Script(e.into()));
+        return None;
+    }
+    // A RESP2 client with subscriptions runs only the Pub/Sub commands,
+    // PING, QUIT and RESET (Redis's subscriber mode).
+    if c.subs.is_some()
+        && c.resp == proto::Version::Resp2
+        && !crate::pubsub::allowed_in_subscriber_mode(spec.name)
+    {
+        ws.cmds[i].rejected.add(1);
+        multi::reject(
+            c,
+            &CmdError::SubscriberMode(crate::acl::cmd_name(id).to_string()),
+        );
+        return None;
+    }
+    Some((i, queue))
 }
 
 /// Runs a checked request's handler and replaces a failed command's reply
@@ -279,7 +301,7 @@ fn run_spec(ctx: &mut Ctx, c: &mut Client, spec: &Spec, args: &[Vec<u8>]) -> boo
 /// A restricted user's check of request `args` (table entry `i`): the
 /// subcommand's arity (Redis checks it before the ACL), then the command and
 /// its keys. A denial is recorded in ACL LOG.
-fn acl_check(ctx: &Ctx, c: &Client, i: usize, args: &[Vec<u8>]) -> Result<(), CmdError> {
+fn acl_check(sh: &Shared, c: &Client, i: usize, args: &[Vec<u8>]) -> Result<(), CmdError> {
     let Some(id) = crate::acl::resolve(i, args) else {
         return Ok(());
     };
@@ -291,19 +313,16 @@ fn acl_check(ctx: &Ctx, c: &Client, i: usize, args: &[Vec<u8>]) -> Result<(), Cm
         Ok(()) => Ok(()),
         Err(crate::acl::Denied::Command(id)) => {
             let name = crate::acl::cmd(id).name.clone();
-            ctx.sh
-                .acl
+            sh.acl
                 .log("command", name.as_bytes(), &c.user.name, c.meta.line());
             Err(CmdError::NoPermCommand(name))
         }
         Err(crate::acl::Denied::Key(k)) => {
-            ctx.sh.acl.log("key", &args[k], &c.user.name, c.meta.line());
+            sh.acl.log("key", &args[k], &c.user.name, c.meta.line());
             Err(CmdError::NoPermKey)
         }
         Err(crate::acl::Denied::Channel(k)) => {
-            ctx.sh
-                .acl
-                .log("channel", &args[k], &c.user.name, c.meta.line());
+            sh.acl.log("channel", &args[k], &c.user.name, c.meta.line());
             Err(CmdError::NoPermChannel)
         }
     }

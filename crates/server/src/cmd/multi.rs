@@ -17,6 +17,7 @@ use super::unit::{self, Locks};
 use super::{movable_keys, CmdError, Ctx, Flags, Spec, R, TABLE};
 use crate::client::{Client, Multi};
 use crate::keyspace::skey;
+use crate::server::Shared;
 use proto::Reply;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -69,6 +70,11 @@ pub(super) fn queue(ctx: &Ctx, c: &mut Client, args: &[Vec<u8>]) {
 }
 
 pub fn multi(_ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
+    begin(c)
+}
+
+/// MULTI (also run while a script is busy).
+pub(crate) fn begin(c: &mut Client) -> R {
     if c.multi.is_some() {
         return Err(CmdError::Msg("MULTI calls can not be nested"));
     }
@@ -80,17 +86,22 @@ pub fn multi(_ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
 
 /// Ends a transaction (EXEC, DISCARD, RESET): its queue and its watched
 /// keys are forgotten.
-pub(crate) fn discard_transaction(ctx: &Ctx, c: &mut Client) -> Option<Multi> {
-    ctx.sh.watches.unwatch_all(c.id, &mut c.watching);
+pub(crate) fn discard_transaction(sh: &Shared, c: &mut Client) -> Option<Multi> {
+    sh.watches.unwatch_all(c.id, &mut c.watching);
     c.meta.multi.store(0, Ordering::Relaxed);
     c.multi.take()
 }
 
 pub fn discard(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
+    discard_with(ctx.sh, c)
+}
+
+/// DISCARD, with the shared state alone (also run while a script is busy).
+pub(crate) fn discard_with(sh: &Shared, c: &mut Client) -> R {
     if c.multi.is_none() {
         return Err(CmdError::Msg("DISCARD without MULTI"));
     }
-    discard_transaction(ctx, c);
+    discard_transaction(sh, c);
     c.ok();
     Ok(())
 }
@@ -112,7 +123,12 @@ pub fn watch(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 }
 
 pub fn unwatch(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
-    ctx.sh.watches.unwatch_all(c.id, &mut c.watching);
+    unwatch_with(ctx.sh, c)
+}
+
+/// UNWATCH, with the shared state alone (also run while a script is busy).
+pub(crate) fn unwatch_with(sh: &Shared, c: &mut Client) -> R {
+    sh.watches.unwatch_all(c.id, &mut c.watching);
     c.ok();
     Ok(())
 }
@@ -218,7 +234,7 @@ fn watched_key_expired(ctx: &mut Ctx, watched: &[(Vec<u8>, bool)]) -> Result<boo
 /// changed after MULTI), in Redis's words; None when it may.
 fn acl_changed(ctx: &Ctx, c: &Client, args: &[Vec<u8>]) -> Option<&'static str> {
     let i = super::lookup(&args[0])?;
-    match super::acl_check(ctx, c, i, args) {
+    match super::acl_check(ctx.sh, c, i, args) {
         Ok(()) => None,
         Err(CmdError::NoPermKey) => Some("no permission to touch the specified keys"),
         Err(_) => Some("no permission to execute the command or subcommand"),

@@ -3,7 +3,7 @@
 
 use super::{eq, help, int_arg, CmdError, Ctx, R, SUBCOMMANDS};
 use crate::lua::{self, Target};
-use crate::server::Client;
+use crate::server::{Client, Shared};
 use proto::Reply;
 
 const NOSCRIPT: &str = "NOSCRIPT No matching script. Please use EVAL.";
@@ -160,10 +160,7 @@ pub fn script(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             let (sha, _) = lua::load_script(sc, &a[2])?;
             c.bulk(sha.as_bytes());
         }
-        "kill" => {
-            sc.kill(true)?;
-            c.ok();
-        }
+        "kill" => script_kill(ctx.sh, c)?,
         "debug" => {
             return Err(script_err(
                 "ERR SCRIPT DEBUG is not supported: Ember has no Lua debugger",
@@ -253,11 +250,8 @@ pub fn function(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             c.bulk(&lua::dump_payload(&libs));
         }
         "restore" => function_restore(ctx, c, a)?,
-        "stats" => function_stats(ctx, c)?,
-        "kill" => {
-            ctx.sh.scripting.kill(false)?;
-            c.ok();
-        }
+        "stats" => function_stats(ctx.sh, c)?,
+        "kill" => function_kill(ctx.sh, c)?,
         _ => return Err(super::unknown_subcommand("FUNCTION", &a[1])),
     }
     Ok(())
@@ -399,8 +393,23 @@ fn function_restore(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     Ok(())
 }
 
-fn function_stats(ctx: &mut Ctx, c: &mut Client) -> R {
-    let sc = &ctx.sh.scripting;
+/// SCRIPT KILL (also run while a script is busy, see `busy`).
+pub(crate) fn script_kill(sh: &Shared, c: &mut Client) -> R {
+    sh.scripting.kill(true)?;
+    c.ok();
+    Ok(())
+}
+
+/// FUNCTION KILL (also run while a script is busy).
+pub(crate) fn function_kill(sh: &Shared, c: &mut Client) -> R {
+    sh.scripting.kill(false)?;
+    c.ok();
+    Ok(())
+}
+
+/// FUNCTION STATS (also run while a script is busy).
+pub(crate) fn function_stats(sh: &Shared, c: &mut Client) -> R {
+    let sc = &sh.scripting;
     if sc.running_eval() {
         return Err(script_err(lua::BUSY_EVAL));
     }

@@ -322,12 +322,12 @@ pub static TABLE: &[Spec] = &[
     // connection
     spec!("ping", -1, [FAST, STALE], [CONNECTION], (0, 0, 0), "connection", "1.0.0", "Returns the server's liveliness response.", conn::ping),
     spec!("echo", 2, [FAST, STALE], [CONNECTION], (0, 0, 0), "connection", "1.0.0", "Returns the given string.", conn::echo),
-    spec!("quit", -1, [FAST, STALE, NO_AUTH], [CONNECTION], (0, 0, 0), "connection", "1.0.0", "Closes the connection.", conn::quit),
+    spec!("quit", -1, [FAST, STALE, NO_AUTH, NOSCRIPT, LOADING, ALLOW_BUSY], [CONNECTION], (0, 0, 0), "connection", "1.0.0", "Closes the connection.", conn::quit),
     spec!("select", 2, [FAST, STALE, LOADING], [CONNECTION], (0, 0, 0), "connection", "1.0.0", "Changes the selected database.", conn::select),
-    spec!("hello", -1, [FAST, STALE, NO_AUTH, NOSCRIPT, LOADING], [CONNECTION], (0, 0, 0), "connection", "6.0.0", "Handshakes with the Redis server.", conn::hello),
-    spec!("auth", -2, [FAST, STALE, NO_AUTH, NOSCRIPT, LOADING], [CONNECTION], (0, 0, 0), "connection", "1.0.0", "Authenticates the connection.", conn::auth),
+    spec!("hello", -1, [FAST, STALE, NO_AUTH, NOSCRIPT, LOADING, ALLOW_BUSY], [CONNECTION], (0, 0, 0), "connection", "6.0.0", "Handshakes with the Redis server.", conn::hello),
+    spec!("auth", -2, [FAST, STALE, NO_AUTH, NOSCRIPT, LOADING, ALLOW_BUSY], [CONNECTION], (0, 0, 0), "connection", "1.0.0", "Authenticates the connection.", conn::auth),
     spec!("client", -2, [STALE, NOSCRIPT, LOADING], [], (0, 0, 0), "connection", "2.4.0", "A container for client connection commands.", conn::client),
-    spec!("reset", 1, [FAST, STALE, NO_AUTH, NOSCRIPT, LOADING], [CONNECTION], (0, 0, 0), "connection", "6.2.0", "Resets the connection.", conn::reset),
+    spec!("reset", 1, [FAST, STALE, NO_AUTH, NOSCRIPT, LOADING, ALLOW_BUSY], [CONNECTION], (0, 0, 0), "connection", "6.2.0", "Resets the connection.", conn::reset),
     // transactions
     spec!("multi", 1, [NOSCRIPT, LOADING, STALE, FAST, ALLOW_BUSY], [TRANSACTION], (0, 0, 0), "transactions", "1.2.0", "Starts a transaction.", multi::multi),
     spec!("exec", 1, [NOSCRIPT, LOADING, STALE, SKIP_SLOWLOG], [TRANSACTION], (0, 0, 0), "transactions", "1.2.0", "Executes all commands in a transaction.", multi::exec),
@@ -552,7 +552,7 @@ pub static TABLE: &[Spec] = &[
     spec!("bgsave", -1, [ADMIN, NOSCRIPT], [], (0, 0, 0), "server", "1.0.0", "Asynchronously saves the database(s) to disk.", admin::bgsave),
     spec!("debug", -2, [ADMIN, NOSCRIPT, LOADING, STALE, PROTECTED], [], (0, 0, 0), "server", "1.0.0", "A container for debugging commands.", admin::debug),
     spec!("acl", -2, [], [], (0, 0, 0), "server", "6.0.0", "A container for Access List Control commands.", acl::acl),
-    spec!("shutdown", -1, [ADMIN, NOSCRIPT, LOADING, STALE], [], (0, 0, 0), "server", "1.0.0", "Synchronously saves the database(s) to disk and shuts down the Redis server.", admin::shutdown),
+    spec!("shutdown", -1, [ADMIN, NOSCRIPT, LOADING, STALE, NO_MULTI, ALLOW_BUSY], [], (0, 0, 0), "server", "1.0.0", "Synchronously saves the database(s) to disk and shuts down the Redis server.", admin::shutdown),
 ];
 
 /// A subcommand of a container command (CLIENT, CONFIG, OBJECT, COMMAND,

@@ -158,7 +158,7 @@ pub fn call(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
         return;
     }
     if !c.user.unrestricted() {
-        if let Err(e) = super::acl_check(ctx, c, i, args) {
+        if let Err(e) = super::acl_check(ctx.sh, c, i, args) {
             ctx.ws.cmds[i].rejected.add(1);
             c.err(&e.text());
             return;

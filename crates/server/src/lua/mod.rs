@@ -151,6 +151,8 @@ pub struct RunState {
     eval: AtomicBool,
     /// It ran a write command (it can no longer be killed).
     wrote: AtomicBool,
+    /// SHUTDOWN NOSAVE stopped it: its writes are dropped.
+    discard: AtomicBool,
     /// Name, request and start, for FUNCTION STATS.
     info: Mutex<Option<Running>>,
 }
@@ -245,6 +247,16 @@ impl Scripting {
         Ok(())
     }
 
+    /// SHUTDOWN NOSAVE: a script running past the threshold stops and its
+    /// writes are dropped, even after it wrote (Redis exits without them).
+    pub fn abandon(&self) {
+        let r = &self.run;
+        if r.active.load(Ordering::Acquire) && r.busy.load(Ordering::Acquire) {
+            r.discard.store(true, Ordering::Release);
+            r.kill.store(true, Ordering::Release);
+        }
+    }
+
     /// FUNCTION STATS's `running_script`: name, request, milliseconds.
     pub fn running(&self) -> Option<(String, Vec<Vec<u8>>, u64)> {
         let r = &self.run;
@@ -287,6 +299,32 @@ pub fn busy_error(sh: &Shared, spec: &Spec, args: &[Vec<u8>]) -> Option<&'static
         }
     }
     Some(if run.eval.load(Ordering::Relaxed) {
+        BUSY_EVAL
+    } else {
+        BUSY_FUNCTION
+    })
+}
+
+/// Runs `f` (the busy pump serving other connections from this script's
+/// thread) as outside the script: their commands get `-BUSY`.
+pub(crate) fn outside_script<T>(f: impl FnOnce() -> T) -> T {
+    struct Back(bool);
+    impl Drop for Back {
+        fn drop(&mut self) {
+            IN_SCRIPT.with(|s| s.set(self.0));
+        }
+    }
+    let _back = Back(IN_SCRIPT.with(|s| s.replace(false)));
+    f()
+}
+
+/// The `-BUSY` error while a script runs past the threshold, whoever asks.
+pub fn busy_now(sh: &Shared) -> Option<&'static str> {
+    let run = &sh.scripting.run;
+    if !run.busy.load(Ordering::Acquire) {
+        return None;
+    }
+    Some(if run.eval.load(Ordering::Acquire) {
         BUSY_EVAL
     } else {
         BUSY_FUNCTION
@@ -1251,6 +1289,7 @@ pub fn run(
     rs.abort.store(false, Ordering::Release);
     rs.busy.store(false, Ordering::Release);
     rs.wrote.store(false, Ordering::Release);
+    rs.discard.store(false, Ordering::Release);
     rs.eval.store(eval, Ordering::Release);
     *lock(&rs.info) = Some((name.clone(), request.to_vec(), Instant::now()));
     rs.active.store(true, Ordering::Release);
@@ -1359,6 +1398,10 @@ fn exec(st: &State, f: &Function, job: &Job, ctx: &mut Ctx, c: &mut Client) -> R
         HookTriggers::new().every_nth_instruction(HOOK_EVERY),
         move |_, _| {
             check_time(&hook_rs, start, threshold);
+            if hook_rs.busy.load(Ordering::Relaxed) {
+                // The worker's other connections: -BUSY, SCRIPT KILL...
+                crate::busy::serve_while_busy();
+            }
             if hook_rs.stopping() {
                 return Err(mlua::Error::runtime(
                     "Script killed by user with SCRIPT KILL...",
@@ -1414,6 +1457,13 @@ fn exec(st: &State, f: &Function, job: &Job, ctx: &mut Ctx, c: &mut Client) -> R
     });
     lua.remove_hook();
     let _ = st.raw.raw_set("ctx", Value::Nil);
+    if rs.discard.load(Ordering::Acquire) {
+        // SHUTDOWN NOSAVE: nothing of the script (or of the transaction it
+        // runs in) is applied, and the connection closes with the server.
+        ctx.ks.discard_staged();
+        c.close_after = true;
+        return Ok(());
+    }
     if unit::escaped(ctx) {
         // The unit runs the body again under wider locks.
         return Ok(());
