@@ -413,6 +413,67 @@ fn function_libraries_persist() {
     assert_eq!(c.call(&["FCALL", "two", "0"]), Reply::Integer(2));
 }
 
+/// FUNCTION DUMP is Redis's payload: the same bytes for one library, and
+/// dumps move both ways between redis-server and Ember (with several
+/// libraries, and the errors of payloads that are not functions).
+#[test]
+fn function_dump_is_redis_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(dir.path(), &[]);
+    let redis = RedisServer::start();
+    let mut e = Conn::open(srv.port);
+    let mut r = Conn::open(redis.port);
+    let one = "#!lua name=one\nredis.register_function('f1', function() return 1 end)";
+    let two = "#!lua name=two\nredis.register_function('f2', function() return 2 end)";
+    for c in [&mut e, &mut r] {
+        assert_eq!(
+            c.call(&["FUNCTION", "LOAD", one]),
+            Reply::Bulk(b"one".to_vec())
+        );
+    }
+    let dump = |c: &mut Conn| match c.call(&["FUNCTION", "DUMP"]) {
+        Reply::Bulk(b) => b,
+        other => panic!("FUNCTION DUMP: {other:?}"),
+    };
+    assert_eq!(dump(&mut e), dump(&mut r));
+    // Redis's dump of two libraries restores on Ember, and Ember's on Redis.
+    assert_eq!(
+        r.call(&["FUNCTION", "LOAD", two]),
+        Reply::Bulk(b"two".to_vec())
+    );
+    let from_redis = dump(&mut r);
+    assert_eq!(
+        e.call(&[b"FUNCTION".as_slice(), b"RESTORE", &from_redis, b"FLUSH"]),
+        Reply::Simple("OK".into())
+    );
+    assert_eq!(e.call(&["FCALL", "f2", "0"]), Reply::Integer(2));
+    assert_eq!(r.call(&["FUNCTION", "FLUSH"]), Reply::Simple("OK".into()));
+    let from_ember = dump(&mut e);
+    assert_eq!(
+        r.call(&[b"FUNCTION".as_slice(), b"RESTORE", &from_ember]),
+        Reply::Simple("OK".into())
+    );
+    assert_eq!(r.call(&["FCALL", "f1", "0"]), Reply::Integer(1));
+    assert_eq!(r.call(&["FCALL", "f2", "0"]), Reply::Integer(2));
+    // A key's DUMP is not a function payload: the same error on both.
+    for c in [&mut e, &mut r] {
+        assert_eq!(c.call(&["SET", "k", "v"]), Reply::Simple("OK".into()));
+    }
+    let key_dump = match r.call(&["DUMP", "k"]) {
+        Reply::Bulk(b) => b,
+        other => panic!("DUMP: {other:?}"),
+    };
+    let want = r.call(&[b"FUNCTION".as_slice(), b"RESTORE", &key_dump]);
+    assert_eq!(
+        want,
+        Reply::Error("ERR given type is not a function".into())
+    );
+    assert_eq!(
+        e.call(&[b"FUNCTION".as_slice(), b"RESTORE", &key_dump]),
+        want
+    );
+}
+
 /// Read-modify-write scripts from clients on two workers lose no update:
 /// each script is one unit holding its key's lock.
 #[test]

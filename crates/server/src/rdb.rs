@@ -156,10 +156,72 @@ pub fn dump(v: &Value) -> Vec<u8> {
             dump_stream(&mut out, sv);
         }
     }
-    out.extend_from_slice(&RDB_VERSION.to_le_bytes());
-    let crc = CRC64.checksum(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
+    footer(&mut out);
     out
+}
+
+/// A function library in an RDB (7.0 GA on): its code, whose shebang
+/// names it.
+const OPCODE_FUNCTION2: u8 = 245;
+/// The 7.0 release candidates' form: name, engine, description, code.
+const OPCODE_FUNCTION_PRE_GA: u8 = 246;
+
+/// FUNCTION DUMP's payload, as Redis writes it: each library as an RDB
+/// function record, then the version and CRC-64 footer.
+pub fn dump_functions<'a>(codes: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for code in codes {
+        out.push(OPCODE_FUNCTION2);
+        put_str(&mut out, code);
+    }
+    footer(&mut out);
+    out
+}
+
+/// The library codes of a FUNCTION DUMP payload whose footer [`verify`]
+/// accepted (Redis's or Ember's: the same format). The error is Redis's
+/// text, without `ERR `.
+pub fn restore_functions(p: &[u8]) -> Result<Vec<Vec<u8>>, &'static str> {
+    let body = &p[..p.len().saturating_sub(10)];
+    let mut r = Rd { b: body, at: 0 };
+    let mut codes = Vec::new();
+    while r.at < body.len() {
+        let t = r.u8().map_err(|_| "can not read data type")?;
+        match t {
+            OPCODE_FUNCTION2 => {
+                codes.push(r.string().map_err(|_| "Failed loading library payload")?);
+            }
+            OPCODE_FUNCTION_PRE_GA => {
+                let name = r.string().map_err(|_| "Failed loading library name")?;
+                let engine = r.string().map_err(|_| "Failed loading engine name")?;
+                let has_desc = r
+                    .len()
+                    .map_err(|_| "Failed loading library description indicator")?;
+                if has_desc != 0 {
+                    r.string()
+                        .map_err(|_| "Failed loading library description")?;
+                }
+                let blob = r.string().map_err(|_| "Failed loading library blob")?;
+                // Redis turns it into the GA form: a shebang naming it.
+                let mut code = b"#!".to_vec();
+                code.extend_from_slice(&engine);
+                code.extend_from_slice(b" name=");
+                code.extend_from_slice(&name);
+                code.push(b'\n');
+                code.extend_from_slice(&blob);
+                codes.push(code);
+            }
+            _ => return Err("given type is not a function"),
+        }
+    }
+    Ok(codes)
+}
+
+/// Appends the RDB version and the CRC-64 of everything before it.
+fn footer(out: &mut Vec<u8>) {
+    out.extend_from_slice(&RDB_VERSION.to_le_bytes());
+    let crc = CRC64.checksum(out);
+    out.extend_from_slice(&crc.to_le_bytes());
 }
 
 /// Checks a payload's footer (Redis's `verifyDumpPayload`).

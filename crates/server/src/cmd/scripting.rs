@@ -374,9 +374,7 @@ fn function_restore(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 "ERR Wrong restore policy given, value should be either FLUSH, APPEND or REPLACE.",
             )),
         };
-    let Some(codes) = lua::restore_payload(&a[2]) else {
-        return Err(script_err("ERR DUMP payload version or checksum are wrong"));
-    };
+    let codes = lua::restore_payload(&a[2]).map_err(CmdError::Script)?;
     let sc = &ctx.sh.scripting;
     let _w = lua::lib_write(sc);
     let mut new = Vec::new();

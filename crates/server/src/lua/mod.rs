@@ -1156,22 +1156,19 @@ pub fn decode_libraries(b: &[u8]) -> Option<Vec<Vec<u8>>> {
     Some(codes)
 }
 
-/// FUNCTION DUMP's payload: the encoded libraries and the first 8 bytes of
-/// their SHA1 (not Redis's RDB-based format).
+/// FUNCTION DUMP's payload: Redis's (each library's code as an RDB
+/// function record, the RDB version and the CRC-64), so a dump moves
+/// between Redis and Ember both ways.
 pub fn dump_payload(libs: &Libraries) -> Vec<u8> {
-    let mut out = encode_libraries(libs);
-    let sum = sha1_smol::Sha1::from(&out).digest().bytes();
-    out.extend_from_slice(&sum[..8]);
-    out
+    crate::rdb::dump_functions(libs.libs.values().map(|l| l.code.as_slice()))
 }
 
-/// The codes of a FUNCTION DUMP payload (None: bad version or checksum).
-pub fn restore_payload(b: &[u8]) -> Option<Vec<Vec<u8>>> {
-    let (body, sum) = b.split_at_checked(b.len().checked_sub(8)?)?;
-    if sha1_smol::Sha1::from(body).digest().bytes()[..8] != *sum {
-        return None;
+/// The codes of a FUNCTION DUMP payload; the error is Redis's reply text.
+pub fn restore_payload(b: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    if crate::rdb::verify(b).is_err() {
+        return Err("ERR DUMP payload version or checksum are wrong".into());
     }
-    decode_libraries(body)
+    crate::rdb::restore_functions(b).map_err(|e| format!("ERR {e}"))
 }
 
 /// At start: loads the libraries stored in the heap.
