@@ -4,7 +4,8 @@
 //! give the same replies; scripted WATCH cases (expiry, FLUSHDB, the
 //! client's own writes, RESET); client libraries' transactions (the `redis`
 //! crate's atomic pipeline, redis-py's default pipeline); isolation of
-//! optimistic (WATCH) increments across workers; and after SIGKILL each
+//! optimistic (WATCH) increments across workers; MGET sees transactions and
+//! MSET whole; and after SIGKILL each
 //! transaction's writes are all present or none.
 
 mod serve_common;
@@ -420,6 +421,59 @@ fn watch_increments_are_isolated_across_workers() {
     assert_eq!(c.call(&["GET", "ctr"]), Reply::Bulk(b"800".to_vec()));
     assert_eq!(c.call(&["GET", "execs"]), Reply::Bulk(b"800".to_vec()));
     eprintln!("optimistic increments: 800 committed, {retries} retried");
+}
+
+/// MGET sees a transaction's writes, and MSET's, whole or not at all:
+/// clients on both workers read pairs of keys that a writer on one of them
+/// always sets together.
+#[test]
+fn mget_sees_batches_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &["--threads", "2"]);
+    let port = ember.port;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut c = Conn::open(port);
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let v = i.to_string();
+                c.call(&["MULTI"]);
+                c.call(&["SET", "a", &v]);
+                c.call(&["SET", "b", &v]);
+                assert!(matches!(c.call(&["EXEC"]), Reply::Array(_)));
+                assert_eq!(
+                    c.call(&["MSET", "c", &v, "d", &v]),
+                    Reply::Simple("OK".into())
+                );
+            }
+            i
+        })
+    };
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = Conn::open(port);
+                for n in 0..10000 {
+                    for keys in [["a", "b"], ["c", "d"]] {
+                        let r = c.call(&["MGET", keys[0], keys[1]]);
+                        let Reply::Array(v) = &r else {
+                            panic!("MGET: {r:?}");
+                        };
+                        assert_eq!(v[0], v[1], "MGET {keys:?} saw half a batch (read {n})");
+                    }
+                }
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let batches = writer.join().unwrap();
+    eprintln!("MGET: 40000 reads against {batches} transactions and MSETs");
 }
 
 /// Transactions under SIGKILL: each client runs `MULTI; INCR a:<id>; RPUSH

@@ -29,8 +29,8 @@
 //! The batch is the unit a log, a replica or a transaction takes.
 //!
 //! # Atomicity
-//! String gets take no lock (collection reads take the key's stripe lock:
-//! see [`crate::coll`]). Every command that writes takes the stripe locks of its
+//! String gets of one key take no lock (MGET of several keys and
+//! collection reads take the keys' stripe locks: see [`crate::coll`]). Every command that writes takes the stripe locks of its
 //! keys (sorted, so multi-key commands cannot deadlock) around its
 //! read-modify-write and applies its batch before it releases them, so
 //! commands on one key are linearizable as in Redis. A command's batch is

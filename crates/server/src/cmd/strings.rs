@@ -307,14 +307,29 @@ pub fn getex(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 }
 
 pub fn mget(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
-    c.array_header(a.len() - 1);
-    for k in &a[1..] {
-        match ctx.ks.get(&ctx.sh.stripes, c.db, k, ctx.now)? {
+    if a.len() == 2 {
+        c.array_header(1);
+        match ctx.ks.get(&ctx.sh.stripes, c.db, &a[1], ctx.now)? {
             Some(h) if h.kind == KIND_STRING => c.bulk(&ctx.ks.raw[h.off..]),
             _ => c.null(),
         }
+        return Ok(());
     }
-    Ok(())
+    // Several keys: read under their stripe locks, so that a batch another
+    // worker applies under them (MSET, a transaction, a script) is seen
+    // whole or not at all, as Redis's MGET sees it.
+    let sks: Vec<Vec<u8>> = a[1..].iter().map(|k| skey(c.db, k)).collect();
+    let refs: Vec<&[u8]> = sks.iter().map(|k| k.as_slice()).collect();
+    locked(ctx, &refs, |ctx| {
+        c.array_header(sks.len());
+        for sk in &sks {
+            match ctx.ks.lookup_locked(sk, ctx.now)? {
+                Some(h) if h.kind == KIND_STRING => c.bulk(&ctx.ks.raw[h.off..]),
+                _ => c.null(),
+            }
+        }
+        Ok(())
+    })
 }
 
 fn mset_generic(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>], nx: bool) -> R {
