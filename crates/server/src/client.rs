@@ -44,6 +44,8 @@ pub struct ClientMeta {
     pub sub: AtomicU32,
     pub psub: AtomicU32,
     pub ssub: AtomicU32,
+    /// CLIENT KILL closed it: its worker drops it (see `Shared::kill_epoch`).
+    pub killed: AtomicBool,
 }
 
 impl ClientMeta {
@@ -68,6 +70,7 @@ impl ClientMeta {
             sub: AtomicU32::new(0),
             psub: AtomicU32::new(0),
             ssub: AtomicU32::new(0),
+            killed: AtomicBool::new(false),
         }
     }
 }

@@ -348,6 +348,11 @@ pub struct Config {
     /// answered `-BUSY` and SCRIPT KILL / FUNCTION KILL may stop it
     /// (`busy-reply-threshold`, alias `lua-time-limit`; 0 = never).
     pub busy_reply_threshold: u64,
+    /// SLOWLOG: commands slower than this many microseconds are logged
+    /// (`slowlog-log-slower-than`; negative: none, 0: all).
+    pub slowlog_slower_than: i64,
+    /// SLOWLOG's length (`slowlog-max-len`).
+    pub slowlog_max_len: u64,
     /// Seconds a shutdown waits for the workers before the process exits
     /// without the clean steps.
     pub shutdown_worker_timeout: u64,
@@ -403,6 +408,8 @@ impl Default for Config {
             fence_ns: 0,
             busy_poll_us: 50,
             busy_reply_threshold: 5000,
+            slowlog_slower_than: 10_000,
+            slowlog_max_len: 128,
             tcp_backlog: 511,
             shutdown_worker_timeout: 5,
             enable_debug_command: Protected::No,
@@ -530,6 +537,8 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("tcp-backlog", false),
     ("busy-poll-us", true),
     ("busy-reply-threshold", true),
+    ("slowlog-log-slower-than", true),
+    ("slowlog-max-len", true),
     ("lua-time-limit", true),
     ("shutdown-worker-timeout", true),
     ("enable-debug-command", false),
@@ -657,6 +666,13 @@ impl Config {
             "busy-reply-threshold" | "lua-time-limit" => {
                 self.busy_reply_threshold = parse_u64(one()?)?
             }
+            "slowlog-log-slower-than" => {
+                let v = one()?;
+                self.slowlog_slower_than = v
+                    .parse::<i64>()
+                    .map_err(|_| format!("argument couldn't be parsed into an integer: {v}"))?;
+            }
+            "slowlog-max-len" => self.slowlog_max_len = parse_u64(one()?)?,
             "protected-mode" => self.protected_mode = parse_bool(one()?)?,
             "databases" => {
                 let n = parse_u64(one()?)?;
@@ -941,6 +957,8 @@ impl Config {
             "timeout" => self.timeout.to_string(),
             "hz" => self.hz.to_string(),
             "busy-reply-threshold" | "lua-time-limit" => self.busy_reply_threshold.to_string(),
+            "slowlog-log-slower-than" => self.slowlog_slower_than.to_string(),
+            "slowlog-max-len" => self.slowlog_max_len.to_string(),
             "protected-mode" => if self.protected_mode { "yes" } else { "no" }.into(),
             "databases" => self.databases.to_string(),
             "proto-max-bulk-len" => self.proto_max_bulk_len.to_string(),

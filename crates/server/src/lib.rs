@@ -69,6 +69,7 @@ pub mod rdb;
 #[allow(unsafe_code)]
 mod rlimit;
 pub mod server;
+pub mod slowlog;
 pub mod stats;
 pub mod store;
 pub mod tls;

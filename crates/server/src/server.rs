@@ -49,6 +49,10 @@ pub struct Shared {
     /// them instead of waiting for their poll timeouts.
     pub wakers: Mutex<Vec<Arc<Waker>>>,
     pub clients: Mutex<BTreeMap<u64, Arc<ClientMeta>>>,
+    /// Bumped by CLIENT KILL after it marked connections `killed`: each
+    /// worker then drops its marked ones.
+    pub kill_epoch: AtomicU64,
+    pub slowlog: crate::slowlog::Slowlog,
     /// Clients blocked in BLPOP and the like, by key (see [`crate::blocking`]).
     pub blocking: crate::blocking::Blocking,
     /// Keys clients WATCH (see [`crate::watch`]).
@@ -94,6 +98,7 @@ impl Shared {
         let ttls = (0..=u8::MAX).any(|db| counts.get(db).is_none_or(|(_, e)| e > 0));
         let hk = Arc::new(crate::housekeep::Housekeeping::new(pieced || ttls));
         let pubsub = crate::pubsub::Pubsub::new(workers, cfg.notify_keyspace_events);
+        let slowlog = crate::slowlog::Slowlog::new(cfg.slowlog_slower_than, cfg.slowlog_max_len);
         let sh = Shared {
             cfg: RwLock::new(cfg),
             cfg_epoch: AtomicU64::new(0),
@@ -106,6 +111,8 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             wakers: Mutex::new(Vec::new()),
             clients: Mutex::new(BTreeMap::new()),
+            kill_epoch: AtomicU64::new(0),
+            slowlog,
             blocking: crate::blocking::Blocking::new(workers),
             watches: Arc::default(),
             acl,
@@ -269,6 +276,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     acl_epoch: 0,
                     block_timers: std::collections::BTreeSet::new(),
                     pump_woke: false,
+                    kill_epoch: 0,
                 }
                 .run()
             })

@@ -170,6 +170,8 @@ pub(crate) struct Worker {
     pub(crate) block_timers: std::collections::BTreeSet<(Instant, u64, u64, Token)>,
     /// A busy script's pump (`busy`) took the wake-up event.
     pub(crate) pump_woke: bool,
+    /// The `Shared::kill_epoch` this worker last swept at.
+    pub(crate) kill_epoch: u64,
 }
 
 impl Worker {
@@ -207,6 +209,7 @@ impl Worker {
             }
             self.reload_settings();
             self.acl_sweep();
+            self.kill_sweep();
             self.adopt_new();
             ready.clear();
             ready.append(&mut self.pending);
@@ -455,6 +458,22 @@ impl Worker {
     /// After an ACL change: closes the connections whose user was deleted
     /// or replaced (ACL DELUSER, ACL LOAD), as Redis frees them, also those
     /// that send nothing more.
+    /// Drops the connections CLIENT KILL marked (on any worker).
+    fn kill_sweep(&mut self) {
+        let epoch = self.sh.kill_epoch.load(Ordering::Acquire);
+        if epoch == self.kill_epoch {
+            return;
+        }
+        self.kill_epoch = epoch;
+        let gone: Vec<Token> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.meta.killed.load(Ordering::Acquire))
+            .map(|(t, _)| *t)
+            .collect();
+        self.kill_and_flush(gone);
+    }
+
     fn acl_sweep(&mut self) {
         let acl = &self.sh.acl;
         let epoch = acl.epoch();

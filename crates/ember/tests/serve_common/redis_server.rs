@@ -96,6 +96,11 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// The connection's socket (to see it closed).
+    pub fn into_stream(self) -> TcpStream {
+        self.s
+    }
+
     pub fn open(port: u16) -> Conn {
         let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();

@@ -93,6 +93,127 @@ pub(crate) fn auth_with(sh: &Shared, c: &mut Client, a: &[Vec<u8>]) -> R {
     Ok(())
 }
 
+/// CLIENT KILL, old form (`addr`) and new (ID, TYPE, ADDR, LADDR, USER,
+/// SKIPME), as Redis 7.0. The connections matched on any worker are marked
+/// and their workers woken; each drops its own (`Worker::kill_sweep`). The
+/// calling connection closes after the reply when it matches itself.
+fn client_kill(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let mut addr: Option<&[u8]> = None;
+    let mut laddr: Option<&[u8]> = None;
+    let mut user: Option<String> = None;
+    let mut pubsub: Option<bool> = None;
+    let mut id = 0u64;
+    let mut skipme = true;
+    if a.len() == 3 {
+        addr = Some(&a[2]);
+        skipme = false;
+    } else if a.len() > 3 {
+        let mut i = 2;
+        while i < a.len() {
+            let more = i + 1 < a.len();
+            let o = &a[i];
+            if eq(o, "id") && more {
+                id = proto::int::parse_i64(&a[i + 1])
+                    .filter(|&n| n >= 1)
+                    .ok_or(CmdError::Msg("client-id should be greater than 0"))?
+                    as u64;
+            } else if eq(o, "type") && more {
+                let t = &a[i + 1];
+                pubsub = if eq(t, "normal") {
+                    Some(false)
+                } else if eq(t, "pubsub") {
+                    Some(true)
+                } else if eq(t, "master") || eq(t, "replica") || eq(t, "slave") {
+                    // Ember has no replication links: nothing matches.
+                    id = u64::MAX;
+                    None
+                } else {
+                    return Err(CmdError::Text(format!(
+                        "ERR Unknown client type '{}'",
+                        String::from_utf8_lossy(t)
+                    )));
+                };
+            } else if eq(o, "addr") && more {
+                addr = Some(&a[i + 1]);
+            } else if eq(o, "laddr") && more {
+                laddr = Some(&a[i + 1]);
+            } else if eq(o, "user") && more {
+                let Some(u) = ctx.sh.acl.user(&a[i + 1]) else {
+                    return Err(CmdError::Text(format!(
+                        "ERR No such user '{}'",
+                        String::from_utf8_lossy(&a[i + 1])
+                    )));
+                };
+                user = Some(String::from_utf8_lossy(&u.name).into_owned());
+            } else if eq(o, "skipme") && more {
+                skipme = if eq(&a[i + 1], "yes") {
+                    true
+                } else if eq(&a[i + 1], "no") {
+                    false
+                } else {
+                    return Err(CmdError::Syntax);
+                };
+            } else {
+                return Err(CmdError::Syntax);
+            }
+            i += 2;
+        }
+    } else {
+        return Err(CmdError::Syntax);
+    }
+    let mut killed = 0;
+    let mut close_this = false;
+    for m in ctx
+        .sh
+        .clients
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+    {
+        let matches = addr.is_none_or(|x| m.addr.as_bytes() == x)
+            && laddr.is_none_or(|x| m.laddr.as_bytes() == x)
+            && pubsub.is_none_or(|p| m.is_pubsub() == p)
+            && (id == 0 || m.id == id)
+            && user
+                .as_ref()
+                .is_none_or(|u| *m.user.lock().unwrap_or_else(|p| p.into_inner()) == *u)
+            && !(skipme && m.id == c.id);
+        if !matches || m.killed.load(Ordering::Acquire) {
+            continue;
+        }
+        if m.id == c.id {
+            close_this = true;
+        } else {
+            m.killed.store(true, Ordering::Release);
+        }
+        killed += 1;
+    }
+    if killed > close_this as i64 {
+        ctx.sh.kill_epoch.fetch_add(1, Ordering::AcqRel);
+        for w in ctx
+            .sh
+            .wakers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let _ = w.wake();
+        }
+    }
+    if a.len() == 3 {
+        if killed == 0 {
+            return Err(CmdError::Msg("No such client"));
+        }
+        c.ok();
+    } else {
+        c.int(killed);
+    }
+    if close_this {
+        c.close_after = true;
+    }
+    Ok(())
+}
+
 fn valid_name(n: &[u8]) -> bool {
     n.iter().all(|&b| (b'!'..=b'~').contains(&b))
 }
@@ -326,6 +447,22 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 "    Return the ID of the current connection.",
                 "INFO",
                 "    Return information about the current client connection.",
+                "KILL <ip:port>",
+                "    Kill connection made from <ip:port>.",
+                "KILL <option> <value> [<option> <value> [...]]",
+                "    Kill connections. Options are:",
+                "    * ADDR (<ip:port>|<unixsocket>:0)",
+                "      Kill connections made from the specified address",
+                "    * LADDR (<ip:port>|<unixsocket>:0)",
+                "      Kill connections made to specified local address",
+                "    * TYPE (NORMAL|MASTER|REPLICA|PUBSUB)",
+                "      Kill connections by type.",
+                "    * USER <username>",
+                "      Kill connections authenticated by <username>.",
+                "    * SKIPME (YES|NO)",
+                "      Skip killing current connection (default: yes).",
+                "    * ID <client-id>",
+                "      Kill connections by client id.",
                 "LIST [options ...]",
                 "    Return information about client connections. Options:",
                 "    * TYPE (NORMAL|MASTER|REPLICA|PUBSUB)",
@@ -349,8 +486,13 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             ];
             super::help(c, &lines);
         }
-        "kill" | "pause" | "unpause" | "reply" | "tracking" | "trackinginfo" | "caching"
-        | "getredir" => {
+        "kill" => {
+            if a.len() < 3 {
+                return Err(super::arity_error("client|kill"));
+            }
+            client_kill(ctx, c, a)?
+        }
+        "pause" | "unpause" | "reply" | "tracking" | "trackinginfo" | "caching" | "getredir" => {
             return Err(CmdError::NotSupported {
                 what: format!("CLIENT {}", sub.to_ascii_uppercase()),
                 why: "",

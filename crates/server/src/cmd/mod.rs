@@ -174,7 +174,23 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
     crate::pubsub::after_command(ctx.sh, ctx.ks, c, mark);
     let t1 = Stamp::now();
     *clock = t1;
-    ctx.ws.record(i, t1.micros_since(t0), failed);
+    let us = t1.micros_since(t0);
+    ctx.ws.record(i, us, failed);
+    slowlog(ctx.sh, c, spec, args, us);
+}
+
+/// Logs a command in SLOWLOG when it qualifies (a load otherwise).
+#[inline]
+pub(crate) fn slowlog(sh: &Shared, c: &Client, spec: &Spec, args: &[Vec<u8>], us: u64) {
+    if sh.slowlog.qualifies(us) && !spec.flags.contains(Flags::SKIP_SLOWLOG) {
+        let name = c
+            .meta
+            .name
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        sh.slowlog.push(args, us, &c.meta.addr, &name);
+    }
 }
 
 /// The checks a request passes before it runs, in Redis's order: the

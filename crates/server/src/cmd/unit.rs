@@ -185,8 +185,10 @@ pub fn call(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
     if global {
         ctx.ks.set_hold(true);
     }
-    ctx.ws
-        .record(i, crate::clock::Stamp::now().micros_since(t0), failed);
+    let us = crate::clock::Stamp::now().micros_since(t0);
+    ctx.ws.record(i, us, failed);
+    // The commands of a transaction are logged one by one, as in Redis.
+    super::slowlog(ctx.sh, c, spec, args, us);
 }
 
 /// Runs a request that a command builds for itself inside its unit (RESTORE

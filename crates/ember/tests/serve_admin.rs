@@ -1,0 +1,184 @@
+//! Server administration commands against a real redis-server 7.0: CLIENT
+//! KILL (its filters, old and new forms, errors), SLOWLOG (entries,
+//! trimming, redaction, LEN, RESET, errors) and WAIT, same requests, same
+//! replies where they do not depend on timing; and CLIENT KILL closes
+//! connections served by another worker.
+
+mod serve_common;
+
+use proto::Reply;
+use serve_common::redis_server::{Conn, RedisServer};
+use serve_common::Server;
+use std::io::Read;
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// Requests whose replies do not depend on connection ids or timing.
+const CASES: &[&[&str]] = &[
+    &["CLIENT", "KILL"],
+    &["CLIENT", "KILL", "1.2.3.4:5"],
+    &["CLIENT", "KILL", "ID", "0"],
+    &["CLIENT", "KILL", "ID", "x"],
+    &["CLIENT", "KILL", "ID", "999999"],
+    &["CLIENT", "KILL", "TYPE", "nosuch"],
+    &["CLIENT", "KILL", "TYPE", "master"],
+    &["CLIENT", "KILL", "TYPE", "pubsub"],
+    &["CLIENT", "KILL", "USER", "nosuch"],
+    &["CLIENT", "KILL", "ADDR", "1.2.3.4:5", "SKIPME", "maybe"],
+    &["CLIENT", "KILL", "ADDR", "1.2.3.4:5", "LADDR"],
+    &["CLIENT", "KILL", "BOGUS", "1"],
+    &["WAIT", "0", "0"],
+    &["WAIT", "x", "0"],
+    &["WAIT", "0", "-1"],
+    &["WAIT", "0", "y"],
+    &["SLOWLOG", "GET", "-2"],
+    &["SLOWLOG", "GET", "x"],
+    &["SLOWLOG", "LEN", "1"],
+    &["SLOWLOG", "NOSUCH"],
+    &["SLOWLOG", "HELP"],
+    &["CONFIG", "SET", "slowlog-log-slower-than", "0"],
+    &["SLOWLOG", "RESET"],
+    &["SET", "k", "v"],
+    &["AUTH", "secret"],
+    &["HELLO", "2", "AUTH", "default", "secret", "BADOPT"],
+    &["ACL", "SETUSER", "u1", "on", ">pw"],
+    &["CONFIG", "SET", "slowlog-max-len", "3"],
+];
+
+/// The entries of SLOWLOG GET with what depends on the server's timing
+/// (id, time, duration, client address) left out: arguments and name.
+fn entries(c: &mut Conn) -> Vec<Reply> {
+    let Reply::Array(v) = c.call(&["SLOWLOG", "GET", "-1"]) else {
+        panic!("SLOWLOG GET");
+    };
+    v.into_iter()
+        .map(|e| {
+            let Reply::Array(f) = e else {
+                panic!("entry {e:?}");
+            };
+            assert_eq!(f.len(), 6);
+            Reply::Array(vec![f[3].clone(), f[5].clone()])
+        })
+        .collect()
+}
+
+#[test]
+fn admin_commands_match_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &[]);
+    let redis = RedisServer::start();
+    let mut e = Conn::open(ember.port);
+    let mut r = Conn::open(redis.port);
+    for req in CASES {
+        let (a, b) = (e.call(req), r.call(req));
+        assert_eq!(a, b, "{req:?}");
+    }
+    // Trimming: 40 arguments, a 200-byte one.
+    let mut long: Vec<String> = vec!["RPUSH".into(), "list".into(), "x".repeat(200)];
+    long.extend((0..40).map(|i| i.to_string()));
+    assert_eq!(e.call(&long), r.call(&long));
+    for c in [&mut e, &mut r] {
+        c.call(&["CLIENT", "SETNAME", "me"]);
+        c.call(&["GET", "k"]);
+    }
+    let (a, b) = (entries(&mut e), entries(&mut r));
+    assert_eq!(a, b);
+    assert_eq!(a.len(), 3);
+    assert_eq!(e.call(&["SLOWLOG", "LEN"]), Reply::Integer(3));
+    // RESET itself is logged (as in Redis); nothing after logging is off.
+    for c in [&mut e, &mut r] {
+        assert_eq!(c.call(&["SLOWLOG", "RESET"]), Reply::Simple("OK".into()));
+        assert_eq!(
+            c.call(&["CONFIG", "SET", "slowlog-log-slower-than", "-1"]),
+            Reply::Simple("OK".into())
+        );
+        c.call(&["GET", "k"]);
+        assert_eq!(c.call(&["SLOWLOG", "LEN"]), Reply::Integer(1));
+    }
+    // A transaction's commands are logged one by one, not EXEC.
+    for c in [&mut e, &mut r] {
+        c.call(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
+        c.call(&["CONFIG", "SET", "slowlog-max-len", "128"]);
+        c.call(&["SLOWLOG", "RESET"]);
+        c.call(&["MULTI"]);
+        c.call(&["INCR", "n"]);
+        c.call(&["EXEC"]);
+    }
+    assert_eq!(entries(&mut e), entries(&mut r));
+}
+
+/// CLIENT KILL by ID, ADDR (old form), TYPE and USER closes connections on
+/// either worker; SKIPME no closes the caller after its reply.
+#[test]
+fn client_kill_closes_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &["--threads", "2"]);
+    let mut admin = Conn::open(ember.port);
+    let open = || {
+        let mut c = Conn::open(ember.port);
+        let Reply::Integer(id) = c.call(&["CLIENT", "ID"]) else {
+            panic!("CLIENT ID");
+        };
+        (c, id)
+    };
+    let closed = |c: Conn| {
+        let mut s: TcpStream = c.into_stream();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 16];
+        assert_eq!(
+            s.read(&mut b).unwrap(),
+            0,
+            "the killed connection is still open"
+        );
+    };
+    let (a, ida) = open();
+    let (b, idb) = open();
+    let (mut keep, _) = open();
+    assert_eq!(
+        admin.call(&["CLIENT", "KILL", "ID", &ida.to_string()]),
+        Reply::Integer(1)
+    );
+    closed(a);
+    let addr = addr_of(&mut admin, idb);
+    assert_eq!(
+        admin.call(&["CLIENT", "KILL", &addr]),
+        Reply::Simple("OK".into())
+    );
+    closed(b);
+    let (mut sub, _) = open();
+    sub.call(&["SUBSCRIBE", "ch"]);
+    assert_eq!(
+        admin.call(&["CLIENT", "KILL", "TYPE", "pubsub"]),
+        Reply::Integer(1)
+    );
+    closed(sub);
+    assert_eq!(keep.call(&["PING"]), Reply::Simple("PONG".into()));
+    // USER default, skipping the caller: every other connection.
+    assert_eq!(
+        admin.call(&["CLIENT", "KILL", "USER", "default"]),
+        Reply::Integer(1)
+    );
+    closed(keep);
+    // SKIPME no: the caller too, after its reply.
+    assert_eq!(
+        admin.call(&["CLIENT", "KILL", "USER", "default", "SKIPME", "no"]),
+        Reply::Integer(1)
+    );
+    closed(admin);
+}
+
+/// The `addr=` field of connection `id` in CLIENT LIST.
+fn addr_of(admin: &mut Conn, id: i64) -> String {
+    let Reply::Bulk(all) = admin.call(&["CLIENT", "LIST"]) else {
+        panic!("CLIENT LIST");
+    };
+    let all = String::from_utf8(all).unwrap();
+    let line = all
+        .lines()
+        .find(|l| l.starts_with(&format!("id={id} ")))
+        .expect("the connection is listed");
+    line.split(' ')
+        .find_map(|f| f.strip_prefix("addr="))
+        .expect("addr=")
+        .to_string()
+}
