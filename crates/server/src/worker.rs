@@ -459,7 +459,7 @@ impl Worker {
     }
 
     fn adopt_new(&mut self) {
-        while let Ok((s, peer, tls)) = self.rx.try_recv() {
+        while let Ok((s, peer, tls, mc)) = self.rx.try_recv() {
             let _ = s.set_nodelay(true);
             let laddr = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
             let fd = {
@@ -497,6 +497,9 @@ impl Worker {
                 .insert(id, meta.clone());
             let mut c = Client::new(id, sock, meta, &self.sh.acl);
             c.home = Some((self.id, token));
+            if mc {
+                c.mc = Some(Box::default());
+            }
             self.clients.insert(token, c);
             // Data may have arrived before registration: look once.
             self.pending.push(token);
@@ -653,6 +656,9 @@ impl Worker {
 
     /// Runs buffered requests; false when stopped at the output high water.
     fn run_requests(&mut self, c: &mut Client) -> bool {
+        if c.mc.is_some() {
+            return self.run_memcached(c);
+        }
         // One clock read per command: each command's time runs from the end
         // of the previous one (parsing included), and expiry is judged
         // against the time this run of requests started.
@@ -975,6 +981,7 @@ impl Worker {
         }
         if self.id == 0 {
             self.active_expire();
+            self.memcached_tick();
         }
         self.ws.expired_keys.set_total(self.ks.expired);
     }
