@@ -142,7 +142,7 @@ pub fn secs_ceil(ms: i64) -> i64 {
 pub fn ttl_left(expire: Option<i64>, now_ms: i64) -> String {
     match expire {
         None => "-1".into(),
-        Some(t) => ((secs_ceil(t) - secs_ceil(now_ms)) as u32).to_string(),
+        Some(t) => ((t.div_euclid(1000) - now_ms.div_euclid(1000)) as u32).to_string(),
     }
 }
 

@@ -475,6 +475,10 @@ fn execute(ctx: &mut Ctx, c: &mut Client, req: McRequest) {
 fn get(ctx: &mut Ctx, c: &mut Client, keys: &[Vec<u8>], cas: bool, touch: Option<i32>) {
     let mut out = Vec::new();
     for key in keys {
+        if key.len() > proto::memcache::KEY_MAX {
+            // The keys before it were fetched; their values are not sent.
+            return line(c, false, proto::memcache::BAD_FORMAT);
+        }
         let sk = skey(DB, key);
         let found = if let Some(exptime) = touch {
             bump(&STATS.cmd_touch);
@@ -659,11 +663,13 @@ fn store(
 
 /// An increment's outcome.
 enum Arith {
-    /// Done: the new number's digits, the item's CAS, expiry after.
+    /// Done: the new number's digits, the item's CAS, its expiry, and
+    /// whether the number fit in the old value (changed in place).
     Done {
         digits: String,
         cas: u64,
         expire: Option<i64>,
+        in_place: bool,
     },
     Missing,
     NonNumeric,
@@ -703,7 +709,8 @@ fn arith(
     };
     let digits = n.to_string();
     let mut nv = digits.clone().into_bytes();
-    if nv.len() <= v.len() {
+    let in_place = nv.len() <= v.len();
+    if in_place {
         nv.resize(v.len(), b' ');
     } else {
         m.bits = 0;
@@ -714,6 +721,7 @@ fn arith(
         digits,
         cas: m.cas,
         expire,
+        in_place,
     })
 }
 
@@ -741,6 +749,13 @@ fn echo_opaque_key(p: &mut Vec<u8>, f: &MetaFlags, key: &[u8]) {
             _ => {}
         }
     }
+}
+
+/// Whether an `O` flag is longer than memcached echoes.
+fn long_opaque(f: &MetaFlags) -> bool {
+    f.tokens
+        .iter()
+        .any(|t| t[0] == b'O' && t.len() > proto::memcache::MAX_OPAQUE_LEN)
 }
 
 /// mg.
@@ -776,18 +791,21 @@ fn meta_get(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
         let mut changed = created;
         let mut won = false;
         let mut ttl_set = false;
+        let mut long_opaque = false;
         for t in &f.tokens {
             match t[0] {
+                b'O' if t.len() > proto::memcache::MAX_OPAQUE_LEN => {
+                    long_opaque = true;
+                    break;
+                }
                 b'T' => {
                     ttl_set = true;
                     changed = true;
                     expire = Exp::from(f.ttl.unwrap_or(0), ctx.now).expire();
                 }
-                b'N' => {
-                    if created {
-                        expire = Exp::from(f.vivify.unwrap_or(0), ctx.now).expire();
-                        won = true;
-                    }
+                b'N' if created => {
+                    expire = Exp::from(f.vivify.unwrap_or(0), ctx.now).expire();
+                    won = true;
                 }
                 b'R' => {
                     let recache = Exp::from(f.recache.unwrap_or(0), ctx.now);
@@ -839,6 +857,24 @@ fn meta_get(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
                 _ => {}
             }
         }
+        if long_opaque {
+            // memcached stops there: what the flags before it changed
+            // stays, and a fetch without the flags that lock the item
+            // recorded the access.
+            let locks = f
+                .tokens
+                .iter()
+                .any(|t| matches!(t[0], b'T' | b'N' | b'R' | b'l' | b'h'));
+            if !locks && !f.no_update && needs_bump(ctx, &m) {
+                m.bits |= FETCHED;
+                m.atime = now_s(ctx);
+                changed = true;
+            }
+            if changed {
+                put(ctx, &sk, expire, &m, &v, other)?;
+            }
+            return Ok(Some((Vec::new(), ttl_set, true)));
+        }
         if m.bits & TOKEN_SENT != 0 {
             p.extend_from_slice(b" Z");
         }
@@ -869,10 +905,11 @@ fn meta_get(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
                 bump(&STATS.total_items);
             }
         }
-        Ok(Some((p, ttl_set)))
+        Ok(Some((p, ttl_set, false)))
     });
     match r {
-        Ok(Some((p, ttl_set))) => {
+        Ok(Some((_, _, true))) => line(c, false, "CLIENT_ERROR opaque token too long"),
+        Ok(Some((p, ttl_set, _))) => {
             if ttl_set {
                 bump(&STATS.cmd_touch);
                 bump(&STATS.touch_hits);
@@ -890,7 +927,9 @@ fn meta_get(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
                 bump(&STATS.cmd_get);
                 bump(&STATS.get_misses);
             }
-            if !f.quiet {
+            if long_opaque(f) {
+                line(c, false, "CLIENT_ERROR opaque token too long");
+            } else if !f.quiet {
                 let mut p = b"EN".to_vec();
                 echo_opaque_key(&mut p, f, key);
                 p.extend_from_slice(b"\r\n");
@@ -1098,23 +1137,31 @@ fn meta_arith(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
     let delta = if f.has(b'D') { f.delta } else { 1 };
     let r = cmd::locked(ctx, &[&sk], |ctx| {
         let mut created = false;
-        let (digits, cas, mut expire) = match arith(ctx, &sk, incr, delta, f.cas)? {
+        // memcached's `T` and `N` change the item it incremented in place or
+        // created; a number that outgrew its value went to a new item, and
+        // the new TTL to the old one, which is dropped.
+        let (digits, cas, mut expire, ttl_lands) = match arith(ctx, &sk, incr, delta, f.cas)? {
             Arith::Done {
                 digits,
                 cas,
                 expire,
-            } => (digits, cas, expire),
+                in_place,
+            } => (digits, cas, expire, in_place),
             Arith::Missing if f.vivify.is_some() => {
                 let digits = f.initial.to_string();
                 let m = fresh(ctx, 0, 0);
                 put(ctx, &sk, None, &m, digits.as_bytes(), false)?;
                 bump(&STATS.total_items);
                 created = true;
-                (digits, m.cas, None)
+                (digits, m.cas, None, true)
             }
             Arith::Missing => return Ok(Err("NF")),
             Arith::CasMismatch => return Ok(Err("EX")),
-            Arith::NonNumeric => return Ok(Err("CLIENT_ERROR")),
+            Arith::NonNumeric => {
+                return Ok(Err(
+                    "CLIENT_ERROR cannot increment or decrement non-numeric value",
+                ))
+            }
         };
         let mut p = Vec::new();
         if f.value {
@@ -1124,8 +1171,13 @@ fn meta_arith(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
             p.extend_from_slice(b"HD");
         }
         let mut new_exp = false;
+        let mut long = false;
         for t in &f.tokens {
             match t[0] {
+                b'O' if t.len() > proto::memcache::MAX_OPAQUE_LEN => {
+                    long = true;
+                    break;
+                }
                 b'c' => {
                     p.extend_from_slice(b" c");
                     p.extend_from_slice(cas.to_string().as_bytes());
@@ -1138,11 +1190,9 @@ fn meta_arith(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
                     expire = Exp::from(f.ttl.unwrap_or(0), ctx.now).expire();
                     new_exp = true;
                 }
-                b'N' => {
-                    if created {
-                        expire = Exp::from(f.vivify.unwrap_or(0), ctx.now).expire();
-                        new_exp = true;
-                    }
+                b'N' if created => {
+                    expire = Exp::from(f.vivify.unwrap_or(0), ctx.now).expire();
+                    new_exp = true;
                 }
                 b'O' => {
                     p.push(b' ');
@@ -1152,11 +1202,14 @@ fn meta_arith(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
                 _ => {}
             }
         }
-        if new_exp {
+        if new_exp && ttl_lands {
             // The value just staged, with its new expiry.
             if let Look::Hit(_, m, v) = look(ctx, &sk)? {
                 put(ctx, &sk, expire, &m, &v, false)?;
             }
+        }
+        if long {
+            return Ok(Err("CLIENT_ERROR opaque token too long"));
         }
         if f.value {
             p.extend_from_slice(b"\r\n");
@@ -1172,15 +1225,16 @@ fn meta_arith(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
             } else {
                 &STATS.decr_hits
             });
-            if !(f.quiet && !created) {
+            // Quiet mode hides a success, not a vivified item.
+            if !f.quiet || created {
                 c.out.extend_from_slice(&p);
             }
         }
-        Ok(Err("CLIENT_ERROR")) => line(
-            c,
-            false,
-            "CLIENT_ERROR cannot increment or decrement non-numeric value",
-        ),
+        Ok(Err(e)) if e.starts_with("CLIENT_ERROR") => line(c, false, e),
+        Ok(Err(status)) if long_opaque(f) => {
+            let _ = status;
+            line(c, false, "CLIENT_ERROR opaque token too long");
+        }
         Ok(Err(status)) => {
             if status == "NF" {
                 bump(if incr {
