@@ -619,3 +619,46 @@ fn malformed_input_closes_like_memcached() {
     s.write_all(b"quit\r\n").unwrap();
     assert_eq!(read_to_close(&mut s), (Vec::new(), true));
 }
+
+/// Short TTLs and a delayed flush_all, with real sleeps: the same replies
+/// before and after the moments pass.
+#[test]
+fn expiry_and_delayed_flush_match_memcached() {
+    let Some(mc) = Memcached::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (_ember, eport) = ember(dir.path());
+    let mut conns = [connect(eport), connect(mc.port)];
+    let both = |conns: &mut [TcpStream; 2], req: &[u8]| -> Vec<u8> {
+        let a = exchange(&mut conns[0], req);
+        let b = exchange(&mut conns[1], req);
+        assert_eq!(
+            String::from_utf8_lossy(&a),
+            String::from_utf8_lossy(&b),
+            "request {:?}",
+            String::from_utf8_lossy(req)
+        );
+        a
+    };
+    both(&mut conns, b"flush_all\r\n");
+    let r = both(
+        &mut conns,
+        b"set short 0 1 1\r\na\r\nset long 0 100 1\r\nb\r\nms meta 1 T1\r\nc\r\nset touched 0 100 1\r\nd\r\ntouch touched 1\r\nget short long meta touched\r\n",
+    );
+    assert!(r.ends_with(b"VALUE touched 0 1\r\nd\r\nEND\r\n"));
+    std::thread::sleep(Duration::from_millis(2500));
+    let r = both(&mut conns, b"get short long meta touched\r\nmg meta v\r\n");
+    assert_eq!(r, b"VALUE long 0 1\r\nb\r\nEND\r\nEN\r\n");
+    // flush_all with a delay: items stored before the moment go then.
+    both(
+        &mut conns,
+        b"set f1 0 0 1\r\nx\r\nflush_all 2\r\nget f1\r\n",
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    let r = both(
+        &mut conns,
+        b"get f1 long\r\nset f2 0 0 1\r\ny\r\nget f2\r\n",
+    );
+    assert_eq!(r, b"END\r\nSTORED\r\nVALUE f2 0 1\r\ny\r\nEND\r\n");
+}

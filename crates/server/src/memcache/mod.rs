@@ -1258,8 +1258,9 @@ fn stats(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
     let mut stat = |name: &str, v: &dyn std::fmt::Display| {
         o.push_str(&format!("STAT {name} {v}\r\n"));
     };
+    // Finishes a recount in progress, as DBSIZE does.
+    let curr_items = crate::counts::db_counts(ctx, DB).map_or(0, |(k, _)| k);
     let cfg = ctx.sh.cfg();
-    let curr_items = ctx.sh.counts.get(DB).map_or(0, |(k, _)| k);
     let bytes = ctx.sh.store.heap().map_or(0, crate::info::heap_used);
     let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
     match args.first().map(|a| a.as_slice()) {
