@@ -260,6 +260,14 @@ fn configuration_stats_and_limits() {
         .contains("STAT item_size_max 2048\r\n"));
     assert_eq!(m.call("stats nonsense\r\n"), "ERROR\r\n");
     assert_eq!(m.call("version\r\n"), "VERSION 1.6.18\r\n");
+    // me: memcached's debug line (class and size are Ember's own).
+    let cas = m.cas("a");
+    assert_eq!(
+        m.call("me a\r\nme nope\r\nme YQ== b\r\n"),
+        format!(
+            "ME a exp=-1 la=0 cas={cas} fetch=yes cls=1 size=61\r\nEN\r\nME a exp=-1 la=0 cas={cas} fetch=yes cls=1 size=61\r\n"
+        )
+    );
 }
 
 #[test]

@@ -286,16 +286,39 @@ fn fresh(ctx: &Ctx, flags: u32, bits: u8) -> Meta {
     }
 }
 
-/// Where every store begins: whether an item of this key, flags and value
-/// length fits under `memcached-item-size-max`, sized as memcached sizes it
-/// (its 48-byte item header, the key and its NUL, the flags when not 0, the
-/// value and its `\r\n`, the CAS), so the same items are refused as by
-/// `memcached -I`. Room for the store is made here too when the cache
-/// evicts.
-fn admit_store(ctx: &Ctx, item_max: u64, key: &[u8], flags: u32, vlen: usize) -> bool {
-    let _ = ctx;
+/// Whether an item of this key, flags and value length fits under
+/// `memcached-item-size-max`, sized as memcached sizes it (its 48-byte item
+/// header, the key and its NUL, the flags when not 0, the value and its
+/// `\r\n`, the CAS), so the same items are refused as by `memcached -I`.
+fn fits(item_max: u64, key: &[u8], flags: u32, vlen: usize) -> bool {
     let total = 48 + key.len() as u64 + 1 + if flags != 0 { 4 } else { 0 } + vlen as u64 + 2 + 8;
     total <= item_max
+}
+
+/// Where every store of a data block (the text storage commands, `ms`)
+/// begins, before any stripe lock is taken: whether the item fits
+/// ([`fits`]; `vlen` None: a block too large to have been read). One that
+/// does not is counted, and with `drop_old` the key's old item is deleted
+/// (memcached would rather lose it than keep serving stale data). A cache
+/// that evicts makes room for an admitted item here (no lock held, so
+/// eviction may lock the keys it removes).
+fn admit_store(
+    ctx: &mut Ctx,
+    item_max: u64,
+    key: &[u8],
+    flags: u32,
+    vlen: Option<usize>,
+    drop_old: bool,
+) -> Result<bool, CmdError> {
+    if vlen.is_some_and(|n| fits(item_max, key, flags, n)) {
+        return Ok(true);
+    }
+    bump(&STATS.store_too_large);
+    if drop_old {
+        let sk = skey(DB, key);
+        cmd::locked(ctx, &[&sk], |ctx| Ok(ctx.ks.delete(&sk, ctx.now)?))?;
+    }
+    Ok(false)
 }
 
 fn execute(ctx: &mut Ctx, c: &mut Client, req: McRequest) {
@@ -436,13 +459,14 @@ fn execute(ctx: &mut Ctx, c: &mut Client, req: McRequest) {
             bump(&STATS.cmd_meta);
             meta_arith(ctx, c, &key, &flags);
         }
-        McCmd::MetaDebug { key, binary } => {
+        McCmd::MetaDebug { key, .. } => {
             bump(&STATS.cmd_meta);
             let sk = skey(DB, &key);
             let r = cmd::locked(ctx, &[&sk], |ctx| look(ctx, &sk));
             match r {
                 Ok(Look::Hit(expire, m, v)) => {
-                    let k = if binary {
+                    // memcached prints the key as the item was stored.
+                    let k = if m.bits & KEY_BINARY != 0 {
                         encode_key(&key)
                     } else {
                         String::from_utf8_lossy(&key).into_owned()
@@ -593,20 +617,21 @@ fn store(
 ) -> String {
     let sk = skey(DB, key);
     let value = match data {
-        Data::Bytes(v) if admit_store(ctx, item_max, key, flags, v.len()) => v,
         Data::BadChunk => {
             bump(&STATS.cmd_set);
             return BAD_CHUNK.into();
         }
-        _ => {
-            bump(&STATS.store_too_large);
-            if mode == StoreMode::Set {
-                // memcached drops the old value rather than keep stale data.
-                if let Err(e) = cmd::locked(ctx, &[&sk], |ctx| Ok(ctx.ks.delete(&sk, ctx.now)?)) {
-                    return store_error(e);
-                }
+        data => {
+            let v = match data {
+                Data::Bytes(v) => Some(v),
+                _ => None,
+            };
+            let vlen = v.as_ref().map(|v| v.len());
+            match admit_store(ctx, item_max, key, flags, vlen, mode == StoreMode::Set) {
+                Ok(true) => v.unwrap_or_default(),
+                Ok(false) => return TOO_LARGE.into(),
+                Err(e) => return store_error(e),
             }
-            return TOO_LARGE.into();
         }
     };
     bump(&STATS.cmd_set);
@@ -632,7 +657,7 @@ fn store(
                     v.extend_from_slice(&value);
                     v.extend_from_slice(&old);
                 }
-                if !admit_store(ctx, item_max, key, m.flags, v.len()) {
+                if !fits(item_max, key, m.flags, v.len()) {
                     return Ok("NOT_STORED");
                 }
                 put(ctx, &sk, old_exp, &fresh(ctx, m.flags, 0), &v, false)?;
@@ -944,19 +969,22 @@ fn meta_get(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
 fn meta_set(ctx: &mut Ctx, c: &mut Client, item_max: u64, key: &[u8], f: &MetaFlags, data: Data) {
     let sk = skey(DB, key);
     let value = match data {
-        Data::Bytes(v) if admit_store(ctx, item_max, key, f.client_flags, v.len()) => v,
         Data::BadChunk => {
             bump(&STATS.cmd_set);
             return line(c, false, BAD_CHUNK);
         }
-        _ => {
-            bump(&STATS.store_too_large);
-            let r = cmd::locked(ctx, &[&sk], |ctx| Ok(ctx.ks.delete(&sk, ctx.now)?));
-            return line(
-                c,
-                false,
-                &r.map_or_else(store_error, |_| TOO_LARGE.to_string()),
-            );
+        data => {
+            let v = match data {
+                Data::Bytes(v) => Some(v),
+                _ => None,
+            };
+            let vlen = v.as_ref().map(|v| v.len());
+            // Whatever the mode, as memcached's ms does.
+            match admit_store(ctx, item_max, key, f.client_flags, vlen, true) {
+                Ok(true) => v.unwrap_or_default(),
+                Ok(false) => return line(c, false, TOO_LARGE),
+                Err(e) => return line(c, false, &store_error(e)),
+            }
         }
     };
     bump(&STATS.cmd_set);
@@ -1028,7 +1056,7 @@ fn meta_set(ctx: &mut Ctx, c: &mut Client, item_max: u64, key: &[u8], f: &MetaFl
                             v.extend_from_slice(&value);
                             v.extend_from_slice(&old_v);
                         }
-                        if !admit_store(ctx, item_max, key, old.flags, v.len()) {
+                        if !fits(item_max, key, old.flags, v.len()) {
                             return Ok(("NS", 0));
                         }
                         store(ctx, old_exp, fresh(ctx, old.flags, bits), &v, false)
@@ -1362,11 +1390,7 @@ fn stats(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
             drop(cfg);
             return line(c, false, "RESET");
         }
-        Some(b"detail") => {
-            drop(cfg);
-            return line(c, false, "CLIENT_ERROR usage: stats detail on|off|dump");
-        }
-        Some(b"cachedump" | b"conns" | b"extstore" | b"proxy") => {
+        Some(b"detail" | b"cachedump" | b"conns" | b"extstore" | b"proxy") => {
             drop(cfg);
             return line(
                 c,
