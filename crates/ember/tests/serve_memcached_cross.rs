@@ -324,3 +324,56 @@ print("pymemcache ok")
     );
     serve_common::run_python(&script, "pymemcache", "pymemcache");
 }
+
+/// A full heap: stores answer memcached's out-of-memory error, reads go on,
+/// and deletes make room again.
+#[test]
+fn a_full_heap_answers_out_of_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_srv, port) = start(
+        dir.path(),
+        &[
+            "--engine",
+            "direct",
+            "--heap-size",
+            "32mb",
+            "--heap-max-size",
+            "64mb",
+            "--threads",
+            "1",
+            "--memcached-item-size-max",
+            "2m",
+        ],
+    );
+    let mut m = Mc::open(port);
+    let val = "v".repeat(1 << 20);
+    let mut stored = 0;
+    let oom = loop {
+        assert!(
+            stored < 200,
+            "200 items of 1 MiB never filled a 64 MiB heap"
+        );
+        let r = m.call(&format!("set k{stored} 7 0 {}\r\n{val}\r\n", val.len()));
+        if r != "STORED\r\n" {
+            break r;
+        }
+        stored += 1;
+    };
+    assert_eq!(oom, "SERVER_ERROR out of memory storing object\r\n");
+    assert!(stored >= 5, "only {stored} items fit");
+    assert!(m.call("mg k0 s f\r\n").starts_with("HD s1048576 f7"));
+    let r = m.call(&format!("ms more {} T0\r\n{val}\r\n", val.len()));
+    assert_eq!(r, "SERVER_ERROR out of memory storing object\r\n");
+    for i in 0..stored / 2 {
+        assert_eq!(m.call(&format!("delete k{i}\r\n")), "DELETED\r\n");
+    }
+    let t = std::time::Instant::now();
+    loop {
+        let r = m.call(&format!("set again 0 0 {}\r\n{val}\r\n", val.len()));
+        if r == "STORED\r\n" {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{r}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

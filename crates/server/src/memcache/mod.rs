@@ -585,18 +585,25 @@ fn read_bumping(ctx: &mut Ctx, sk: &[u8]) -> Result<Option<(Meta, Vec<u8>)>, Cmd
     let v = ctx.ks.raw[h.off..].to_vec();
     let is_item = ctx.ks.raw[0] & crate::keyspace::MC_BIT != 0;
     if is_item && needs_bump(ctx, &m) {
-        cmd::locked(ctx, &[sk], |ctx| {
-            if let Look::Hit(expire, mut now_m, v) = look(ctx, sk)? {
-                if now_m.cas == m.cas && needs_bump(ctx, &now_m) {
-                    now_m.bits |= FETCHED;
-                    now_m.atime = now_s(ctx);
-                    put(ctx, sk, expire, &now_m, &v, false)?;
-                }
-            }
-            Ok(())
-        })?;
+        record_access(ctx, sk, m.cas);
     }
     Ok(Some((m, v)))
+}
+
+/// Records a fetch of the item at `sk` (fetched bit, last access) if it is
+/// still the one with CAS `cas`: a write of its own, under the key's lock.
+/// Best effort: a read does not fail because the heap is full.
+fn record_access(ctx: &mut Ctx, sk: &[u8], cas: u64) {
+    let _ = cmd::locked(ctx, &[sk], |ctx| {
+        if let Look::Hit(expire, mut m, v) = look(ctx, sk)? {
+            if m.cas == cas && needs_bump(ctx, &m) {
+                m.bits |= FETCHED;
+                m.atime = now_s(ctx);
+                put(ctx, sk, expire, &m, &v, false)?;
+            }
+        }
+        Ok(())
+    });
 }
 
 fn needs_bump(ctx: &Ctx, m: &Meta) -> bool {
@@ -890,15 +897,16 @@ fn meta_get(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
                 .tokens
                 .iter()
                 .any(|t| matches!(t[0], b'T' | b'N' | b'R' | b'l' | b'h'));
-            if !locks && !f.no_update && needs_bump(ctx, &m) {
-                m.bits |= FETCHED;
-                m.atime = now_s(ctx);
-                changed = true;
-            }
+            let access = !locks && !f.no_update && needs_bump(ctx, &m);
             if changed {
+                if access {
+                    m.bits |= FETCHED;
+                    m.atime = now_s(ctx);
+                }
                 put(ctx, &sk, expire, &m, &v, other)?;
             }
-            return Ok(Some((Vec::new(), ttl_set, true)));
+            let later = (access && !changed).then_some(m.cas);
+            return Ok(Some((Vec::new(), ttl_set, true, later)));
         }
         if m.bits & TOKEN_SENT != 0 {
             p.extend_from_slice(b" Z");
@@ -919,22 +927,29 @@ fn meta_get(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
             p.extend_from_slice(&v);
             p.extend_from_slice(b"\r\n");
         }
-        if !f.no_update && needs_bump(ctx, &m) {
-            m.bits |= FETCHED;
-            m.atime = now_s(ctx);
-            changed = true;
-        }
+        // The access is recorded with the item's other changes, or on its
+        // own after the reply is built (a read must not fail for want of
+        // room).
+        let access = !f.no_update && needs_bump(ctx, &m);
         if changed {
+            if access {
+                m.bits |= FETCHED;
+                m.atime = now_s(ctx);
+            }
             put(ctx, &sk, expire, &m, &v, other)?;
             if created {
                 bump(&STATS.total_items);
             }
         }
-        Ok(Some((p, ttl_set, false)))
+        let later = (access && !changed).then_some(m.cas);
+        Ok(Some((p, ttl_set, false, later)))
     });
+    if let Ok(Some((.., Some(cas)))) = &r {
+        record_access(ctx, &sk, *cas);
+    }
     match r {
-        Ok(Some((_, _, true))) => line(c, false, "CLIENT_ERROR opaque token too long"),
-        Ok(Some((p, ttl_set, _))) => {
+        Ok(Some((_, _, true, _))) => line(c, false, "CLIENT_ERROR opaque token too long"),
+        Ok(Some((p, ttl_set, ..))) => {
             if ttl_set {
                 bump(&STATS.cmd_touch);
                 bump(&STATS.touch_hits);
