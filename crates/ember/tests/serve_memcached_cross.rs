@@ -377,3 +377,45 @@ fn a_full_heap_answers_out_of_memory() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A connection the server admitted (it answers `version`), or None.
+fn admitted(port: u16) -> Option<Mc> {
+    let mut c = Mc::open(port);
+    c.0.write_all(b"version\r\n").ok()?;
+    let mut buf = [0u8; 64];
+    let n = c.0.read(&mut buf).unwrap_or(0);
+    (&buf[..n] == b"VERSION 1.6.18\r\n").then_some(c)
+}
+
+/// Waits (up to 10 s) for a connection the server admits: a closed
+/// connection's place is free once its worker saw it go.
+fn admitted_soon(port: u16) -> Mc {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(c) = admitted(port) {
+            return c;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no connection admitted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// maxclients counts memcached connections too, and refuses one in
+/// memcached's words.
+#[test]
+fn maxclients_refuses_in_memcached_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_srv, port) = start(dir.path(), &["--maxclients", "2"]);
+    let a = admitted_soon(port);
+    let _b = admitted_soon(port);
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    assert_eq!(out, b"ERROR Too many open connections\r\n");
+    drop(a);
+    admitted_soon(port);
+}
