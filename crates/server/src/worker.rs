@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 pub(crate) const WAKER: Token = Token(0);
 /// Output buffered for one client before the worker stops executing its
 /// pipelined requests until the socket drains.
-const OUT_HIGH_WATER: usize = 64 << 20;
+pub(crate) const OUT_HIGH_WATER: usize = 64 << 20;
 /// Bytes read from one socket per batch before moving to the next client.
 const READ_BUDGET: usize = 1 << 20;
 /// One socket read: into the worker's scratch buffer, then appended to the
@@ -48,7 +48,7 @@ const READ_BUDGET: usize = 1 << 20;
 pub(crate) const READ_CHUNK: usize = 64 * 1024;
 /// Buffers larger than this are freed, not kept, once empty: ten thousand idle
 /// clients must not hold what their busiest moment needed.
-const KEEP_BUF: usize = 16 * 1024;
+pub(crate) const KEEP_BUF: usize = 16 * 1024;
 /// Redis 7's limits for a client that has not authenticated yet (when a
 /// password is required): `*` counts above 10 and `$` lengths above 16384 are
 /// refused, so that an anonymous peer cannot make the server buffer much.

@@ -122,11 +122,15 @@ impl Worker {
             if pending >= self.obuf_check_of(c) && self.output_limit_reached(c) {
                 return true;
             }
-            if pending > 64 << 20 {
+            if pending > crate::worker::OUT_HIGH_WATER {
                 return false;
             }
             if c.inpos == c.inbuf.len() {
-                c.inbuf.clear();
+                if c.inbuf.capacity() > crate::worker::KEEP_BUF {
+                    c.inbuf = Vec::new();
+                } else {
+                    c.inbuf.clear();
+                }
                 c.inpos = 0;
                 return true;
             }
