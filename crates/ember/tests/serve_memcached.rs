@@ -335,7 +335,7 @@ impl Gen {
             13 => {
                 if self.chance(0.2) {
                     let nr = self.nr();
-                    let d = self.pick(&["", " 0", " -1", " 100000", " x"]);
+                    let d = self.pick(&["", " 0", " -1", " 100000", " x", " 1000000000"]);
                     format!("flush_all{d}{nr}\r\n")
                 } else {
                     "version\r\nverbosity 1\r\nverbosity x noreply\r\n".into()

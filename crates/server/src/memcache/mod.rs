@@ -427,8 +427,15 @@ fn execute(ctx: &mut Ctx, c: &mut Client, req: McRequest) {
             bump(&STATS.cmd_flush);
             // memcached invalidates what was stored up to a second before
             // the time given (its `oldest_live` is that time minus one).
+            let started = ctx.now - ctx.sh.started.elapsed().as_millis() as i64;
             let at = match Exp::from(delay.max(0), ctx.now) {
                 Exp::At(t) => t - 1000,
+                // An absolute time from before the server started: nothing
+                // was stored before it, and memcached flushes nothing.
+                Exp::Past if i64::from(delay) * 1000 <= started => {
+                    FLUSH_AT.store(0, Ordering::Relaxed);
+                    return line(c, nr, "OK");
+                }
                 Exp::Never | Exp::Past => 0,
             };
             if at > ctx.now {
@@ -1377,7 +1384,7 @@ fn stats(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
             stat("active_slabs", &u64::from(curr_items > 0));
             stat("total_malloced", &bytes);
         }
-        Some(b"sizes") => {}
+        Some(b"sizes") => stat("sizes_status", &"disabled"),
         Some(b"reset") => {
             for a in [
                 &STATS.cmd_get,
