@@ -237,6 +237,17 @@ fn store_error(e: CmdError) -> String {
     }
 }
 
+/// [`store_error`] for incr/decr, whose full heap memcached words
+/// differently.
+fn arith_error(e: CmdError) -> String {
+    let t = store_error(e);
+    if t == OUT_OF_MEMORY {
+        "SERVER_ERROR out of memory".into()
+    } else {
+        t
+    }
+}
+
 /// What a key holds, for memcached.
 enum Look {
     Miss,
@@ -387,7 +398,7 @@ fn execute(ctx: &mut Ctx, c: &mut Client, req: McRequest) {
                     "CLIENT_ERROR cannot increment or decrement non-numeric value".into()
                 }
                 Ok(Arith::CasMismatch) => "EXISTS".into(),
-                Err(e) => store_error(e),
+                Err(e) => arith_error(e),
             };
             line(c, nr, &r);
         }
@@ -1302,7 +1313,7 @@ fn meta_arith(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
             p.extend_from_slice(b"\r\n");
             c.out.extend_from_slice(&p);
         }
-        Err(e) => line(c, false, &store_error(e)),
+        Err(e) => line(c, false, &arith_error(e)),
     }
 }
 
