@@ -18,27 +18,48 @@ for comp in rustfmt clippy; do
   fi
 done
 
+# Installs Debian packages ($2...) that `why` ($1) needs, or stops.
+apt_install() {
+  local why=$1
+  shift
+  if need apt-get; then
+    echo "== installing $* ($why)"
+    if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
+  else
+    echo "test.sh: $* needed ($why); install them" >&2
+    exit 1
+  fi
+}
+
 # The server's differential tests run against a real redis-server, and its
 # end-to-end tests use redis-cli (Debian packages redis-server, redis-tools).
 if ! need redis-server || ! need redis-cli; then
-  if need apt-get; then
-    echo "== installing redis-server and redis-tools (differential tests)"
-    if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
-    $SUDO apt-get update -qq || true
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
-  else
-    echo "test.sh: redis-server and redis-cli are needed (differential tests); install them" >&2
-    exit 1
-  fi
+  apt_install "differential tests" redis-server redis-tools
 fi
 
-# Client-library tests drive ember with redis-py (python3-redis).
-if need python3 && ! python3 -c 'import redis' >/dev/null 2>&1; then
-  echo "== installing redis-py (client-library tests)"
-  python3 -m pip install -q redis >/dev/null 2>&1 \
+# Installs the Python module $1 (pip package $2, else Debian package $3)
+# for a client-library test, or says that test is skipped.
+py_install() {
+  need python3 || return 0
+  python3 -c "import $1" >/dev/null 2>&1 && return 0
+  echo "== installing $2 (client-library tests)"
+  python3 -m pip install -q "$2" >/dev/null 2>&1 \
     || { if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
-         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-redis >/dev/null; } \
-    || echo "test.sh: redis-py could not be installed; its test parts are skipped" >&2
+         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$3" >/dev/null; } \
+    || echo "test.sh: $2 could not be installed; its test parts are skipped" >&2
+}
+
+# Client-library tests drive ember with redis-py (python3-redis), and the
+# memcached port with pymemcache.
+py_install redis redis python3-redis
+py_install pymemcache pymemcache python3-pymemcache
+
+# The memcached port's differential tests run against a real memcached 1.6
+# (Debian package memcached).
+if ! [ -x /usr/bin/memcached ]; then
+  apt_install "differential tests of the memcached port" memcached
 fi
 
 log=$(mktemp)

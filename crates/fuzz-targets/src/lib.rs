@@ -14,6 +14,7 @@
 //! | [`command`] | argument vectors, mostly real commands on a few keys | every command replies with exactly one well-formed RESP2 (or, after `HELLO 3`, RESP3) reply |
 //! | [`config`] | a config file's text; `CONFIG SET`-style directives | parsing returns a value or an error |
 //! | [`heap`] | patches (offset, bytes) to a small valid heap file | `ember check` on the patched file returns, and nothing it runs panics |
+//! | [`memcache`] | memcached text and meta requests, read in chunks the input chooses | the codec consumes within the buffer and frames the same requests however the bytes arrive |
 //! | [`acl`] | a user name and ACL rules | parsing returns a user or an error; the user's description (ACL LIST) rebuilds a user that allows the same requests |
 
 #![forbid(unsafe_code)]
@@ -22,12 +23,14 @@ pub mod acl;
 pub mod command;
 pub mod config;
 pub mod heap;
+pub mod memcache;
 pub mod resp;
 
 pub use acl::acl;
 pub use command::command;
 pub use config::config;
 pub use heap::heap;
+pub use memcache::memcache;
 pub use resp::resp;
 
 /// A target's body.
@@ -41,4 +44,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("config", config),
     ("heap", heap),
     ("acl", acl),
+    ("memcache", memcache),
 ];

@@ -13,6 +13,8 @@
 //!   on a RESP2 connection (maps flatten to arrays, doubles become bulk strings,
 //!   booleans become integers, ...).
 //! - [`parse_reply`]: the client side, for tests and a future client.
+//! - [`memcache`]: memcached's text and meta protocol, the second codec
+//!   ([`memcache::McCodec`]: command lines and data blocks into typed requests).
 //!
 //! # Limits
 //!
@@ -61,6 +63,7 @@
 pub mod codec;
 pub mod error;
 pub mod int;
+pub mod memcache;
 pub mod parse;
 pub mod reply;
 

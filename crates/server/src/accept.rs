@@ -17,10 +17,17 @@ use std::time::{Duration, Instant};
 /// The acceptor's waker (its listeners are tokens 0..n).
 pub(crate) const ACCEPT_WAKER: Token = Token(usize::MAX);
 /// An accepted connection on its way from the acceptor to a worker, with
-/// the TLS configuration of the port it came in on (None: plain TCP).
-pub(crate) type NewConn = (std::net::TcpStream, SocketAddr, Option<Arc<ServerConfig>>);
-/// A listening socket, and its TLS configuration when it is the TLS port.
-pub(crate) type Listener = (TcpListener, Option<Arc<ServerConfig>>);
+/// the TLS configuration of the port it came in on (None: plain TCP), and
+/// whether that port is the memcached port.
+pub(crate) type NewConn = (
+    std::net::TcpStream,
+    SocketAddr,
+    Option<Arc<ServerConfig>>,
+    bool,
+);
+/// A listening socket, its TLS configuration when it is the TLS port, and
+/// whether it is the memcached port.
+pub(crate) type Listener = (TcpListener, Option<Arc<ServerConfig>>, bool);
 
 /// The acceptor: accepts, enforces maxclients and protected mode, and hands
 /// connections to workers round-robin.
@@ -30,7 +37,7 @@ pub(crate) fn accept_loop(
     mut listeners: Vec<Listener>,
     workers: Vec<(Sender<NewConn>, Arc<Waker>)>,
 ) {
-    for (i, (l, _)) in listeners.iter_mut().enumerate() {
+    for (i, (l, _, _)) in listeners.iter_mut().enumerate() {
         if let Err(e) = poll.registry().register(l, Token(i), Interest::READABLE) {
             eprintln!("ember: acceptor: {e}");
             sh.begin_shutdown();
@@ -65,7 +72,7 @@ pub(crate) fn accept_loop(
             );
         }
         for &i in &todo {
-            let (l, tls) = &listeners[i];
+            let (l, tls, mc) = &listeners[i];
             loop {
                 match l.accept() {
                     Ok((s, peer)) => {
@@ -96,14 +103,14 @@ pub(crate) fn accept_loop(
                             // text inside a TLS stream: the connection is
                             // closed without it.
                             if tls.is_none() {
-                                refuse(s, msg);
+                                refuse(s, if *mc { memcached_refusal(msg) } else { msg });
                             }
                             continue;
                         }
                         sh.connected.fetch_add(1, Ordering::AcqRel);
                         let (tx, waker) = &workers[rr % workers.len()];
                         rr += 1;
-                        if tx.send((s, peer, tls.clone())).is_err() {
+                        if tx.send((s, peer, tls.clone(), *mc)).is_err() {
                             sh.connected.fetch_sub(1, Ordering::AcqRel);
                             continue;
                         }
@@ -125,7 +132,7 @@ pub(crate) fn accept_loop(
             }
         }
     }
-    for (l, _) in &mut listeners {
+    for (l, _, _) in &mut listeners {
         let _ = poll.registry().deregister(l);
     }
 }
@@ -192,6 +199,16 @@ pub(crate) fn set_backlog(l: &TcpListener, backlog: u32) {
 }
 
 const PROTECTED_MSG: &str = "-DENIED Ember is running in protected mode because protected mode is enabled and no password is set for the default user. In this mode connections are only accepted from the loopback interface. If you want to connect from external computers to Ember you may adopt one of the following solutions: 1) Disable protected mode with 'CONFIG SET protected-mode no' from the loopback interface. 2) Set a password with --requirepass or 'requirepass' in the configuration file. 3) Bind to the loopback interface only (the default).\r\n";
+
+/// A refusal in memcached's words: its own text when too many clients are
+/// connected, the protected-mode explanation as a `SERVER_ERROR`.
+fn memcached_refusal(msg: &str) -> &'static str {
+    if msg == PROTECTED_MSG {
+        "SERVER_ERROR Ember is running in protected mode: memcached connections are accepted from the loopback interface only while no password is set for the default user\r\n"
+    } else {
+        "ERROR Too many open connections\r\n"
+    }
+}
 
 fn refuse(mut s: std::net::TcpStream, msg: &str) {
     let _ = s.set_nonblocking(true);

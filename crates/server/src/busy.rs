@@ -153,7 +153,8 @@ impl Pump<'_> {
             if !self.pending.contains(&t) {
                 self.pending.push(t);
             }
-            if c.blocked.is_some() || c.close_after || c.kill || c.stalled {
+            // memcached connections wait for the script (no BUSY there).
+            if c.blocked.is_some() || c.close_after || c.kill || c.stalled || c.mc.is_some() {
                 continue;
             }
             // The worker's limits: no more input past the query buffer

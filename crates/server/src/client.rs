@@ -194,6 +194,9 @@ pub struct Client {
     pub watching: crate::watch::Watching,
     /// Blocking commands answer at once (inside EXEC or a script).
     pub deny_blocking: bool,
+    /// A connection of the memcached port: its codec and state (see
+    /// `memcache`); None for Redis's protocol.
+    pub(crate) mc: Option<Box<crate::memcache::McConn>>,
 }
 
 /// A transaction being queued (MULTI until EXEC or DISCARD).
@@ -244,6 +247,7 @@ impl Client {
             watching: Default::default(),
             deny_blocking: false,
             subs: None,
+            mc: None,
         }
     }
 }

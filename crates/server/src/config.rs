@@ -146,6 +146,13 @@ pub struct ServeArgs {
     /// asked for) [default: yes].
     #[arg(long, value_name = "yes|no|optional")]
     pub tls_auth_clients: Option<String>,
+    /// Serve memcached's text and meta protocol on this port too, on the
+    /// same keyspace (database 0) (0 = off) [default: 0].
+    #[arg(long)]
+    pub memcached_port: Option<u16>,
+    /// The largest memcached item (memcached's -I), e.g. 1m [default: 1m].
+    #[arg(long, value_name = "BYTES")]
+    pub memcached_item_size_max: Option<String>,
     /// Output a client may have pending: "<class> <hard> <soft> <seconds>"
     /// for class normal, replica or pubsub, as Redis's directive; a client
     /// above the hard limit, or above the soft limit for longer than the
@@ -364,6 +371,10 @@ pub struct Config {
     pub tls_key_file: String,
     pub tls_ca_cert_file: String,
     pub tls_auth_clients: TlsAuth,
+    /// memcached protocol port (0 = none).
+    pub memcached_port: u16,
+    /// The largest memcached item, memcached's `-I` (header, key and value).
+    pub memcached_item_size_max: u64,
     /// `client-output-buffer-limit` per class (`OBUF_CLASSES`).
     pub client_output_buffer_limit: [ObufLimit; 3],
     /// Bytes above which a sparse HyperLogLog becomes dense (Redis's
@@ -418,6 +429,8 @@ impl Default for Config {
             tls_key_file: String::new(),
             tls_ca_cert_file: String::new(),
             tls_auth_clients: TlsAuth::Yes,
+            memcached_port: 0,
+            memcached_item_size_max: MB,
             // Redis 7.0's defaults.
             client_output_buffer_limit: [
                 ObufLimit {
@@ -547,6 +560,8 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("tls-key-file", false),
     ("tls-ca-cert-file", false),
     ("tls-auth-clients", false),
+    ("memcached-port", false),
+    ("memcached-item-size-max", false),
     ("client-output-buffer-limit", true),
     ("hll-sparse-max-bytes", true),
     ("notify-keyspace-events", true),
@@ -768,6 +783,18 @@ impl Config {
             "tls-cert-file" => self.tls_cert_file = one()?.to_string(),
             "tls-key-file" => self.tls_key_file = one()?.to_string(),
             "tls-ca-cert-file" => self.tls_ca_cert_file = one()?.to_string(),
+            "memcached-port" => {
+                self.memcached_port = one()?
+                    .parse()
+                    .map_err(|_| format!("invalid port '{}'", one().unwrap_or("")))?
+            }
+            "memcached-item-size-max" => {
+                let n = parse_size(one()?)?;
+                if !(1024..=512 * MB).contains(&n) {
+                    return Err("memcached-item-size-max must be between 1kb and 512mb".into());
+                }
+                self.memcached_item_size_max = n;
+            }
             "tls-auth-clients" => {
                 self.tls_auth_clients = match one()?.to_ascii_lowercase().as_str() {
                     "yes" => TlsAuth::Yes,
@@ -927,6 +954,8 @@ impl Config {
         set("tls-key-file", a.tls_key_file.clone())?;
         set("tls-ca-cert-file", a.tls_ca_cert_file.clone())?;
         set("tls-auth-clients", a.tls_auth_clients.clone())?;
+        set("memcached-port", a.memcached_port.map(|v| v.to_string()))?;
+        set("memcached-item-size-max", a.memcached_item_size_max.clone())?;
         set(
             "client-output-buffer-limit",
             a.client_output_buffer_limit.clone(),
@@ -983,6 +1012,8 @@ impl Config {
             "tls-key-file" => self.tls_key_file.clone(),
             "tls-ca-cert-file" => self.tls_ca_cert_file.clone(),
             "tls-auth-clients" => self.tls_auth_clients.name().into(),
+            "memcached-port" => self.memcached_port.to_string(),
+            "memcached-item-size-max" => self.memcached_item_size_max.to_string(),
             "client-output-buffer-limit" => OBUF_CLASSES
                 .iter()
                 .zip(&self.client_output_buffer_limit)

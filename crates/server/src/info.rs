@@ -292,7 +292,7 @@ fn oom_reason() -> String {
 /// Bytes of heap pages in use (slab pages and runs; a slab page with one live
 /// block counts whole): the chunks the allocator has scanned less their free
 /// pages. Chunks not scanned yet hold nothing.
-fn heap_used(h: &pmem::Heap) -> u64 {
+pub(crate) fn heap_used(h: &pmem::Heap) -> u64 {
     let s = h.alloc_stats();
     (s.chunks_scanned * h.region().geometry().chunk_size())
         .saturating_sub(s.free_pages_scanned * pmem::layout::PAGE)

@@ -63,6 +63,12 @@ pub const KIND_ZSET: u8 = 5;
 pub const KIND_STREAM: u8 = 6;
 pub use engine::types::head::PIECE_PREFIX;
 const EXPIRY_BIT: u8 = 0x80;
+/// Tag bit of a string written through the memcached protocol: a header of
+/// [`MC_HEADER`] bytes (client flags, CAS, item bits, last access; see
+/// `memcache::item`) follows the expiry, before the payload.
+pub const MC_BIT: u8 = 0x40;
+/// Bytes of the memcached item header.
+pub const MC_HEADER: usize = 17;
 
 /// Bytes a store value adds to the payload at most.
 pub const VALUE_OVERHEAD: usize = 9;
@@ -89,22 +95,29 @@ pub struct Header {
 /// version wrote (the caller reports corruption, never panics).
 pub fn decode(raw: &[u8]) -> Option<Header> {
     let tag = *raw.first()?;
-    let kind = tag & !EXPIRY_BIT;
-    if !(KIND_STRING..=KIND_STREAM).contains(&kind) {
+    let kind = tag & !(EXPIRY_BIT | MC_BIT);
+    if !(KIND_STRING..=KIND_STREAM).contains(&kind) || (tag & MC_BIT != 0 && kind != KIND_STRING) {
         return None;
     }
+    let mc = if tag & MC_BIT != 0 { MC_HEADER } else { 0 };
     if tag & EXPIRY_BIT != 0 {
         let b: [u8; 8] = raw.get(1..9)?.try_into().ok()?;
+        if raw.len() < 9 + mc {
+            return None;
+        }
         Some(Header {
             kind,
             expire: Some(i64::from_le_bytes(b)),
-            off: 9,
+            off: 9 + mc,
         })
     } else {
+        if raw.len() < 1 + mc {
+            return None;
+        }
         Some(Header {
             kind,
             expire: None,
-            off: 1,
+            off: 1 + mc,
         })
     }
 }
@@ -770,7 +783,7 @@ impl Keyspace {
     /// read), when it is a collection that has some: its head is being
     /// deleted or overwritten. A string costs one byte's test.
     fn free_pieces_of_raw(&mut self) -> KsResult<()> {
-        let kind = self.raw.first().map(|t| t & !EXPIRY_BIT);
+        let kind = self.raw.first().map(|t| t & !(EXPIRY_BIT | MC_BIT));
         if kind.is_some_and(|k| k != KIND_STRING) {
             let raw = std::mem::take(&mut self.raw);
             let r = crate::coll::free_value(self, &raw);

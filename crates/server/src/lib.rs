@@ -26,6 +26,8 @@
 //!   rules and checks, ACL LOG; [`blocking`]: blocked clients (BLPOP...)
 //!   and how writes wake them; [`pubsub`]: subscriptions and message
 //!   delivery across workers; [`notify`]: keyspace notifications.
+//! - [`memcache`]: memcached's text and meta protocol on the same keyspace
+//!   (database 0): items, their flags and CAS, the commands, `stats`.
 //! - [`info`], [`metrics`], [`stats`]: observability; [`clock`]: the
 //!   per-command clock.
 
@@ -61,6 +63,7 @@ pub mod housekeep;
 pub mod info;
 pub mod keyspace;
 pub mod lua;
+pub mod memcache;
 pub mod metrics;
 pub mod notify;
 pub mod pqsort;

@@ -162,8 +162,10 @@ pub fn run(cfg: Config) -> Result<(), String> {
     }
     // Port 0 serves no plain TCP (TLS only, as Redis's `port 0`); the
     // certificates are checked before anything listens or the heap opens.
-    if cfg.port == 0 && cfg.tls_port == 0 {
-        return Err("configured to listen nowhere: port and tls-port are both 0".into());
+    if cfg.port == 0 && cfg.tls_port == 0 && cfg.memcached_port == 0 {
+        return Err(
+            "configured to listen nowhere: port, tls-port and memcached-port are all 0".into(),
+        );
     }
     let tls = if cfg.tls_port != 0 {
         Some(crate::tls::server_config(&cfg)?)
@@ -171,8 +173,12 @@ pub fn run(cfg: Config) -> Result<(), String> {
         None
     };
     let mut listeners = Vec::new();
-    let ports = [(cfg.port, None), (cfg.tls_port, tls)];
-    for (port, tls) in ports.iter().filter(|(p, _)| *p != 0) {
+    let ports = [
+        (cfg.port, None, false),
+        (cfg.tls_port, tls, false),
+        (cfg.memcached_port, None, true),
+    ];
+    for (port, tls, mc) in ports.iter().filter(|(p, _, _)| *p != 0) {
         for b in &cfg.bind {
             let ip: std::net::IpAddr = b
                 .parse()
@@ -180,7 +186,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             let addr = SocketAddr::new(ip, *port);
             let l = TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
             set_backlog(&l, cfg.tcp_backlog);
-            listeners.push((l, tls.clone()));
+            listeners.push((l, tls.clone(), *mc));
         }
     }
     let tcp_port = cfg.port;
@@ -297,6 +303,10 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     c.tls_port,
                     c.tls_auth_clients.name()
                 )
+            } else {
+                String::new()
+            } + &if c.memcached_port != 0 {
+                format!(", memcached port {}", c.memcached_port)
             } else {
                 String::new()
             },

@@ -48,7 +48,7 @@ const READ_BUDGET: usize = 1 << 20;
 pub(crate) const READ_CHUNK: usize = 64 * 1024;
 /// Buffers larger than this are freed, not kept, once empty: ten thousand idle
 /// clients must not hold what their busiest moment needed.
-const KEEP_BUF: usize = 16 * 1024;
+pub(crate) const KEEP_BUF: usize = 16 * 1024;
 /// Redis 7's limits for a client that has not authenticated yet (when a
 /// password is required): `*` counts above 10 and `$` lengths above 16384 are
 /// refused, so that an anonymous peer cannot make the server buffer much.
@@ -652,6 +652,9 @@ impl Worker {
 
     /// Runs buffered requests; false when stopped at the output high water.
     fn run_requests(&mut self, c: &mut Client) -> bool {
+        if c.mc.is_some() {
+            return self.run_memcached(c);
+        }
         // One clock read per command: each command's time runs from the end
         // of the previous one (parsing included), and expiry is judged
         // against the time this run of requests started.
@@ -985,6 +988,7 @@ impl Worker {
         }
         if self.id == 0 {
             self.active_expire();
+            self.memcached_tick();
         }
         self.ws.expired_keys.set_total(self.ks.expired);
     }
@@ -1002,7 +1006,7 @@ pub(crate) fn adopt(
     clients: &mut HashMap<Token, Client>,
     pending: &mut Vec<Token>,
 ) {
-    while let Ok((s, peer, tls)) = rx.try_recv() {
+    while let Ok((s, peer, tls, mc)) = rx.try_recv() {
         let _ = s.set_nodelay(true);
         let laddr = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
         let fd = {
@@ -1038,6 +1042,9 @@ pub(crate) fn adopt(
             .insert(cid, meta.clone());
         let mut c = Client::new(cid, sock, meta, &sh.acl);
         c.home = Some((id, token));
+        if mc {
+            c.mc = Some(Box::default());
+        }
         clients.insert(token, c);
         // Data may have arrived before registration: look once.
         pending.push(token);

@@ -253,18 +253,25 @@ pub fn info_field(con: &mut redis::Connection, section: &str, field: &str) -> St
 /// Skipped (with a note) when python3 or redis-py is not installed
 /// (scripts/test.sh installs them).
 pub fn run_redis_py(script: &str) {
+    run_python(script, "redis", "redis-py");
+}
+
+/// Runs a Python script that uses the client library `module` (named `lib`
+/// in messages); it must print `<lib> ok`. Skipped (with a note) when
+/// python3 or the module is not installed (scripts/test.sh installs them).
+pub fn run_python(script: &str, module: &str, lib: &str) {
     match Command::new("python3").args(["-c", script]).output() {
         Ok(out) if out.status.success() => {
-            assert!(String::from_utf8_lossy(&out.stdout).contains("redis-py ok"));
+            assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("{lib} ok")));
         }
         Ok(out) => {
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(
-                err.contains("No module named 'redis'"),
-                "redis-py failed: {err}"
+                err.contains(&format!("No module named '{module}'")),
+                "{lib} failed: {err}"
             );
-            eprintln!("redis-py is not installed: its part of the test was skipped");
+            eprintln!("{lib} is not installed: its part of the test was skipped");
         }
-        Err(e) => eprintln!("python3 not found ({e}): the redis-py part was skipped"),
+        Err(e) => eprintln!("python3 not found ({e}): the {lib} part was skipped"),
     }
 }

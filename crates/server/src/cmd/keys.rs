@@ -204,7 +204,7 @@ const FLUSH_BATCH: usize = 64;
 /// removals then go unmarked until one makes room for the markers (a crash
 /// in between leaves those keys deleted: the one case where a flush is not
 /// all-or-nothing).
-fn flush_dbs(ctx: &mut Ctx, dbs: &[u8]) -> R {
+pub(crate) fn flush_dbs(ctx: &mut Ctx, dbs: &[u8]) -> R {
     // A transaction or script that flushes took FLUSHING and every stripe
     // lock before it began (`cmd::unit`).
     let _f = (!ctx.ks.in_unit()).then(|| FLUSHING.lock().unwrap_or_else(|p| p.into_inner()));

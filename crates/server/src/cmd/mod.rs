@@ -34,6 +34,7 @@ pub(crate) use bits::bitfield_reads_only;
 pub use conn::REDIS_COMPAT_VERSION;
 pub use error::CmdError;
 pub use keys::finish_flushes;
+pub(crate) use keys::flush_dbs;
 pub(crate) use strings::float_arg;
 
 use crate::clock::Stamp;
