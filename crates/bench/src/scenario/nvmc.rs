@@ -491,7 +491,7 @@ pub fn fig11(ctx: &mut Ctx) -> BenchResult<Report> {
     println!(
         "\nlogfree-fig11: memcached {version} against ember serve --memcached-port (medians of {rounds} round(s), valid runs only)\n\
          machine: {}\nmode: {} run, commit {}\nknobs: {}\n{}\n\
-         | key range | server      | runs | ops/s       | ember/mc  | p50 us  | p99 us  |\n\
+         | key range | server      | runs | requests/s  | ember/mc  | p50 us  | p99 us  |\n\
          |-----------|-------------|------|-------------|-----------|---------|---------|\n{}",
         ctx.machine.line(),
         ctx.mode(),
