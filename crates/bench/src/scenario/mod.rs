@@ -109,6 +109,11 @@ pub struct ScenarioArgs {
     /// logfree-fig11: seconds of each measured window (after 2 s of warm-up).
     #[arg(long, value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub seconds: u64,
+    /// logfree-fig11: also run `memcaslap` (Debian libmemcached-tools) on each
+    /// server after the bench's own generator, as a cross-check (its keys are
+    /// its own: it gets only keys it has set).
+    #[arg(long)]
+    pub memcaslap: bool,
 }
 
 /// The memcached load generator's knobs (`logfree-fig11`).
@@ -120,6 +125,7 @@ pub struct McKnobs {
     pub pipeline: usize,
     pub multiget: usize,
     pub seconds: u64,
+    pub memcaslap: bool,
 }
 
 /// What a scenario produces: its rows and its chart.
@@ -446,6 +452,7 @@ pub fn run(args: &ScenarioArgs) -> BenchResult<()> {
                 pipeline: args.pipeline as usize,
                 multiget: args.multiget as usize,
                 seconds: args.seconds,
+                memcaslap: args.memcaslap,
             },
             machine: machine.clone(),
             exe: exe.clone(),

@@ -17,8 +17,11 @@
 //! restart after SIGKILL with the same items (from the process's start to a
 //! `get` of a stored key that hits). Every key is checked present afterwards
 //! on both. Memory per item: memcached's `stats` bytes / curr_items and its
-//! RSS growth per item, Ember's growth of INFO used_memory per item (and its
-//! DBSIZE beside it) and its RSS growth per item.
+//! RSS growth per item, Ember's growth of INFO used_memory per item (its
+//! used_memory starts at the heap's base, some 300 MB, and grows by whole
+//! chunks, so the figure means something at 1 M items and more, not at the
+//! quick run's thousands; used_memory and DBSIZE are in the row too) and its
+//! RSS growth per item.
 //!
 //! Without `--memcached-port` in `ember serve --help` (or when the port
 //! refuses), Ember's half is skipped and the output says so; memcached's
@@ -220,8 +223,16 @@ fn start(
             let mut spec = server_spec(ctx, kind, dir.path(), &ember, ember_heap_mib(items));
             spec.extra = vec!["--memcached-port".into(), mc_port.to_string()];
             let (s, launch) = spec.start(Duration::from_secs(60), ctx.stop_flag())?;
-            if mcload::command(mc_port, "version", false).is_err() {
-                return Ok(None);
+            // Ready for RESP (PING); the memcached listener gets 2 s more.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while !mcload::command(mc_port, "version", false)
+                .is_ok_and(|l| l.first().is_some_and(|l| l.starts_with("VERSION")))
+            {
+                if Instant::now() >= deadline {
+                    return Ok(None);
+                }
+                ctx.check_stop()?;
+                std::thread::sleep(Duration::from_millis(10));
             }
             let lab = labels_of(ctx, kind, &s)?;
             Ok(Some(Running {
@@ -330,11 +341,14 @@ pub fn fig11(ctx: &mut Ctx) -> BenchResult<Report> {
             "errors_corrupt",
             "errors_unexpected",
             "ratio_vs_memcached",
+            "memcaslap_ops_per_sec",
+            "memcaslap_get_misses",
+            "memcaslap_ratio_vs_memcached",
             "server_version",
         ],
     );
-    // (range, server) -> (ops/s, p50, p99) of every valid round.
-    let mut got: Vec<Vec<[Vec<f64>; 3]>> = vec![vec![Default::default(); srvs.len()]; ranges.len()];
+    // (range, server) -> (ops/s, p50, p99, memcaslap ops/s) of every valid round.
+    let mut got: Vec<Vec<[Vec<f64>; 4]>> = vec![vec![Default::default(); srvs.len()]; ranges.len()];
     let mut labels: Vec<Option<Labels>> = vec![None; srvs.len()];
     let mut invalid: Vec<String> = Vec::new();
     let mut ember_missing = !with_ember;
@@ -377,6 +391,11 @@ pub fn fig11(ctx: &mut Ctx) -> BenchResult<Report> {
                     .map_err(|e| format!("{}: {e}", srv.label()))?;
                 o.errors.unexpected += perr.unexpected;
                 let e = o.errors;
+                let slap = if ctx.mc.memcaslap {
+                    Some(memcaslap(ctx, server.port, range, measure)?)
+                } else {
+                    None
+                };
                 table.push(
                     &server.lab,
                     vec![
@@ -401,9 +420,15 @@ pub fn fig11(ctx: &mut Ctx) -> BenchResult<Report> {
                         e.corrupt.to_string(),
                         e.unexpected.to_string(),
                         String::new(),
+                        slap.map(|(t, _)| format!("{t:.0}")).unwrap_or_default(),
+                        slap.map(|(_, m)| m.to_string()).unwrap_or_default(),
+                        String::new(),
                         server_version(srv, &version),
                     ],
                 );
+                if let Some((t, _)) = slap {
+                    got[ri][si][3].push(t);
+                }
                 labels[si] = Some(server.lab.clone());
                 drop(server);
                 if e.total() == 0 {
@@ -439,11 +464,17 @@ pub fn fig11(ctx: &mut Ctx) -> BenchResult<Report> {
             let (Some(lab), false) = (&labels[si], got[ri][si][0].is_empty()) else {
                 continue;
             };
-            let [ops, p50, p99] = &got[ri][si];
+            let [ops, p50, p99, slap] = &got[ri][si];
             let ratio = match srv {
                 Srv::Memcached => String::new(),
                 _ if mc.is_nan() => String::new(),
                 _ => format!("{:.3}", median(ops) / mc),
+            };
+            let slap_mc = median(&got[ri][0][3]);
+            let slap_ratio = match srv {
+                Srv::Memcached => String::new(),
+                _ if slap_mc.is_nan() || slap.is_empty() => String::new(),
+                _ => format!("{:.3}", median(slap) / slap_mc),
             };
             table.push(
                 lab,
@@ -469,11 +500,18 @@ pub fn fig11(ctx: &mut Ctx) -> BenchResult<Report> {
                     String::new(),
                     String::new(),
                     ratio.clone(),
+                    if slap.is_empty() {
+                        String::new()
+                    } else {
+                        format!("{:.0}", median(slap))
+                    },
+                    String::new(),
+                    slap_ratio,
                     server_version(srv, &version),
                 ],
             );
             summary.push(format!(
-                "| {range:>9} | {:<11} | {:>4} | {:>11.0} | {:>9} | {:>7.1} | {:>7.1} |",
+                "| {range:>9} | {:<11} | {:>4} | {:>11.0} | {:>9} | {:>7.1} | {:>7.1} |{}",
                 srv.label(),
                 ops.len(),
                 median(ops),
@@ -483,7 +521,12 @@ pub fn fig11(ctx: &mut Ctx) -> BenchResult<Report> {
                     format!("{ratio}x")
                 },
                 median(p50),
-                median(p99)
+                median(p99),
+                if ctx.mc.memcaslap {
+                    format!(" {:>11.0} |", median(slap))
+                } else {
+                    String::new()
+                }
             ));
         }
     }
@@ -491,13 +534,15 @@ pub fn fig11(ctx: &mut Ctx) -> BenchResult<Report> {
     println!(
         "\nlogfree-fig11: memcached {version} against ember serve --memcached-port (medians of {rounds} round(s), valid runs only)\n\
          machine: {}\nmode: {} run, commit {}\nknobs: {}\n{}\n\
-         | key range | server      | runs | requests/s  | ember/mc  | p50 us  | p99 us  |\n\
-         |-----------|-------------|------|-------------|-----------|---------|---------|\n{}",
+         | key range | server      | runs | requests/s  | ember/mc  | p50 us  | p99 us  |{}\n\
+         |-----------|-------------|------|-------------|-----------|---------|---------|{}\n{}",
         ctx.machine.line(),
         ctx.mode(),
         super::COMMIT,
         knobs(ctx),
         if ember_missing { NO_EMBER.to_string() } else { ember_note.clone() },
+        if ctx.mc.memcaslap { " memcaslap/s |" } else { "" },
+        if ctx.mc.memcaslap { "-------------|" } else { "" },
         summary.join("\n")
     );
     for m in &invalid {
@@ -550,6 +595,56 @@ pub fn fig11(ctx: &mut Ctx) -> BenchResult<Report> {
     })
 }
 
+/// Runs `memcaslap` (libmemcached-tools) against `port` for `measure` with
+/// 1 set to 4 gets, 16-byte keys (its shortest) and 32-byte values, the
+/// same client threads and connections, and a key window of about `range`
+/// keys (at least 1,000 a connection: memcaslap counts it in thousands);
+/// returns its TPS and get misses.
+fn memcaslap(ctx: &Ctx, port: u16, range: u64, measure: Duration) -> BenchResult<(f64, u64)> {
+    let cfg = ctx.work_dir().join("memcaslap.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "key\n16 16 1\nvalue\n{VALUE_SIZE} {VALUE_SIZE} 1\ncmd\n0 {SET_RATIO}\n1 {}\n",
+            1.0 - SET_RATIO
+        ),
+    )
+    .map_err(|e| format!("cannot write {}: {e}", cfg.display()))?;
+    let conc = (ctx.mc.client_threads * ctx.mc.conns) as u64;
+    let mut c = Command::new("memcaslap");
+    c.arg(format!("--servers=127.0.0.1:{port}"))
+        .arg(format!("--time={}s", measure.as_secs().max(1)))
+        .arg(format!("--threads={}", ctx.mc.client_threads))
+        .arg(format!("--concurrency={conc}"))
+        // memcaslap takes the window only in thousands ("1k" at least).
+        .arg(format!("--win_size={}k", (range / conc / 1000).max(1)))
+        .arg(format!("--cfg_cmd={}", cfg.display()));
+    let out = run_capture(
+        c,
+        "memcaslap",
+        measure + Duration::from_secs(120),
+        ctx.stop_flag(),
+    )?;
+    parse_memcaslap(&out)
+}
+
+/// memcaslap's TPS (its `Run time: ... TPS: N` line) and `get_misses`.
+fn parse_memcaslap(out: &str) -> BenchResult<(f64, u64)> {
+    let tps = out
+        .lines()
+        .rfind(|l| l.starts_with("Run time:"))
+        .and_then(|l| l.split("TPS:").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("memcaslap printed no TPS: {out:?}"))?;
+    let misses = out
+        .lines()
+        .find_map(|l| l.strip_prefix("get_misses:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    Ok((tps, misses))
+}
+
 /// What the server_version column says.
 fn server_version(srv: Srv, memcached: &str) -> String {
     match srv {
@@ -596,6 +691,7 @@ fn warmup(ctx: &mut Ctx) -> BenchResult<Report> {
             "restart_ms",
             "items_present",
             "server_items",
+            "server_bytes",
             "server_bytes_per_item",
             "rss_bytes_per_item",
             "rss_bytes",
@@ -670,6 +766,7 @@ fn warmup(ctx: &mut Ctx) -> BenchResult<Report> {
                             restart_ms: None,
                             present,
                             server_keys: curr,
+                            server_bytes: bytes,
                             server_bpi: bytes as f64 / curr.max(1) as f64,
                             rss_bpi: rss.saturating_sub(rss0) as f64 / items as f64,
                             rss,
@@ -709,6 +806,7 @@ fn warmup(ctx: &mut Ctx) -> BenchResult<Report> {
                             restart_ms: Some(restart.as_secs_f64() * 1e3),
                             present,
                             server_keys: keys.max(0) as u64,
+                            server_bytes: used as u64,
                             server_bpi: (used - used0).max(0.0) / items as f64,
                             rss_bpi: rss.saturating_sub(rss0) as f64 / items as f64,
                             rss,
@@ -759,6 +857,7 @@ fn warmup(ctx: &mut Ctx) -> BenchResult<Report> {
                             .unwrap_or_default(),
                         row.present.to_string(),
                         row.server_keys.to_string(),
+                        row.server_bytes.to_string(),
                         format!("{:.1}", row.server_bpi),
                         format!("{:.1}", row.rss_bpi),
                         row.rss.to_string(),
@@ -912,7 +1011,27 @@ struct WarmRow {
     present: u64,
     /// memcached's curr_items, Ember's DBSIZE.
     server_keys: u64,
+    /// memcached's `stats` bytes, Ember's INFO used_memory (after the fill).
+    server_bytes: u64,
     server_bpi: f64,
     rss_bpi: f64,
     rss: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memcaslap_output_parses() {
+        let out = "servers: 127.0.0.1:22122\nthreads count: 1\ncmd_get: 263218\ncmd_set: 29251\nget_misses: 7\n\nRun time: 3.0s Ops: 292469 TPS: 97483 Net_rate: 109.1M/s\n";
+        assert_eq!(parse_memcaslap(out).unwrap(), (97483.0, 7));
+        assert!(parse_memcaslap("key length must be greater than 16 bytes.").is_err());
+    }
+
+    #[test]
+    fn rss_is_read() {
+        assert!(rss_of(std::process::id()) > 0);
+        assert_eq!(rss_of(u32::MAX), 0);
+    }
 }
