@@ -62,6 +62,15 @@ if ! [ -x /usr/bin/memcached ]; then
   apt_install "differential tests of the memcached port" memcached
 fi
 
+# The logfree-fig11 scenario's smoke tests start a real memcached (Debian
+# package memcached).
+if ! need memcached && need apt-get; then
+  echo "== installing memcached (logfree-fig11 scenario)"
+  if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq memcached >/dev/null \
+    || { $SUDO apt-get update -qq || true; DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq memcached >/dev/null; }
+fi
+
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 

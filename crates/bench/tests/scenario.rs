@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
-const SCENARIOS: [&str; 12] = [
+const SCENARIOS: [&str; 13] = [
     "bullet-fig5",
     "bullet-fig6",
     "bullet-fig7",
@@ -22,6 +22,7 @@ const SCENARIOS: [&str; 12] = [
     "logfree-fig5",
     "logfree-fig8",
     "logfree-fig10",
+    "logfree-fig11",
     "udorn-fig4",
     "udorn-fig5",
     "udorn-sustained",
@@ -352,6 +353,116 @@ fn logfree_fig10() {
     for ms in column(&h, &rows, "recovery_ms") {
         assert!(ms.parse::<f64>().unwrap() > 0.0);
     }
+}
+
+/// Whether the `ember` under test serves memcached (`--memcached-port`).
+fn ember_serves_memcached() -> bool {
+    let out = Command::new(ember_binary())
+        .args(["serve", "--help"])
+        .output()
+        .expect("run ember serve --help");
+    text(&out.stdout).contains("--memcached-port")
+}
+
+#[test]
+fn logfree_fig11() {
+    need("memcached", "memcached");
+    let (h, rows) = run(
+        "logfree-fig11",
+        &[
+            "--client-threads",
+            "1",
+            "--pipeline",
+            "2",
+            "--multiget",
+            "3",
+        ],
+        &[
+            "key_range",
+            "round",
+            "ops_per_sec",
+            "p50_us",
+            "p99_us",
+            "errors_lost",
+            "errors_corrupt",
+            "errors_unexpected",
+            "ratio_vs_memcached",
+        ],
+    );
+    let engines = column(&h, &rows, "engine");
+    assert!(engines.contains(&"memcached"), "{engines:?}");
+    assert_eq!(
+        engines.contains(&"ember"),
+        ember_serves_memcached(),
+        "Ember's rows are there exactly when it serves memcached: {engines:?}"
+    );
+    // The knobs reach the generator and its rows.
+    assert!(column(&h, &rows, "client_threads")
+        .iter()
+        .all(|t| *t == "1"));
+    assert!(column(&h, &rows, "multiget").iter().all(|t| *t == "3"));
+    let round = col_of(&h, "round");
+    for r in &rows {
+        if r[round] == "median" {
+            continue;
+        }
+        for c in ["errors_lost", "errors_corrupt", "errors_unexpected"] {
+            assert_eq!(r[col_of(&h, c)], "0", "{c} in {r:?}");
+        }
+        assert!(r[col_of(&h, "ops_per_sec")].parse::<f64>().unwrap() > 0.0);
+        assert!(r[col_of(&h, "p99_us")].parse::<f64>().unwrap() > 0.0);
+    }
+    assert_eq!(
+        column(&h, &rows, "key_range")
+            .iter()
+            .zip(column(&h, &rows, "round"))
+            .filter(|(_, r)| *r == "median")
+            .count(),
+        if ember_serves_memcached() { 6 } else { 2 }
+    );
+}
+
+#[test]
+fn logfree_fig11_warmup() {
+    need("memcached", "memcached");
+    let (h, rows) = run(
+        "logfree-fig11",
+        &["--warmup"],
+        &[
+            "items",
+            "warm_ms",
+            "items_present",
+            "server_bytes",
+            "server_bytes_per_item",
+            "rss_bytes",
+        ],
+    );
+    for (n, present) in column(&h, &rows, "items")
+        .iter()
+        .zip(column(&h, &rows, "items_present"))
+    {
+        assert_eq!(n, &present);
+    }
+    let engines = column(&h, &rows, "engine");
+    // memcached's item bytes hold at least the 32-byte values; Ember's heap
+    // grows by whole chunks, so at the quick run's sizes only its totals are
+    // checked.
+    for ((e, bpi), (bytes, rss)) in engines
+        .iter()
+        .zip(column(&h, &rows, "server_bytes_per_item"))
+        .zip(
+            column(&h, &rows, "server_bytes")
+                .into_iter()
+                .zip(column(&h, &rows, "rss_bytes")),
+        )
+    {
+        if *e == "memcached" {
+            assert!(bpi.parse::<f64>().unwrap() > 32.0, "{bpi}");
+        }
+        assert!(bytes.parse::<u64>().unwrap() > 0, "{e}: {bytes}");
+        assert!(rss.parse::<u64>().unwrap() > 0, "{e}: {rss}");
+    }
+    assert_eq!(engines.contains(&"ember"), ember_serves_memcached());
 }
 
 #[test]

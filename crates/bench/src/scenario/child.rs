@@ -60,6 +60,11 @@ impl Guard {
         })
     }
 
+    /// The child's process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The exit status once the child has exited (it is then reaped).
     pub fn try_wait(&mut self) -> BenchResult<Option<ExitStatus>> {
         let st = self
@@ -142,6 +147,7 @@ fn install_hint(program: &std::ffi::OsStr) -> &'static str {
         Some("redis-benchmark") | Some("redis-cli") => {
             " (install the Debian package redis-tools: apt-get install redis-tools)"
         }
+        Some("memcached") => " (install the Debian package memcached: apt-get install memcached)",
         _ => "",
     }
 }

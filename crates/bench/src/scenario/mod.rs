@@ -16,6 +16,8 @@ mod chart;
 mod child;
 mod coll;
 mod logfree;
+mod mcload;
+mod nvmc;
 mod progress;
 mod resp;
 mod serve_recovery;
@@ -86,6 +88,44 @@ pub struct ScenarioArgs {
     /// [default: 1000000; 20000 with --quick].
     #[arg(long, value_name = "N")]
     pub list_elements: Option<u64>,
+    /// logfree-fig11: measure the warm-up instead of throughput: memcached
+    /// repopulated from the client against Ember restarted after SIGKILL, at
+    /// 1 M and 10 M items, and memory per item.
+    #[arg(long)]
+    pub warmup: bool,
+    /// logfree-fig11: client threads of the load generator (it shares the
+    /// cores with the server, so 1 or 2).
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=2))]
+    pub client_threads: u32,
+    /// logfree-fig11: connections per client thread.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub conns: u32,
+    /// logfree-fig11: requests in flight per connection (pipelining depth).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub pipeline: u32,
+    /// logfree-fig11: keys per `get` (1: single-key gets; more: multi-get).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub multiget: u32,
+    /// logfree-fig11: seconds of each measured window (after 2 s of warm-up).
+    #[arg(long, value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub seconds: u64,
+    /// logfree-fig11: also run `memcaslap` (Debian libmemcached-tools) on each
+    /// server after the bench's own generator, as a cross-check (its keys are
+    /// its own: it gets only keys it has set).
+    #[arg(long)]
+    pub memcaslap: bool,
+}
+
+/// The memcached load generator's knobs (`logfree-fig11`).
+#[derive(Clone, Debug)]
+pub struct McKnobs {
+    pub warmup: bool,
+    pub client_threads: usize,
+    pub conns: usize,
+    pub pipeline: usize,
+    pub multiget: usize,
+    pub seconds: u64,
+    pub memcaslap: bool,
 }
 
 /// What a scenario produces: its rows and its chart.
@@ -137,6 +177,11 @@ const SCENARIOS: &[Scenario] = &[
         run: logfree::fig10,
     },
     Scenario {
+        name: "logfree-fig11",
+        about: "Log-free Fig. 11 (NV-Memcached): 1:4 set:get throughput over key ranges, ember serve --memcached-port (pmem, msync) against memcached 1.6, own load generator; --warmup: memcached repopulation against Ember's restart after SIGKILL at 1M/10M items, and memory per item",
+        run: nvmc::fig11,
+    },
+    Scenario {
         name: "udorn-fig4",
         about: "UDORN Fig. 4: launch and shutdown time against keys, ember serve against redis-server loading RDB and AOF",
         run: udorn::fig4,
@@ -177,6 +222,8 @@ pub struct Ctx {
     /// `--zset-elements` and `--list-elements` (udorn-coll-restart).
     pub zset_elements: Option<u64>,
     pub list_elements: Option<u64>,
+    /// The memcached load generator's knobs (logfree-fig11).
+    pub mc: McKnobs,
     pub machine: Machine,
     /// This program: the benchmarks run as its children.
     pub exe: PathBuf,
@@ -398,6 +445,15 @@ pub fn run(args: &ScenarioArgs) -> BenchResult<()> {
             rounds: args.rounds,
             zset_elements: args.zset_elements,
             list_elements: args.list_elements,
+            mc: McKnobs {
+                warmup: args.warmup,
+                client_threads: args.client_threads as usize,
+                conns: args.conns as usize,
+                pipeline: args.pipeline as usize,
+                multiget: args.multiget as usize,
+                seconds: args.seconds,
+                memcaslap: args.memcaslap,
+            },
             machine: machine.clone(),
             exe: exe.clone(),
             ember: ember.clone(),

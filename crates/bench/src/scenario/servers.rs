@@ -102,7 +102,7 @@ fn pong(c: &mut Conn) -> bool {
 }
 
 /// A port nothing listens on now (the kernel's choice for port 0).
-fn free_port() -> BenchResult<u16> {
+pub(super) fn free_port() -> BenchResult<u16> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind 127.0.0.1:0: {e}"))?;
     l.local_addr()
         .map(|a| a.port())
@@ -301,6 +301,11 @@ impl Server {
             ));
         }
         Ok(())
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.guard.id()
     }
 
     /// When the process was spawned.
