@@ -182,3 +182,62 @@ fn addr_of(admin: &mut Conn, id: i64) -> String {
         .expect("addr=")
         .to_string()
 }
+
+/// Reads MONITOR lines from `s` until `n` arrived; each normalised to
+/// `[db who] args` with `who` "lua" or "client" (addresses differ).
+fn monitor_lines(s: &mut TcpStream, n: usize) -> Vec<String> {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&buf).to_string();
+        let lines: Vec<&str> = text.split_terminator("\r\n").collect();
+        if lines.len() >= n && text.ends_with("\r\n") {
+            return lines
+                .iter()
+                .map(|l| {
+                    let (_, rest) = l.split_once(" [").expect("a monitor line");
+                    let (who, args) = rest.split_once("] ").unwrap();
+                    let (db, addr) = who.split_once(' ').unwrap();
+                    let addr = if addr == "lua" { "lua" } else { "client" };
+                    format!("[{db} {addr}] {args}")
+                })
+                .collect();
+        }
+        let k = s.read(&mut chunk).expect("monitor read");
+        assert!(k > 0, "monitor closed");
+        buf.extend_from_slice(&chunk[..k]);
+    }
+}
+
+/// MONITOR shows the same lines as Redis's (addresses aside): quoting,
+/// the script's commands as `lua`, a transaction's commands, redaction,
+/// admin commands and refused requests left out. The monitor and the
+/// client are on different workers.
+#[test]
+fn monitor_matches_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &["--threads", "2"]);
+    let redis = RedisServer::start();
+    let mut got = Vec::new();
+    for port in [ember.port, redis.port] {
+        let mut m = Conn::open(port);
+        assert_eq!(m.call(&["MONITOR"]), Reply::Simple("OK".into()));
+        let mut s = m.into_stream();
+        let mut c = Conn::open(port);
+        c.call(&["SET", "k", "a \"b\"\n\u{1}"]);
+        c.call(&["GET", "k"]);
+        c.call(&["EVAL", "return redis.call('incr', KEYS[1])", "1", "n"]);
+        c.call(&["CONFIG", "GET", "maxclients"]);
+        c.call(&["NOSUCH", "x"]);
+        c.call(&["GET"]);
+        c.call(&["AUTH", "secret"]);
+        c.call(&["MULTI"]);
+        c.call(&["SELECT", "2"]);
+        c.call(&["SET", "k2", "v"]);
+        c.call(&["EXEC"]);
+        c.call(&["PING"]);
+        got.push(monitor_lines(&mut s, 10));
+    }
+    assert_eq!(got[0], got[1]);
+}

@@ -197,6 +197,8 @@ pub struct Client {
     /// A connection of the memcached port: its codec and state (see
     /// `memcache`); None for Redis's protocol.
     pub(crate) mc: Option<Box<crate::memcache::McConn>>,
+    /// In MONITOR mode (see `pubsub::Pubsub::feed_monitors`).
+    pub(crate) monitor: bool,
 }
 
 /// A transaction being queued (MULTI until EXEC or DISCARD).
@@ -246,6 +248,7 @@ impl Client {
             multi: None,
             watching: Default::default(),
             deny_blocking: false,
+            monitor: false,
             subs: None,
             mc: None,
         }

@@ -65,6 +65,7 @@ pub mod keyspace;
 pub mod lua;
 pub mod memcache;
 pub mod metrics;
+pub mod monitor;
 pub mod notify;
 pub mod pqsort;
 pub mod pubsub;

@@ -166,6 +166,8 @@ impl Registry {
 
 /// One published message, shared by its receivers.
 pub(crate) struct Published {
+    /// A MONITOR line: `payload` is the whole frame.
+    monitor: bool,
     shard: bool,
     channel: Vec<u8>,
     payload: Vec<u8>,
@@ -184,6 +186,10 @@ pub(crate) struct Msg {
 impl Msg {
     /// Appends the message to `out` in protocol `v`.
     fn encode(&self, v: Version, out: &mut Vec<u8>) {
+        if self.m.monitor {
+            out.extend_from_slice(&self.m.payload);
+            return;
+        }
         let n = if self.pattern.is_some() { 4 } else { 3 };
         push_header(v, out, n);
         match &self.pattern {
@@ -232,6 +238,9 @@ pub struct Pubsub {
     /// with every worker's keyspace, which logs expired and created keys
     /// only while the matching class is on.
     notify: Arc<AtomicU32>,
+    /// MONITOR clients, and their number (one load per command when zero).
+    monitors: std::sync::Mutex<Vec<Target>>,
+    monitor_count: AtomicUsize,
 }
 
 impl Pubsub {
@@ -241,7 +250,61 @@ impl Pubsub {
             subscriptions: AtomicUsize::new(0),
             inboxes: (0..workers.max(1)).map(|_| Inbox::default()).collect(),
             notify: Arc::new(AtomicU32::new(notify_flags)),
+            monitors: std::sync::Mutex::new(Vec::new()),
+            monitor_count: AtomicUsize::new(0),
         }
+    }
+
+    /// Some client is in MONITOR mode.
+    #[inline]
+    pub fn monitoring(&self) -> bool {
+        self.monitor_count.load(Ordering::Relaxed) > 0
+    }
+
+    fn monitors(&self) -> std::sync::MutexGuard<'_, Vec<Target>> {
+        self.monitors.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// MONITOR: client `id` (token `token` of worker `worker`) receives
+    /// every command from now on.
+    pub(crate) fn add_monitor(&self, id: u64, worker: usize, token: Token) {
+        let mut m = self.monitors();
+        if !m.iter().any(|t| t.id == id) {
+            m.push(Target { id, worker, token });
+            self.monitor_count.store(m.len(), Ordering::Release);
+        }
+    }
+
+    fn remove_monitor(&self, id: u64) {
+        let mut m = self.monitors();
+        m.retain(|t| t.id != id);
+        self.monitor_count.store(m.len(), Ordering::Release);
+    }
+
+    /// Sends a MONITOR line (a whole frame) to every monitor.
+    pub(crate) fn feed_monitors(&self, line: Vec<u8>) {
+        let m = Arc::new(Published {
+            monitor: true,
+            shard: false,
+            channel: Vec::new(),
+            payload: line,
+        });
+        let out = self
+            .monitors()
+            .iter()
+            .map(|t| {
+                (
+                    t.worker,
+                    Msg {
+                        token: t.token,
+                        id: t.id,
+                        pattern: None,
+                        m: m.clone(),
+                    },
+                )
+            })
+            .collect();
+        self.send(out);
     }
 
     /// Worker `id`'s poll waker (set once when the worker starts).
@@ -279,6 +342,7 @@ impl Pubsub {
         let mut published = || {
             m.get_or_insert_with(|| {
                 Arc::new(Published {
+                    monitor: false,
                     shard,
                     channel: channel.to_vec(),
                     payload: payload.to_vec(),
@@ -521,6 +585,12 @@ pub fn unsubscribe(sh: &Shared, c: &mut Client, k: Kind, names: &[Vec<u8>]) {
 /// Drops every subscription of the client without confirmations (RESET, a
 /// closing connection).
 pub fn forget(sh: &Shared, c: &mut Client) {
+    if std::mem::take(&mut c.monitor) {
+        sh.pubsub.remove_monitor(c.id);
+        if let Some((w, _)) = c.home {
+            drop(sh.pubsub.take_for(w, c.id));
+        }
+    }
     let Some(s) = c.subs.take() else {
         return;
     };
@@ -749,6 +819,7 @@ mod tests {
             id: 1,
             pattern: Some(Arc::from(&b"c*"[..])),
             m: Arc::new(Published {
+                monitor: false,
                 shard: false,
                 channel: b"ch".to_vec(),
                 payload: b"hi".to_vec(),

@@ -142,7 +142,7 @@ impl Slowlog {
 }
 
 /// Which arguments of a request Redis redacts from the slow log.
-fn redacted(args: &[Vec<u8>]) -> impl Fn(usize) -> bool {
+pub(crate) fn redacted(args: &[Vec<u8>]) -> impl Fn(usize) -> bool {
     let is = |i: usize, s: &str| {
         args.get(i)
             .is_some_and(|a| a.eq_ignore_ascii_case(s.as_bytes()))

@@ -171,6 +171,7 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
         crate::pubsub::after_command(ctx.sh, ctx.ks, c, mark);
         return;
     }
+    crate::monitor::feed_script_call(ctx.sh, c, spec, args);
     let failed = run_spec(ctx, c, spec, args);
     crate::pubsub::after_command(ctx.sh, ctx.ks, c, mark);
     let t1 = Stamp::now();
@@ -178,6 +179,7 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
     let us = t1.micros_since(t0);
     ctx.ws.record(i, us, failed);
     slowlog(ctx.sh, c, spec, args, us);
+    crate::monitor::feed(ctx.sh, c, spec, args, false);
 }
 
 /// Logs a command in SLOWLOG when it qualifies (a load otherwise).

@@ -542,6 +542,7 @@ pub static TABLE: &[Spec] = &[
     spec!("spublish", 3, [PUBSUB, LOADING, STALE, FAST, MAY_REPLICATE], [], (0, 0, 0), "pubsub", "7.0.0", "Post a message to a shard channel", pubsub::spublish),
     spec!("pubsub", -2, [], [], (0, 0, 0), "pubsub", "2.8.0", "A container for Pub/Sub commands.", pubsub::pubsub),
     // server
+    spec!("monitor", 1, [ADMIN, NOSCRIPT, LOADING, STALE], [], (0, 0, 0), "server", "1.0.0", "Listens for all requests received by the server in real-time.", crate::monitor::monitor),
     spec!("slowlog", -2, [], [], (0, 0, 0), "server", "2.2.12", "A container for slow log commands.", admin::slowlog),
     spec!("wait", 3, [NOSCRIPT], [CONNECTION], (0, 0, 0), "generic", "3.0.0", "Blocks until the asynchronous replication of all preceding write commands sent by the connection is completed.", admin::wait),
     spec!("memory", -2, [], [], (0, 0, 0), "server", "4.0.0", "A container for memory diagnostics commands.", keys::memory),

@@ -189,6 +189,10 @@ pub fn call(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
     ctx.ws.record(i, us, failed);
     // The commands of a transaction are logged one by one, as in Redis.
     super::slowlog(ctx.sh, c, spec, args, us);
+    // A script's commands show as the script's (`lua`); a transaction's as
+    // its client's.
+    let script = crate::lua::in_script();
+    crate::monitor::feed(ctx.sh, c, spec, args, script);
 }
 
 /// Runs a request that a command builds for itself inside its unit (RESTORE

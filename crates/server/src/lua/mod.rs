@@ -305,6 +305,11 @@ pub fn busy_error(sh: &Shared, spec: &Spec, args: &[Vec<u8>]) -> Option<&'static
     })
 }
 
+/// This thread runs a script now.
+pub(crate) fn in_script() -> bool {
+    IN_SCRIPT.with(|s| s.get())
+}
+
 /// Runs `f` (the busy pump serving other connections from this script's
 /// thread) as outside the script: their commands get `-BUSY`.
 pub(crate) fn outside_script<T>(f: impl FnOnce() -> T) -> T {
