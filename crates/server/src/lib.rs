@@ -26,6 +26,7 @@
 //!   rules and checks, ACL LOG; [`blocking`]: blocked clients (BLPOP...)
 //!   and how writes wake them; [`pubsub`]: subscriptions and message
 //!   delivery across workers; [`notify`]: keyspace notifications.
+//! - [`evict`]: cache mode (maxmemory, eviction policies, access stamps).
 //! - [`info`], [`metrics`], [`stats`]: observability; [`clock`]: the
 //!   per-command clock.
 
@@ -48,6 +49,7 @@ pub mod commit;
 pub mod config;
 pub mod counts;
 mod embedded;
+pub mod evict;
 mod expire;
 pub mod geohash;
 pub mod glob;

@@ -60,6 +60,8 @@ pub struct Shared {
     pub scripting: crate::lua::Scripting,
     /// Pub/Sub subscriptions and message delivery (see [`crate::pubsub`]).
     pub pubsub: crate::pubsub::Pubsub,
+    /// maxmemory and eviction (see [`crate::evict`]).
+    pub evict: crate::evict::Evictor,
     pub next_client_id: AtomicU64,
     pub connected: AtomicU64,
     pub stats: Stats,
@@ -94,6 +96,8 @@ impl Shared {
         let ttls = (0..=u8::MAX).any(|db| counts.get(db).is_none_or(|(_, e)| e > 0));
         let hk = Arc::new(crate::housekeep::Housekeeping::new(pieced || ttls));
         let pubsub = crate::pubsub::Pubsub::new(workers, cfg.notify_keyspace_events);
+        let evict = crate::evict::Evictor::new(&cfg, store.heap().map(|_| cfg.heap_max_size));
+        evict.configure(&cfg, Some(&hk.access));
         let sh = Shared {
             cfg: RwLock::new(cfg),
             cfg_epoch: AtomicU64::new(0),
@@ -111,6 +115,7 @@ impl Shared {
             acl,
             scripting: crate::lua::Scripting::default(),
             pubsub,
+            evict,
             next_client_id: AtomicU64::new(1),
             connected: AtomicU64::new(0),
             stats: Stats::new(workers),
