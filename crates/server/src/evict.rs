@@ -604,10 +604,9 @@ pub fn make_room_for(ctx: &mut Ctx, bytes: u64) -> Result<(), CmdError> {
     }
     ev.credit.store(credit + freed, Ordering::Relaxed);
     drop(round);
-    if keys > 0 {
+    if let Some(per_key) = freed.checked_div(keys) {
         let avg = ev.avg_key.load(Ordering::Relaxed);
-        ev.avg_key
-            .store((avg * 7 + freed / keys) / 8, Ordering::Relaxed);
+        ev.avg_key.store((avg * 7 + per_key) / 8, Ordering::Relaxed);
         crate::notify::flush_pending(sh, ctx.ks);
     }
     result
