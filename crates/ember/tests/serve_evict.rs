@@ -331,11 +331,10 @@ fn volatile_ttl_evicts_the_nearest_ttls_first() {
     let near = (0..1000)
         .filter(|i| exists(&mut con, &format!("near{i}")))
         .count();
-    // The near TTLs go first: far keys only once (nearly) every near one
-    // is gone (a round may evict more than asked when the used memory
-    // lags).
+    // The near TTLs go first (sampled, so not strictly: at least four near
+    // keys evicted for each far one).
     assert!(near < 500, "far {far}, near {near}");
-    assert!(far >= 950 || near <= 20, "far {far}, near {near}");
+    assert!(1000 - near >= 4 * (1000 - far), "far {far}, near {near}");
 }
 
 /// `evicted` events on `__keyevent@0__:evicted` (and the keyspace

@@ -584,15 +584,20 @@ pub fn make_room_for(ctx: &mut Ctx, bytes: u64) -> Result<(), CmdError> {
     let (mut freed, mut keys) = (0u64, 0u64);
     let mut result = Ok(());
     while freed < need {
-        match evict_one(ctx, &mut round, policy) {
-            Ok(Some(bytes)) => {
+        match evict_one(ctx, &mut round, policy, start, time_limit) {
+            Ok(Victim::Evicted(bytes)) => {
                 freed += bytes;
                 keys += 1;
             }
-            Ok(None) => {
+            Ok(Victim::None) => {
                 result = Err(oom());
                 break;
             }
+            // Keys exist that the samples did not find in time (keys just
+            // written that a scan does not show yet, or a TTL index still
+            // being rebuilt): the command runs, as when the time limit
+            // cuts a round short.
+            Ok(Victim::NotFound) => break,
             Err(e) => {
                 result = Err(e);
                 break;
@@ -649,9 +654,25 @@ fn sample(ctx: &mut Ctx, volatile: bool, n: usize, out: &mut Vec<Vec<u8>>) -> Re
     Ok(())
 }
 
-/// Evicts one key by `policy`: its estimated size, or None when no key is
-/// eligible.
-fn evict_one(ctx: &mut Ctx, round: &mut Round, policy: Policy) -> Result<Option<u64>, CmdError> {
+/// What [`evict_one`] did.
+enum Victim {
+    /// Evicted a key of about this many bytes.
+    Evicted(u64),
+    /// No key is eligible (by the key counts).
+    None,
+    /// Eligible keys exist, but the samples found none before the time
+    /// limit (or 1,024 rounds).
+    NotFound,
+}
+
+/// Evicts one key by `policy`.
+fn evict_one(
+    ctx: &mut Ctx,
+    round: &mut Round,
+    policy: Policy,
+    start: Instant,
+    time_limit: u64,
+) -> Result<Victim, CmdError> {
     let n = (ctx.sh.evict.samples.load(Ordering::Relaxed) as usize).clamp(1, MAX_SAMPLES);
     let mut keys = Vec::new();
     // Rounds of sampling until a key is evicted. The key counts say when
@@ -659,14 +680,17 @@ fn evict_one(ctx: &mut Ctx, round: &mut Round, policy: Policy) -> Result<Option<
     // may be stale (keys deleted that a scan or the TTL index still shows),
     // so a bounded number of rounds is tried before giving up.
     if eligible(ctx.sh, policy) == 0 {
-        return Ok(None);
+        return Ok(Victim::None);
     }
-    for _ in 0..1024 {
+    for i in 0..1024 {
+        if i % 16 == 15 && start.elapsed().as_micros() as u64 > time_limit.max(2000) {
+            break;
+        }
         sample(ctx, policy.volatile(), n, &mut keys)?;
         if policy.random() {
             for k in &keys {
                 if let Some(bytes) = evict_key(ctx, k, policy)? {
-                    return Ok(Some(bytes));
+                    return Ok(Victim::Evicted(bytes));
                 }
             }
             continue;
@@ -679,11 +703,11 @@ fn evict_one(ctx: &mut Ctx, round: &mut Round, policy: Policy) -> Result<Option<
         }
         while let Some((_, k)) = round.pool.pop() {
             if let Some(bytes) = evict_key(ctx, &k, policy)? {
-                return Ok(Some(bytes));
+                return Ok(Victim::Evicted(bytes));
             }
         }
     }
-    Ok(None)
+    Ok(Victim::NotFound)
 }
 
 /// Keys the policy may evict, by the key counts (every key, or those with
