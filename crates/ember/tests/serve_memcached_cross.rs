@@ -419,3 +419,83 @@ fn maxclients_refuses_in_memcached_words() {
     drop(a);
     admitted_soon(port);
 }
+
+/// The keys of `0..n` that `get` finds (multi-gets of 100).
+fn present(m: &mut Mc, n: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    for start in (0..n).step_by(100) {
+        let keys: Vec<String> = (start..(start + 100).min(n))
+            .map(|i| format!("c{i}"))
+            .collect();
+        let r = m.call(&format!("get {}\r\n", keys.join(" ")));
+        for l in r.split("\r\n").filter(|l| l.starts_with("VALUE ")) {
+            out.push(l.split(' ').nth(1).unwrap()[1..].parse().unwrap());
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// Cache mode: with maxmemory and allkeys-lru, memcached sets past the
+/// limit are all STORED (the oldest items go), `stats evictions` counts
+/// them as INFO's `evicted_keys` does, the newest items are there, and
+/// after SIGKILL exactly the same items are present: no evicted item
+/// comes back.
+#[test]
+fn a_cache_evicts_instead_of_failing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut srv, port) = start(
+        dir.path(),
+        &[
+            "--logs",
+            "2",
+            "--log-size",
+            "1mb",
+            "--maxmemory-policy",
+            "allkeys-lru",
+        ],
+    );
+    let mut con = srv.client();
+    std::thread::sleep(Duration::from_millis(200));
+    let used: u64 = serve_common::info_field(&mut con, "memory", "used_memory")
+        .parse()
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg((used + (4 << 20)).to_string())
+        .query(&mut con)
+        .unwrap();
+    let mut m = Mc::open(port);
+    let val = "v".repeat(1000);
+    let n = 20_000;
+    for i in 0..n {
+        let r = m.call(&format!("set c{i} 3 0 {}\r\n{val}\r\n", val.len()));
+        assert_eq!(r, "STORED\r\n", "item {i}");
+    }
+    let stats = m.call("stats\r\n");
+    let evictions: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("STAT evictions "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        evictions > 1000,
+        "only {evictions} evictions for 20 MB into 4 MB"
+    );
+    let info: u64 = serve_common::info_field(&mut con, "stats", "evicted_keys")
+        .parse()
+        .unwrap();
+    assert_eq!(info, evictions);
+    let before = present(&mut m, n);
+    assert!(before.len() < n - 1000, "{} items kept", before.len());
+    assert!(before.contains(&(n - 1)), "the newest item was evicted");
+    drop(m);
+    drop(con);
+    srv.kill9();
+    srv.restart();
+    // The restart may take other ports: the memcached one is in the args.
+    let mut m = Mc::open(port);
+    assert_eq!(present(&mut m, n), before);
+}

@@ -22,7 +22,9 @@ pub struct ServeArgs {
     /// durability, commit-pipeline, threads, metrics-port, logs, log-size, fence-ns,
     /// tcp-backlog, busy-poll-us, shutdown-worker-timeout,
     /// enable-debug-command, tls-port, tls-cert-file, tls-key-file,
-    /// tls-ca-cert-file, tls-auth-clients, client-output-buffer-limit; Redis's
+    /// tls-ca-cert-file, tls-auth-clients, client-output-buffer-limit,
+    /// maxmemory, maxmemory-policy, maxmemory-samples,
+    /// maxmemory-eviction-tenacity, lfu-log-factor, lfu-decay-time; Redis's
     /// snapshot/AOF/encoding directives are accepted and have no effect).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -160,6 +162,17 @@ pub struct ServeArgs {
     /// replica 256mb 64mb 60 pubsub 32mb 8mb 60].
     #[arg(long, value_name = "CLASS HARD SOFT SECONDS")]
     pub client_output_buffer_limit: Option<String>,
+    /// Cache mode: the memory limit (INFO `used_memory`), e.g. 512mb; 0 =
+    /// none [default: 0].
+    #[arg(long)]
+    pub maxmemory: Option<String>,
+    /// What happens at the limit: noeviction (writes get -OOM),
+    /// allkeys-lru, volatile-lru, allkeys-lfu, volatile-lfu,
+    /// allkeys-random, volatile-random or volatile-ttl (keys are evicted;
+    /// with maxmemory 0 these evict when the heap nears heap-max-size)
+    /// [default: noeviction].
+    #[arg(long, value_name = "POLICY")]
+    pub maxmemory_policy: Option<String>,
 }
 
 /// The engine a heap is served with.
@@ -382,6 +395,15 @@ pub struct Config {
     pub hll_sparse_max_bytes: u64,
     /// `notify-keyspace-events` as flags (see [`crate::notify`]).
     pub notify_keyspace_events: u32,
+    /// Cache mode (see [`crate::evict`]): bytes (0 = no limit), the
+    /// policy, keys sampled per eviction, Redis's eviction tenacity and
+    /// LFU parameters.
+    pub maxmemory: u64,
+    pub maxmemory_policy: crate::evict::Policy,
+    pub maxmemory_samples: u64,
+    pub maxmemory_eviction_tenacity: u64,
+    pub lfu_log_factor: u64,
+    pub lfu_decay_time: u64,
     /// Redis directives accepted with no effect here (name → value as given).
     pub no_effect: BTreeMap<String, String>,
     /// The file the configuration was read from.
@@ -451,6 +473,12 @@ impl Default for Config {
             ],
             hll_sparse_max_bytes: crate::hll::SPARSE_MAX_BYTES as u64,
             notify_keyspace_events: 0,
+            maxmemory: 0,
+            maxmemory_policy: crate::evict::Policy::NoEviction,
+            maxmemory_samples: 5,
+            maxmemory_eviction_tenacity: 10,
+            lfu_log_factor: 10,
+            lfu_decay_time: 1,
             no_effect: BTreeMap::new(),
             config_file: None,
         }
@@ -565,6 +593,12 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("client-output-buffer-limit", true),
     ("hll-sparse-max-bytes", true),
     ("notify-keyspace-events", true),
+    ("maxmemory", true),
+    ("maxmemory-policy", true),
+    ("maxmemory-samples", true),
+    ("maxmemory-eviction-tenacity", true),
+    ("lfu-log-factor", true),
+    ("lfu-decay-time", true),
 ];
 
 /// Parses a size the way Redis's `memtoll` does: `k`/`m`/`g` are powers of
@@ -601,6 +635,17 @@ fn parse_bool(s: &str) -> Result<bool, String> {
 fn parse_u64(s: &str) -> Result<u64, String> {
     s.parse()
         .map_err(|_| format!("argument couldn't be parsed into an integer: '{s}'"))
+}
+
+/// An integer parameter within `lo..=hi`, with Redis's texts.
+fn bounded(s: &str, lo: i64, hi: i64) -> Result<u64, String> {
+    let n: i64 = s
+        .parse()
+        .map_err(|_| "argument couldn't be parsed into an integer".to_string())?;
+    if n < lo || n > hi {
+        return Err(format!("argument must be between {lo} and {hi} inclusive"));
+    }
+    Ok(n as u64)
 }
 
 /// How deep `include` directives may nest.
@@ -821,6 +866,20 @@ impl Config {
                 self.notify_keyspace_events = crate::notify::parse_flags(one()?)
                     .ok_or("Invalid event class character. Use 'Ag$lshzxeKEtmdn'.")?
             }
+            "maxmemory" => {
+                self.maxmemory =
+                    parse_size(one()?).map_err(|_| "argument must be a memory value".to_string())?
+            }
+            "maxmemory-policy" => {
+                self.maxmemory_policy =
+                    crate::evict::Policy::parse(one()?).ok_or_else(crate::evict::Policy::invalid)?
+            }
+            "maxmemory-samples" => self.maxmemory_samples = bounded(one()?, 1, i32::MAX.into())?,
+            "maxmemory-eviction-tenacity" => {
+                self.maxmemory_eviction_tenacity = bounded(one()?, 0, 100)?
+            }
+            "lfu-log-factor" => self.lfu_log_factor = bounded(one()?, 0, i32::MAX.into())?,
+            "lfu-decay-time" => self.lfu_decay_time = bounded(one()?, 0, i32::MAX.into())?,
             n if NO_EFFECT.contains(&n) => {
                 self.no_effect.insert(n.to_string(), args.join(" "));
             }
@@ -960,6 +1019,8 @@ impl Config {
             "client-output-buffer-limit",
             a.client_output_buffer_limit.clone(),
         )?;
+        set("maxmemory", a.maxmemory.clone())?;
+        set("maxmemory-policy", a.maxmemory_policy.clone())?;
         if c.aclfile.is_some() && !c.users.is_empty() {
             // As Redis refuses it: two sources of users invite mistakes.
             return Err("Configuring users defined in the configuration file ('user' directives) and at the same time an ACL file path ('aclfile') is invalid: define either an ACL file or the users in the configuration file, not both".into());
@@ -1022,6 +1083,12 @@ impl Config {
                 .join(" "),
             "hll-sparse-max-bytes" => self.hll_sparse_max_bytes.to_string(),
             "notify-keyspace-events" => crate::notify::flags_string(self.notify_keyspace_events),
+            "maxmemory" => self.maxmemory.to_string(),
+            "maxmemory-policy" => self.maxmemory_policy.name().into(),
+            "maxmemory-samples" => self.maxmemory_samples.to_string(),
+            "maxmemory-eviction-tenacity" => self.maxmemory_eviction_tenacity.to_string(),
+            "lfu-log-factor" => self.lfu_log_factor.to_string(),
+            "lfu-decay-time" => self.lfu_decay_time.to_string(),
             n if NO_EFFECT.contains(&n) => self.no_effect.get(n).cloned().unwrap_or_default(),
             _ => return None,
         })

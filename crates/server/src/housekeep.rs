@@ -109,6 +109,9 @@ pub struct Housekeeping {
     pub freed: AtomicU64,
     /// This run's random number (see [`IN_PROGRESS`]).
     pub run: u64,
+    /// The keys' access stamps, which reads and writes update (see
+    /// [`crate::evict`]).
+    pub access: crate::evict::Access,
 }
 
 impl Housekeeping {
@@ -124,6 +127,7 @@ impl Housekeeping {
             job: Mutex::new(None),
             freed: AtomicU64::new(0),
             run: crate::coll::new_id(),
+            access: crate::evict::Access::new(),
         }
     }
 
@@ -142,7 +146,7 @@ impl Housekeeping {
 
     /// Drops `skey` from the TTL index (its stripe lock held, the key found
     /// gone or without a TTL).
-    fn forget(&self, skey: &[u8]) {
+    pub(crate) fn forget(&self, skey: &[u8]) {
         lock(self.shard(skey)).swap_remove(skey);
     }
 
@@ -168,6 +172,25 @@ impl Housekeeping {
             }
             drop(s);
             *at = ((at.0 + 1) % SHARDS, 0);
+        }
+    }
+
+    /// Up to `n` keys of the index from a random position (eviction's
+    /// volatile-* sampling; some may be stale).
+    pub fn random_ttl_keys(&self, n: usize, out: &mut Vec<Vec<u8>>) {
+        let first = rand::random::<u64>() as usize;
+        for i in 0..SHARDS {
+            let s = lock(&self.ttl[(first + i) % SHARDS]);
+            if s.is_empty() {
+                continue;
+            }
+            let at = rand::random::<u64>() as usize % s.len();
+            out.extend(
+                (0..n.min(s.len()))
+                    .filter_map(|j| s.get_index((at + j) % s.len()))
+                    .map(|k| k.to_vec()),
+            );
+            return;
         }
     }
 

@@ -37,7 +37,7 @@ fn rusage() -> (f64, f64) {
     }
 }
 
-fn rss_bytes() -> u64 {
+pub(crate) fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
@@ -121,9 +121,12 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, crate::keyspace:
         let used = heap.map(heap_used).unwrap_or(rss);
         let _ = write!(
             o,
-            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{}\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{}\r\nmaxmemory:0\r\nmaxmemory_human:0B\r\nmaxmemory_policy:noeviction\r\nmem_allocator:ember-heap\r\nlazyfree_pending_objects:{}\r\nlazyfreed_objects:{}\r\n\r\n",
+            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{}\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{}\r\nmaxmemory:{}\r\nmaxmemory_human:{}\r\nmaxmemory_policy:{}\r\nmem_allocator:ember-heap\r\nlazyfree_pending_objects:{}\r\nlazyfreed_objects:{}\r\n\r\n",
             human(used),
             human(rss),
+            cfg.maxmemory,
+            human(cfg.maxmemory),
+            cfg.maxmemory_policy.name(),
             sh.hk.pending(),
             sh.hk.freed.load(Ordering::Relaxed),
         );
@@ -141,13 +144,14 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, crate::keyspace:
         let ps = sh.pubsub.counts();
         let _ = write!(
             o,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{}\r\npubsub_patterns:{}\r\npubsubshard_channels:{}\r\ntotal_error_replies:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\nclient_output_buffer_limit_disconnections:{}\r\n\r\n",
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{}\r\npubsub_patterns:{}\r\npubsubshard_channels:{}\r\ntotal_error_replies:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\nclient_output_buffer_limit_disconnections:{}\r\n\r\n",
             sh.stats.total_connections.load(Ordering::Relaxed),
             tot.commands,
             tot.net_in,
             tot.net_out,
             sh.stats.rejected.load(Ordering::Relaxed),
             tot.expired_keys,
+            sh.evict.evicted(),
             tot.hits,
             tot.misses,
             ps.0,

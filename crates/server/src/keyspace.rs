@@ -319,6 +319,10 @@ pub struct Keyspace {
     unit: Option<Unit>,
     /// Watched keys (WATCH), which applied writes touch.
     watches: Arc<crate::watch::Watches>,
+    /// Set before a script when eviction could not free enough memory: its
+    /// `denyoom` commands are refused until it writes (see
+    /// [`crate::evict::script_refuses`]).
+    pub pre_oom: bool,
 }
 
 /// A unit of several commands in progress (`cmd::unit`): its stripe locks
@@ -364,6 +368,7 @@ impl Keyspace {
             hk,
             unit: None,
             watches: Arc::default(),
+            pre_oom: false,
         }
     }
 
@@ -488,6 +493,7 @@ impl Keyspace {
         // While a recount runs, the writes and their counts exclude a
         // recount step.
         let guard = counts.write_guard();
+        let now = now_ms();
         self.outcomes.clear();
         let r = self.sess.apply_batch(&self.staged, &mut self.outcomes);
         if r.as_ref().is_err_and(|e| {
@@ -514,6 +520,14 @@ impl Keyspace {
                 Op::Put(v) => Some(v.first().is_some_and(|t| t & EXPIRY_BIT != 0)),
                 _ => None,
             };
+            // A write is an access; a deleted key's stamp is forgotten.
+            if r.is_ok() {
+                match op {
+                    Op::Put(_) => self.hk.access.touch(skey, now),
+                    Op::Remove => self.hk.access.forget(skey),
+                    _ => {}
+                }
+            }
             if after == Some(true) {
                 self.hk.note_ttl(skey);
             }
@@ -735,8 +749,25 @@ impl Keyspace {
     }
 
     /// Looks `key` up for a reader (no lock held). An expired key found here is
-    /// deleted under its stripe lock, after checking again.
+    /// deleted under its stripe lock, after checking again. A key found
+    /// counts as accessed (its access stamp, see [`crate::evict`]).
     pub fn get(&mut self, stripes: &Stripes, db: u8, key: &[u8], now: i64) -> KsResult<Found> {
+        let r = self.get_untouched(stripes, db, key, now);
+        if let Ok(Some(_)) = r {
+            self.hk.access.touch(&self.kbuf, now);
+        }
+        r
+    }
+
+    /// [`Self::get`] without counting an access (OBJECT, as Redis's
+    /// `LOOKUP_NOTOUCH`).
+    pub fn get_untouched(
+        &mut self,
+        stripes: &Stripes,
+        db: u8,
+        key: &[u8],
+        now: i64,
+    ) -> KsResult<Found> {
         self.set_key(db, key);
         let sk = std::mem::take(&mut self.kbuf);
         let r = self.get_sk(stripes, &sk, now);
@@ -761,6 +792,9 @@ impl Keyspace {
     /// staged (the caller applies it).
     pub fn lookup_locked(&mut self, skey: &[u8], now: i64) -> KsResult<Found> {
         let (f, expired) = self.lookup_raw(skey, now)?;
+        if f.is_some() {
+            self.hk.access.touch(skey, now);
+        }
         if expired {
             self.free_pieces_of_raw()?;
             self.stage_remove(skey, true);

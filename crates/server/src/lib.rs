@@ -28,6 +28,7 @@
 //!   delivery across workers; [`notify`]: keyspace notifications.
 //! - [`memcache`]: memcached's text and meta protocol on the same keyspace
 //!   (database 0): items, their flags and CAS, the commands, `stats`.
+//! - [`evict`]: cache mode (maxmemory, eviction policies, access stamps).
 //! - [`info`], [`metrics`], [`stats`]: observability; [`clock`]: the
 //!   per-command clock.
 
@@ -54,6 +55,7 @@ pub mod commit;
 pub mod config;
 pub mod counts;
 mod embedded;
+pub mod evict;
 mod expire;
 pub mod geohash;
 pub mod glob;

@@ -19,8 +19,9 @@
 //! the command changes anything); each `new` just before the command's
 //! first event on that key (MSET's `new`/`set` pairs alternate, as Redis
 //! fires them), and those left after the command's events. `evicted`
-//! (class `e`) is never published: Ember does not evict keys. `keymiss`
-//! (class `m`) is not published either.
+//! (class `e`) is published by an eviction round (`crate::evict`), before
+//! the command that needed the room runs. `keymiss` (class `m`) is not
+//! published.
 
 use crate::cmd::Ctx;
 use crate::keyspace::Keyspace;

@@ -64,6 +64,8 @@ pub struct Shared {
     pub scripting: crate::lua::Scripting,
     /// Pub/Sub subscriptions and message delivery (see [`crate::pubsub`]).
     pub pubsub: crate::pubsub::Pubsub,
+    /// maxmemory and eviction (see [`crate::evict`]).
+    pub evict: crate::evict::Evictor,
     pub next_client_id: AtomicU64,
     pub connected: AtomicU64,
     pub stats: Stats,
@@ -99,6 +101,8 @@ impl Shared {
         let hk = Arc::new(crate::housekeep::Housekeeping::new(pieced || ttls));
         let pubsub = crate::pubsub::Pubsub::new(workers, cfg.notify_keyspace_events);
         let slowlog = crate::slowlog::Slowlog::new(cfg.slowlog_slower_than, cfg.slowlog_max_len);
+        let evict = crate::evict::Evictor::new(&cfg, store.heap().map(|_| cfg.heap_max_size));
+        evict.configure(&cfg, Some(&hk.access));
         let sh = Shared {
             cfg: RwLock::new(cfg),
             cfg_epoch: AtomicU64::new(0),
@@ -118,6 +122,7 @@ impl Shared {
             acl,
             scripting: crate::lua::Scripting::default(),
             pubsub,
+            evict,
             next_client_id: AtomicU64::new(1),
             connected: AtomicU64::new(0),
             stats: Stats::new(workers),

@@ -445,6 +445,14 @@ impl Heap {
         self.inner.alloc.stats()
     }
 
+    /// Returns the pages of empty slabs to the page allocator (which does so
+    /// itself only when it finds no free page), so that [`AllocStats`] stops
+    /// counting them; returns how many slabs it freed. A cache calls it when
+    /// over its memory limit, before it evicts.
+    pub fn reclaim_empty_slabs(&self) -> u64 {
+        self.inner.alloc.reclaim_empty_slabs(&self.inner.region)
+    }
+
     /// Distinct nonzero APT entries of all slots.
     pub fn active_pages(&self) -> Vec<u64> {
         let region = &self.inner.region;

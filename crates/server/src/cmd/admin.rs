@@ -86,6 +86,7 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 .pubsub
                 .notify_flags()
                 .store(next.notify_keyspace_events, Ordering::Relaxed);
+            ctx.sh.evict.configure(&next, Some(&ctx.sh.hk.access));
             *ctx.sh.cfg.write().unwrap_or_else(|p| p.into_inner()) = next;
             ctx.sh.cfg_epoch.fetch_add(1, Ordering::AcqRel);
             // requirepass is the default user's password (Redis's
@@ -103,6 +104,7 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             }
             ctx.sh.stats.reset();
             ctx.sh.acl.reset_stats();
+            ctx.sh.evict.reset_stats();
             c.ok();
         }
         "rewrite" => {

@@ -217,6 +217,11 @@ pub enum CmdError {
     SortPatternDenied(&'static str),
     /// OBJECT FREQ without an LFU maxmemory policy.
     NoLfuPolicy,
+    /// OBJECT IDLETIME under an LFU maxmemory policy.
+    LfuPolicy,
+    /// A write refused because eviction could not bring the used memory
+    /// under `maxmemory` (see [`crate::evict`]).
+    OomMaxmemory,
     /// A container's subcommand with an argument count it refuses, where
     /// Redis checks it in the subcommand (`sub` as given).
     SubcommandArgs {
@@ -412,6 +417,10 @@ impl CmdError {
             ),
             E::SortPatternDenied(opt) => {
                 format!("ERR {opt} option of SORT denied due to insufficient ACL permissions.")
+            }
+            E::LfuPolicy => return "ERR An LFU maxmemory policy is selected, idle time not tracked. Please note that when switching between policies at runtime LRU and LFU data will take some time to adjust.".into(),
+            E::OomMaxmemory => {
+                return "OOM command not allowed when used memory > 'maxmemory'.".into()
             }
             E::NoLfuPolicy => "ERR An LFU maxmemory policy is not selected, access frequency not tracked. Please note that when switching between policies at runtime LRU and LFU data will take some time to adjust.".to_string(),
             E::AtLeastOneKey(cmd) => {

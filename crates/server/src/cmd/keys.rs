@@ -691,7 +691,11 @@ pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     if a.len() != 3 {
         return Err(super::arity_error(format!("object|{sub}")));
     }
-    let Some(h) = ctx.ks.get(&ctx.sh.stripes, c.db, &a[2], ctx.now)? else {
+    // As Redis's OBJECT: the lookup does not count as an access.
+    let Some(h) = ctx
+        .ks
+        .get_untouched(&ctx.sh.stripes, c.db, &a[2], ctx.now)?
+    else {
         c.null();
         return Ok(());
     };
@@ -715,12 +719,25 @@ pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             let shared = proto::int::parse_i64(v).is_some_and(|n| (0..10_000).contains(&n));
             c.int(if shared { i32::MAX as i64 } else { 1 });
         }
-        // Ember has no maxmemory policy; Redis's default (noeviction) is
-        // not an LFU one, so FREQ is Redis's error for it.
-        "freq" => return Err(CmdError::NoLfuPolicy),
-        // Ember keeps no access clock per key: every key reads as just
-        // accessed (Redis's answer for a key read this second).
-        _ => c.int(0),
+        // The DRAM access stamps (`evict::Access`): a frequency under an
+        // LFU policy, an idle time otherwise; a key not accessed since the
+        // start reads as idle since the start.
+        "freq" => {
+            if !ctx.sh.evict.policy().lfu() {
+                return Err(CmdError::NoLfuPolicy);
+            }
+            let sk = skey(c.db, &a[2]);
+            c.int(ctx.sh.hk.access.freq(&sk, ctx.now).into());
+        }
+        _ => {
+            if ctx.sh.evict.policy().lfu() {
+                return Err(CmdError::LfuPolicy);
+            }
+            let sk = skey(c.db, &a[2]);
+            let idle = ctx.sh.hk.access.idle_ms(&sk, ctx.now);
+            let idle = idle.unwrap_or(ctx.sh.started.elapsed().as_millis() as u64);
+            c.int((idle / 1000) as i64);
+        }
     }
     Ok(())
 }

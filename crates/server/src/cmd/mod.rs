@@ -165,6 +165,13 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
         return;
     };
     let spec = &TABLE[i];
+    // Cache mode: evict before a command that may grow the heap; -OOM
+    // when nothing more can go (see `crate::evict`).
+    if let Err(e) = crate::evict::before_command(ctx, c, spec, args) {
+        ctx.ws.cmds[i].rejected.add(1);
+        multi::reject(c, &e);
+        return;
+    }
     let mark = c.out.len();
     if queue {
         multi::queue(ctx, c, args);

@@ -164,6 +164,11 @@ pub fn call(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
             return;
         }
     }
+    if crate::evict::script_refuses(ctx, spec) {
+        ctx.ws.cmds[i].rejected.add(1);
+        c.err(&super::CmdError::OomMaxmemory.text());
+        return;
+    }
     let global = needs_all(spec.name);
     if global {
         if !ctx.ks.unit().is_some_and(|u| u.all) {

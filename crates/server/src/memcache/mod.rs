@@ -70,7 +70,8 @@ pub struct McStats {
     pub store_no_memory: AtomicU64,
     pub total_items: AtomicU64,
     pub total_connections: AtomicU64,
-    /// Items evicted to make room (counted by the cache's eviction).
+    /// `evict::evicted_total` at the last `stats reset` (the `evictions`
+    /// stat counts from there).
     pub evictions: AtomicU64,
 }
 
@@ -233,6 +234,11 @@ fn store_error(e: CmdError) -> String {
             bump(&STATS.store_no_memory);
             OUT_OF_MEMORY.into()
         }
+        // maxmemory reached with nothing left to evict (noeviction).
+        CmdError::OomMaxmemory => {
+            bump(&STATS.store_no_memory);
+            OUT_OF_MEMORY.into()
+        }
         _ => format!("SERVER_ERROR {}", text.trim_start_matches("ERR ")),
     }
 }
@@ -325,7 +331,10 @@ fn admit_store(
     vlen: Option<usize>,
     drop_old: bool,
 ) -> Result<bool, CmdError> {
-    if vlen.is_some_and(|n| fits(item_max, key, flags, n)) {
+    if let Some(n) = vlen.filter(|&n| fits(item_max, key, flags, n)) {
+        // Cache mode: evict to make room for the item (about its key,
+        // value and header).
+        crate::evict::make_room_for(ctx, (key.len() + n + 64) as u64)?;
         return Ok(true);
     }
     bump(&STATS.store_too_large);
@@ -1318,6 +1327,12 @@ fn meta_arith(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
 }
 
 /// stats [settings|items|slabs|sizes|reset].
+/// Keys evicted (by either protocol's writes) since the start or the last
+/// `stats reset`.
+fn evictions(sh: &crate::server::Shared) -> u64 {
+    crate::evict::evicted_total(sh).saturating_sub(STATS.evictions.load(Ordering::Relaxed))
+}
+
 fn stats(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
     let mut o = String::new();
     let mut stat = |name: &str, v: &dyn std::fmt::Display| {
@@ -1371,7 +1386,7 @@ fn stats(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
             stat("bytes", &bytes);
             stat("curr_items", &curr_items);
             stat("total_items", &l(&STATS.total_items));
-            stat("evictions", &l(&STATS.evictions));
+            stat("evictions", &evictions(ctx.sh));
         }
         Some(b"settings") => {
             stat("maxbytes", &cfg.heap_max_size);
@@ -1388,7 +1403,7 @@ fn stats(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
         Some(b"items") => {
             if curr_items > 0 {
                 stat("items:1:number", &curr_items);
-                stat("items:1:evicted", &l(&STATS.evictions));
+                stat("items:1:evicted", &evictions(ctx.sh));
             }
         }
         Some(b"slabs") => {
@@ -1420,10 +1435,12 @@ fn stats(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
                 &STATS.store_no_memory,
                 &STATS.total_items,
                 &STATS.total_connections,
-                &STATS.evictions,
             ] {
                 a.store(0, Ordering::Relaxed);
             }
+            STATS
+                .evictions
+                .store(crate::evict::evicted_total(ctx.sh), Ordering::Relaxed);
             drop(cfg);
             return line(c, false, "RESET");
         }
