@@ -241,3 +241,45 @@ fn monitor_matches_redis() {
     }
     assert_eq!(got[0], got[1]);
 }
+
+/// CLIENT REPLY ON|OFF|SKIP: the same bytes as Redis for a pipeline that
+/// skips one reply, turns replies off (errors included) and on again.
+#[test]
+fn client_reply_matches_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &[]);
+    let redis = RedisServer::start();
+    let reqs: &[&[&str]] = &[
+        &["CLIENT", "REPLY", "SKIP"],
+        &["SET", "a", "1"],
+        &["GET", "a"],
+        &["CLIENT", "REPLY", "BOGUS"],
+        &["CLIENT", "REPLY", "OFF"],
+        &["SET", "b", "2"],
+        &["NOSUCH"],
+        &["CLIENT", "REPLY", "SKIP"],
+        &["GET", "b"],
+        &["CLIENT", "REPLY", "ON"],
+        &["GET", "b"],
+        &["PING"],
+    ];
+    let mut got = Vec::new();
+    for port in [ember.port, redis.port] {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut req = Vec::new();
+        for r in reqs {
+            proto::encode_request(r, &mut req);
+        }
+        std::io::Write::write_all(&mut s, &req).unwrap();
+        let mut out = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !out.ends_with(b"+PONG\r\n") {
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0);
+            out.extend_from_slice(&chunk[..n]);
+        }
+        got.push(String::from_utf8(out).unwrap());
+    }
+    assert_eq!(got[0], got[1]);
+}

@@ -244,9 +244,11 @@ fn serve_requests(
             continue;
         }
         let t0 = Stamp::now();
+        let mark = c.out.len();
         let Some((i, queue)) = cmd::precheck(sh, ws, c, a, t0) else {
             // Refused (BUSY, NOAUTH, ...): answered.
             c.inpos += consumed;
+            c.after_request(mark);
             continue;
         };
         if queue {
@@ -261,6 +263,7 @@ fn serve_requests(
             c.err(&e.text());
         }
         ws.record(i, Stamp::now().micros_since(t0), failed);
+        c.after_request(mark);
     }
 }
 

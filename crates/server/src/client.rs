@@ -199,6 +199,11 @@ pub struct Client {
     pub(crate) mc: Option<Box<crate::memcache::McConn>>,
     /// In MONITOR mode (see `pubsub::Pubsub::feed_monitors`).
     pub(crate) monitor: bool,
+    /// CLIENT REPLY: OFF drops every reply; SKIP drops the next command's
+    /// (armed when the SKIP itself ends: see `Client::after_request`).
+    pub(crate) reply_off: bool,
+    pub(crate) reply_skip_next: bool,
+    pub(crate) reply_skip: bool,
 }
 
 /// A transaction being queued (MULTI until EXEC or DISCARD).
@@ -213,6 +218,17 @@ pub struct Multi {
 }
 
 impl Client {
+    /// After a request whose output began at `mark`: CLIENT REPLY OFF or
+    /// SKIP drops it (Pub/Sub messages are delivered apart and still go),
+    /// and a SKIP takes effect for the next request.
+    #[inline]
+    pub(crate) fn after_request(&mut self, mark: usize) {
+        if self.reply_off || self.reply_skip {
+            self.out.truncate(mark);
+        }
+        self.reply_skip = std::mem::take(&mut self.reply_skip_next);
+    }
+
     /// A new connection: nothing read or queued yet, RESP2, database 0, the
     /// default user (logged in when it is on and nopass, as Redis does).
     pub(crate) fn new(id: u64, sock: Conn, meta: Arc<ClientMeta>, acl: &Acl) -> Client {
@@ -249,6 +265,9 @@ impl Client {
             watching: Default::default(),
             deny_blocking: false,
             monitor: false,
+            reply_off: false,
+            reply_skip_next: false,
+            reply_skip: false,
             subs: None,
             mc: None,
         }

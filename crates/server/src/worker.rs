@@ -769,7 +769,9 @@ impl Worker {
                         settings: &self.settings,
                         woke: &mut self.pump_woke,
                     };
+                    let mark = c.out.len();
                     crate::busy::with_pump(&mut pump, || cmd::execute(&mut ctx, c, args, clock));
+                    c.after_request(mark);
                     self.batch_requests += 1;
                     if let (Some(_), Some((_, token))) = (&c.blocked, c.home) {
                         self.note_blocked(c, token);

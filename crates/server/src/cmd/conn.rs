@@ -469,6 +469,8 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 "      Return clients of specified type.",
                 "    * ID <client-id> [<client-id> ...]",
                 "      Return clients of specified IDs only.",
+                "REPLY (ON|OFF|SKIP)",
+                "    Control the replies sent to the current connection.",
                 "SETNAME <name>",
                 "    Assign the name <name> to the current connection.",
                 "SETINFO <option> <value>",
@@ -492,7 +494,23 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             }
             client_kill(ctx, c, a)?
         }
-        "pause" | "unpause" | "reply" | "tracking" | "trackinginfo" | "caching" | "getredir" => {
+        "reply" => {
+            arity(3)?;
+            if eq(&a[2], "on") {
+                c.reply_off = false;
+                c.reply_skip_next = false;
+                c.ok();
+            } else if eq(&a[2], "off") {
+                c.reply_off = true;
+            } else if eq(&a[2], "skip") {
+                if !c.reply_off {
+                    c.reply_skip_next = true;
+                }
+            } else {
+                return Err(CmdError::Syntax);
+            }
+        }
+        "pause" | "unpause" | "tracking" | "trackinginfo" | "caching" | "getredir" => {
             return Err(CmdError::NotSupported {
                 what: format!("CLIENT {}", sub.to_ascii_uppercase()),
                 why: "",
