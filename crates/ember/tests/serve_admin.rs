@@ -283,3 +283,73 @@ fn client_reply_matches_redis() {
     }
     assert_eq!(got[0], got[1]);
 }
+
+/// CLIENT PAUSE: WRITE holds writes (and scripts that may write) but not
+/// reads or `no-writes` scripts; CLIENT UNPAUSE releases the held request
+/// at once; ALL holds every command until the pause ends. The paused
+/// clients are on both workers.
+#[test]
+fn client_pause_holds_writes_or_everything() {
+    use std::time::Instant;
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &["--threads", "2"]);
+    let mut a = Conn::open(ember.port);
+    let mut b = Conn::open(ember.port);
+    let mut c2 = Conn::open(ember.port);
+    assert_eq!(
+        a.call(&["CLIENT", "PAUSE", "x"]),
+        Reply::Error("ERR timeout is not an integer or out of range".into())
+    );
+    assert_eq!(
+        a.call(&["CLIENT", "PAUSE", "10", "SOME"]),
+        Reply::Error("ERR CLIENT PAUSE mode must be WRITE or ALL".into())
+    );
+    assert_eq!(
+        a.call(&["CLIENT", "PAUSE", "-1"]),
+        Reply::Error("ERR timeout is negative".into())
+    );
+    // WRITE for 10 s, lifted by UNPAUSE.
+    assert_eq!(
+        a.call(&["CLIENT", "PAUSE", "10000", "WRITE"]),
+        Reply::Simple("OK".into())
+    );
+    let t = Instant::now();
+    assert_eq!(b.call(&["GET", "x"]), Reply::Null);
+    assert_eq!(
+        b.call(&["EVAL", "#!lua flags=no-writes\nreturn 7", "0"]),
+        Reply::Integer(7)
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "reads were held");
+    let port = ember.port;
+    let writer = std::thread::spawn(move || {
+        let mut w = Conn::open(port);
+        let t = Instant::now();
+        let r = w.call(&["SET", "x", "1"]);
+        (r, t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        c2.call(&["GET", "x"]),
+        Reply::Null,
+        "the write ran during the pause"
+    );
+    assert_eq!(a.call(&["CLIENT", "UNPAUSE"]), Reply::Simple("OK".into()));
+    let (r, took) = writer.join().unwrap();
+    assert_eq!(r, Reply::Simple("OK".into()));
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(5),
+        "the write took {took:?}"
+    );
+    // ALL for 400 ms: even PING waits.
+    assert_eq!(
+        a.call(&["CLIENT", "PAUSE", "400", "ALL"]),
+        Reply::Simple("OK".into())
+    );
+    let t = Instant::now();
+    assert_eq!(b.call(&["PING"]), Reply::Simple("PONG".into()));
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "PING ran during ALL"
+    );
+    assert_eq!(c2.call(&["GET", "x"]), Reply::Bulk(b"1".to_vec()));
+}

@@ -69,6 +69,7 @@ pub mod memcache;
 pub mod metrics;
 pub mod monitor;
 pub mod notify;
+pub mod pause;
 pub mod pqsort;
 pub mod pubsub;
 pub mod rdb;

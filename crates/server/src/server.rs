@@ -53,6 +53,8 @@ pub struct Shared {
     /// worker then drops its marked ones.
     pub kill_epoch: AtomicU64,
     pub slowlog: crate::slowlog::Slowlog,
+    /// CLIENT PAUSE.
+    pub pause: crate::pause::Pause,
     /// Clients blocked in BLPOP and the like, by key (see [`crate::blocking`]).
     pub blocking: crate::blocking::Blocking,
     /// Keys clients WATCH (see [`crate::watch`]).
@@ -117,6 +119,7 @@ impl Shared {
             clients: Mutex::new(BTreeMap::new()),
             kill_epoch: AtomicU64::new(0),
             slowlog,
+            pause: crate::pause::Pause::default(),
             blocking: crate::blocking::Blocking::new(workers),
             watches: Arc::default(),
             acl,
@@ -288,6 +291,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     block_timers: std::collections::BTreeSet::new(),
                     pump_woke: false,
                     kill_epoch: 0,
+                    paused: Vec::new(),
                 }
                 .run()
             })

@@ -172,6 +172,8 @@ pub(crate) struct Worker {
     pub(crate) pump_woke: bool,
     /// The `Shared::kill_epoch` this worker last swept at.
     pub(crate) kill_epoch: u64,
+    /// Connections whose next request waits for CLIENT PAUSE to end.
+    pub(crate) paused: Vec<Token>,
 }
 
 impl Worker {
@@ -190,11 +192,25 @@ impl Worker {
         while !self.sh.shutdown.load(Ordering::Acquire) {
             let period = Duration::from_millis(1000 / self.settings.hz.max(1));
             rewake |= std::mem::take(&mut self.pump_woke);
+            // CLIENT PAUSE: held connections run again once it ends; until
+            // then the poll sleeps no longer than it lasts.
+            let mut pause_wait = None;
+            if !self.paused.is_empty() {
+                match self.sh.pause.remaining() {
+                    None => {
+                        let p = std::mem::take(&mut self.paused);
+                        self.pending.extend(p);
+                    }
+                    Some(r) => pause_wait = Some(r + Duration::from_millis(1)),
+                }
+            }
             let timeout = if busy_maint || std::mem::take(&mut rewake) || !self.pending.is_empty() {
                 Duration::ZERO
             } else {
-                // A blocked client's timeout may come first.
-                self.block_wait().map_or(period, |w| w.min(period))
+                // A blocked client's timeout, or a pause's end, may come
+                // first.
+                let t = self.block_wait().map_or(period, |w| w.min(period));
+                pause_wait.map_or(t, |p| p.min(t))
             };
             let spin = if unpipelined {
                 self.settings.busy_poll
@@ -735,6 +751,16 @@ impl Worker {
             let limits = self.settings.limits_for(&self.sh, c);
             match c.codec.decode(&c.inbuf[c.inpos..], limits, args) {
                 Ok(Some(consumed)) => {
+                    // CLIENT PAUSE: the request waits, unconsumed, with
+                    // everything after it.
+                    if !args.as_slice().is_empty()
+                        && self.sh.pause.holds(&self.sh, c, args.as_slice())
+                    {
+                        if let Some((_, t)) = c.home {
+                            self.paused.push(t);
+                        }
+                        return true;
+                    }
                     c.inpos += consumed;
                     let args = args.as_slice();
                     if args.is_empty() {

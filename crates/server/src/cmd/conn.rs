@@ -469,6 +469,10 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 "      Return clients of specified type.",
                 "    * ID <client-id> [<client-id> ...]",
                 "      Return clients of specified IDs only.",
+                "UNPAUSE",
+                "    Stop the current client pause, resuming traffic.",
+                "PAUSE <timeout> [WRITE|ALL]",
+                "    Suspend all, or just write, clients for <timeout> milliseconds.",
                 "REPLY (ON|OFF|SKIP)",
                 "    Control the replies sent to the current connection.",
                 "SETNAME <name>",
@@ -510,7 +514,39 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 return Err(CmdError::Syntax);
             }
         }
-        "pause" | "unpause" | "tracking" | "trackinginfo" | "caching" | "getredir" => {
+        "pause" => {
+            if a.len() != 3 && a.len() != 4 {
+                return Err(super::arity_error("client|pause"));
+            }
+            let all = match a.get(3) {
+                None => true,
+                Some(m) if eq(m, "all") => true,
+                Some(m) if eq(m, "write") => false,
+                Some(_) => return Err(CmdError::Msg("CLIENT PAUSE mode must be WRITE or ALL")),
+            };
+            let ms = proto::int::parse_i64(&a[2])
+                .ok_or(CmdError::Msg("timeout is not an integer or out of range"))?;
+            if ms < 0 {
+                return Err(CmdError::Msg("timeout is negative"));
+            }
+            ctx.sh.pause.pause(ms as u64, all);
+            c.ok();
+        }
+        "unpause" => {
+            arity(2)?;
+            ctx.sh.pause.unpause();
+            for w in ctx
+                .sh
+                .wakers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+            {
+                let _ = w.wake();
+            }
+            c.ok();
+        }
+        "tracking" | "trackinginfo" | "caching" | "getredir" => {
             return Err(CmdError::NotSupported {
                 what: format!("CLIENT {}", sub.to_ascii_uppercase()),
                 why: "",

@@ -305,6 +305,37 @@ pub fn busy_error(sh: &Shared, spec: &Spec, args: &[Vec<u8>]) -> Option<&'static
     })
 }
 
+/// Whether EVAL's script, EVALSHA's cached script or FCALL's function
+/// (`cmd` names which; `args` the request) declares `no-writes` (CLIENT
+/// PAUSE WRITE lets it run). A script without a shebang, or unknown, may
+/// write.
+pub(crate) fn declared_read_only(sh: &Shared, cmd: &str, args: &[Vec<u8>]) -> bool {
+    let Some(a1) = args.get(1) else {
+        return false;
+    };
+    let flags = match cmd {
+        "eval" => match shebang_flags(a1) {
+            Ok((f, _)) => f,
+            Err(_) => return false,
+        },
+        "evalsha" => {
+            let sha = String::from_utf8_lossy(a1).to_ascii_lowercase();
+            match sh.scripting.script(&sha) {
+                Some(s) => s.flags,
+                None => return false,
+            }
+        }
+        _ => {
+            let libs = sh.scripting.libraries();
+            match libs.funcs.get(String::from_utf8_lossy(a1).as_ref()) {
+                Some((lib, i)) => lib.funcs[*i].flags,
+                None => return false,
+            }
+        }
+    };
+    flags & EVAL_COMPAT == 0 && flags & NO_WRITES != 0
+}
+
 /// This thread runs a script now.
 pub(crate) fn in_script() -> bool {
     IN_SCRIPT.with(|s| s.get())
