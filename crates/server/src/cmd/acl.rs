@@ -267,7 +267,7 @@ fn subcommand_syntax(sub: &[u8]) -> CmdError {
 
 /// Wakes every worker so that connections of deleted users are closed now,
 /// not at their next request.
-fn wake_workers(ctx: &Ctx) {
+pub(super) fn wake_workers(ctx: &Ctx) {
     for w in ctx
         .sh
         .wakers

@@ -190,15 +190,7 @@ fn client_kill(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     }
     if killed > close_this as i64 {
         ctx.sh.kill_epoch.fetch_add(1, Ordering::AcqRel);
-        for w in ctx
-            .sh
-            .wakers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
-            let _ = w.wake();
-        }
+        super::acl::wake_workers(ctx);
     }
     if a.len() == 3 {
         if killed == 0 {
@@ -535,15 +527,7 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         "unpause" => {
             arity(2)?;
             ctx.sh.pause.unpause();
-            for w in ctx
-                .sh
-                .wakers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-            {
-                let _ = w.wake();
-            }
+            super::acl::wake_workers(ctx);
             c.ok();
         }
         "tracking" | "trackinginfo" | "caching" | "getredir" => {
