@@ -43,6 +43,15 @@ const CASES: &[&[&str]] = &[
     &["HELLO", "2", "AUTH", "default", "secret", "BADOPT"],
     &["ACL", "SETUSER", "u1", "on", ">pw"],
     &["CONFIG", "SET", "slowlog-max-len", "3"],
+    &["LATENCY", "LATEST"],
+    &["LATENCY", "HISTORY", "command"],
+    &["LATENCY", "HISTORY"],
+    &["LATENCY", "RESET"],
+    &["LATENCY", "RESET", "command", "x"],
+    &["LATENCY", "GRAPH", "command"],
+    &["LATENCY", "HELP"],
+    &["LATENCY", "NOSUCH"],
+    &["CONFIG", "GET", "latency-monitor-threshold"],
 ];
 
 /// The entries of SLOWLOG GET with what depends on the server's timing
@@ -352,4 +361,41 @@ fn client_pause_holds_writes_or_everything() {
         "PING ran during ALL"
     );
     assert_eq!(c2.call(&["GET", "x"]), Reply::Bulk(b"1".to_vec()));
+}
+
+/// The latency monitor samples slow commands as `command` (a script that
+/// spins 30 ms), on Ember as on Redis: LATEST names the event with a
+/// latency of at least the threshold, HISTORY holds the sample, RESET
+/// clears it.
+#[test]
+fn latency_monitor_samples_slow_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &[]);
+    let redis = RedisServer::start();
+    for port in [ember.port, redis.port] {
+        let mut c = Conn::open(port);
+        assert_eq!(
+            c.call(&["CONFIG", "SET", "latency-monitor-threshold", "5"]),
+            Reply::Simple("OK".into())
+        );
+        let spin = "local t = redis.call('time') local s = t[1] * 1000000 + t[2] \
+                    while true do local n = redis.call('time') \
+                    if n[1] * 1000000 + n[2] - s > 30000 then break end end return 1";
+        assert_eq!(c.call(&["EVAL", spin, "0"]), Reply::Integer(1));
+        let Reply::Array(latest) = c.call(&["LATENCY", "LATEST"]) else {
+            panic!("LATENCY LATEST");
+        };
+        assert_eq!(latest.len(), 1, "{latest:?}");
+        let Reply::Array(e) = &latest[0] else {
+            panic!("{latest:?}");
+        };
+        assert_eq!(e[0], Reply::Bulk(b"command".to_vec()));
+        assert!(matches!(e[2], Reply::Integer(ms) if ms >= 5), "{e:?}");
+        let Reply::Array(h) = c.call(&["LATENCY", "HISTORY", "command"]) else {
+            panic!("HISTORY");
+        };
+        assert_eq!(h.len(), 1);
+        assert_eq!(c.call(&["LATENCY", "RESET"]), Reply::Integer(1));
+        assert_eq!(c.call(&["LATENCY", "LATEST"]), Reply::Array(vec![]));
+    }
 }

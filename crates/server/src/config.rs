@@ -373,6 +373,9 @@ pub struct Config {
     pub slowlog_slower_than: i64,
     /// SLOWLOG's length (`slowlog-max-len`).
     pub slowlog_max_len: u64,
+    /// The latency monitor's threshold in ms (`latency-monitor-threshold`;
+    /// 0: off).
+    pub latency_monitor_threshold: u64,
     /// Seconds a shutdown waits for the workers before the process exits
     /// without the clean steps.
     pub shutdown_worker_timeout: u64,
@@ -443,6 +446,7 @@ impl Default for Config {
             busy_reply_threshold: 5000,
             slowlog_slower_than: 10_000,
             slowlog_max_len: 128,
+            latency_monitor_threshold: 0,
             tcp_backlog: 511,
             shutdown_worker_timeout: 5,
             enable_debug_command: Protected::No,
@@ -580,6 +584,7 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("busy-reply-threshold", true),
     ("slowlog-log-slower-than", true),
     ("slowlog-max-len", true),
+    ("latency-monitor-threshold", true),
     ("lua-time-limit", true),
     ("shutdown-worker-timeout", true),
     ("enable-debug-command", false),
@@ -733,6 +738,7 @@ impl Config {
                     .map_err(|_| format!("argument couldn't be parsed into an integer: {v}"))?;
             }
             "slowlog-max-len" => self.slowlog_max_len = parse_u64(one()?)?,
+            "latency-monitor-threshold" => self.latency_monitor_threshold = parse_u64(one()?)?,
             "protected-mode" => self.protected_mode = parse_bool(one()?)?,
             "databases" => {
                 let n = parse_u64(one()?)?;
@@ -1049,6 +1055,7 @@ impl Config {
             "busy-reply-threshold" | "lua-time-limit" => self.busy_reply_threshold.to_string(),
             "slowlog-log-slower-than" => self.slowlog_slower_than.to_string(),
             "slowlog-max-len" => self.slowlog_max_len.to_string(),
+            "latency-monitor-threshold" => self.latency_monitor_threshold.to_string(),
             "protected-mode" => if self.protected_mode { "yes" } else { "no" }.into(),
             "databases" => self.databases.to_string(),
             "proto-max-bulk-len" => self.proto_max_bulk_len.to_string(),

@@ -64,6 +64,7 @@ pub mod housekeep;
 #[allow(unsafe_code)]
 pub mod info;
 pub mod keyspace;
+pub mod latency;
 pub mod lua;
 pub mod memcache;
 pub mod metrics;

@@ -55,6 +55,8 @@ pub struct Shared {
     pub slowlog: crate::slowlog::Slowlog,
     /// CLIENT PAUSE.
     pub pause: crate::pause::Pause,
+    /// The latency monitor (LATENCY).
+    pub latency: crate::latency::Latency,
     /// Clients blocked in BLPOP and the like, by key (see [`crate::blocking`]).
     pub blocking: crate::blocking::Blocking,
     /// Keys clients WATCH (see [`crate::watch`]).
@@ -103,6 +105,7 @@ impl Shared {
         let hk = Arc::new(crate::housekeep::Housekeeping::new(pieced || ttls));
         let pubsub = crate::pubsub::Pubsub::new(workers, cfg.notify_keyspace_events);
         let slowlog = crate::slowlog::Slowlog::new(cfg.slowlog_slower_than, cfg.slowlog_max_len);
+        let latency_threshold = cfg.latency_monitor_threshold;
         let evict = crate::evict::Evictor::new(&cfg, store.heap().map(|_| cfg.heap_max_size));
         evict.configure(&cfg, Some(&hk.access));
         let sh = Shared {
@@ -120,6 +123,7 @@ impl Shared {
             kill_epoch: AtomicU64::new(0),
             slowlog,
             pause: crate::pause::Pause::default(),
+            latency: crate::latency::Latency::new(latency_threshold),
             blocking: crate::blocking::Blocking::new(workers),
             watches: Arc::default(),
             acl,

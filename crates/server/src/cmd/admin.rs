@@ -82,6 +82,7 @@ pub fn config(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             ctx.sh
                 .slowlog
                 .configure(next.slowlog_slower_than, next.slowlog_max_len);
+            ctx.sh.latency.configure(next.latency_monitor_threshold);
             ctx.sh
                 .pubsub
                 .notify_flags()
@@ -506,5 +507,59 @@ pub fn wait(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         return Err(CmdError::Msg("timeout is negative"));
     }
     c.int(0);
+    Ok(())
+}
+
+pub fn latency(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let l = &ctx.sh.latency;
+    let sub = &a[1];
+    let Some(spec) = super::SUBCOMMANDS
+        .iter()
+        .find(|s| s.parent == "latency" && eq(sub, s.name))
+    else {
+        return Err(super::unknown_subcommand("LATENCY", sub));
+    };
+    if !super::arity_ok(spec.arity, a.len()) {
+        return Err(super::arity_error(format!("latency|{}", spec.name)));
+    }
+    match spec.name {
+        "latest" => c.reply(&l.latest()),
+        "history" => c.reply(&l.history(&a[2])),
+        "reset" => c.int(l.reset(&a[2..]) as i64),
+        "graph" if !l.has(&a[2]) => {
+            return Err(CmdError::Text(format!(
+                "ERR No samples available for event '{}'",
+                String::from_utf8_lossy(&a[2])
+            )))
+        }
+        "help" => super::help(
+            c,
+            &[
+                "LATENCY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "DOCTOR",
+                "    Return a human readable latency analysis report.",
+                "GRAPH <event>",
+                "    Return an ASCII latency graph for the <event> class.",
+                "HISTORY <event>",
+                "    Return time-latency samples for the <event> class.",
+                "LATEST",
+                "    Return the latest latency samples for all events.",
+                "RESET [<event> ...]",
+                "    Reset latency data of one or more <event> classes.",
+                "    (default: reset all data for all event classes)",
+                "HISTOGRAM [COMMAND ...]",
+                "    Return a cumulative distribution of latencies in the format of a histogram for the specified command names.",
+                "    If no commands are specified then all histograms are replied.",
+                "HELP",
+                "    Prints this help.",
+            ],
+        ),
+        other => {
+            return Err(CmdError::NotSupported {
+                what: format!("LATENCY {}", other.to_ascii_uppercase()),
+                why: "",
+            })
+        }
+    }
     Ok(())
 }

@@ -189,9 +189,11 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
     crate::monitor::feed(ctx.sh, c, spec, args, false);
 }
 
-/// Logs a command in SLOWLOG when it qualifies (a load otherwise).
+/// Logs a command in SLOWLOG and samples it for the latency monitor when it
+/// qualifies (a load each otherwise).
 #[inline]
 pub(crate) fn slowlog(sh: &Shared, c: &Client, spec: &Spec, args: &[Vec<u8>], us: u64) {
+    sh.latency.command(spec.flags.contains(Flags::FAST), us);
     if sh.slowlog.qualifies(us) && !spec.flags.contains(Flags::SKIP_SLOWLOG) {
         let name = c
             .meta
