@@ -447,19 +447,29 @@ pub(crate) fn shutdown_with(sh: &Shared, c: &mut Client, a: &[Vec<u8>]) -> R {
     Ok(())
 }
 
+/// The table entry of container `parent`'s subcommand `a[1]` (`upper`: the
+/// name in errors), its arity checked first as Redis does.
+fn sub_spec(
+    parent: &str,
+    upper: &'static str,
+    a: &[Vec<u8>],
+) -> Result<&'static super::SubSpec, CmdError> {
+    let Some(spec) = super::SUBCOMMANDS
+        .iter()
+        .find(|s| s.parent == parent && eq(&a[1], s.name))
+    else {
+        return Err(super::unknown_subcommand(upper, &a[1]));
+    };
+    if !super::arity_ok(spec.arity, a.len()) {
+        return Err(super::arity_error(format!("{parent}|{}", spec.name)));
+    }
+    Ok(spec)
+}
+
 pub fn slowlog(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let log = &ctx.sh.slowlog;
     let sub = &a[1];
-    // Redis checks a known subcommand's arity before it runs.
-    let Some(spec) = super::SUBCOMMANDS
-        .iter()
-        .find(|s| s.parent == "slowlog" && eq(sub, s.name))
-    else {
-        return Err(super::unknown_subcommand("SLOWLOG", sub));
-    };
-    if !super::arity_ok(spec.arity, a.len()) {
-        return Err(super::arity_error(format!("slowlog|{}", spec.name)));
-    }
+    sub_spec("slowlog", "SLOWLOG", a)?;
     if a.len() == 2 && eq(sub, "help") {
         super::help(
             c,
@@ -512,16 +522,7 @@ pub fn wait(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 
 pub fn latency(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let l = &ctx.sh.latency;
-    let sub = &a[1];
-    let Some(spec) = super::SUBCOMMANDS
-        .iter()
-        .find(|s| s.parent == "latency" && eq(sub, s.name))
-    else {
-        return Err(super::unknown_subcommand("LATENCY", sub));
-    };
-    if !super::arity_ok(spec.arity, a.len()) {
-        return Err(super::arity_error(format!("latency|{}", spec.name)));
-    }
+    let spec = sub_spec("latency", "LATENCY", a)?;
     match spec.name {
         "latest" => c.reply(&l.latest()),
         "history" => c.reply(&l.history(&a[2])),
