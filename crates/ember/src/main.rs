@@ -5,7 +5,7 @@
 
 mod bench;
 
-use ember::check;
+use ember::{check, rdbio};
 
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
@@ -36,6 +36,10 @@ enum Command {
     Serve(Box<server::ServeArgs>),
     /// Verify a heap file offline (read-only: recovery runs in a private copy).
     Check(check::CheckArgs),
+    /// Load a Redis RDB file into a heap (`ember import --help` for the rules).
+    Import(rdbio::ImportArgs),
+    /// Write a heap's keys and function libraries to an RDB file redis-server loads.
+    Export(rdbio::ExportArgs),
     /// Benchmarks and the papers' experiments (`ember bench --help` lists them).
     ///
     /// Runs the ember-bench binary next to this one with ARGS.
@@ -61,6 +65,8 @@ fn main() -> ExitCode {
             }
         },
         Command::Check(args) => check::run(&args),
+        Command::Import(args) => rdbio::import(&args),
+        Command::Export(args) => rdbio::export(&args),
         Command::Bench { args } => bench::run(&args),
     }
 }

@@ -99,6 +99,50 @@ impl Embedded {
         std::mem::take(&mut self.client.out)
     }
 
+    /// Writes `v` at `key` of database `db` as `RESTORE key ttl payload
+    /// ABSTTL [REPLACE]` does (`at`: the expiry time in ms, None for none),
+    /// as one unit; nothing is durable until [`Embedded::commit`]. For
+    /// `ember import`.
+    pub fn put(
+        &mut self,
+        db: u8,
+        key: &[u8],
+        v: &crate::rdb::Value,
+        at: Option<i64>,
+        replace: bool,
+    ) -> Result<cmd::dump::Put, String> {
+        self.client.db = db;
+        self.in_ctx(|ctx, c| cmd::dump::put(ctx, c, key, v, at, replace))
+    }
+
+    /// The value at `key` of database `db` and its expiry time in ms (None
+    /// when absent), read as one unit. For `ember export`.
+    pub fn get(
+        &mut self,
+        db: u8,
+        key: &[u8],
+    ) -> Result<Option<(crate::rdb::Value, Option<i64>)>, String> {
+        self.client.db = db;
+        self.in_ctx(|ctx, c| cmd::dump::get(ctx, c, key))
+    }
+
+    /// Runs `f` with a command context and the client, as a worker would
+    /// run a command; anything it replies is dropped.
+    fn in_ctx<T>(
+        &mut self,
+        f: impl FnOnce(&mut Ctx, &mut Client) -> Result<T, cmd::CmdError>,
+    ) -> Result<T, String> {
+        let mut ctx = Ctx {
+            sh: &self.sh,
+            ks: &mut self.ks,
+            ws: &self.ws,
+            now: crate::keyspace::now_ms(),
+        };
+        let r = f(&mut ctx, &mut self.client);
+        self.client.out.clear();
+        r.map_err(|e| e.text().into_owned())
+    }
+
     /// The worker's in-line commit after a batch: once it returns, the
     /// batch's replies may be sent.
     pub fn commit(&mut self) -> engine::Result<()> {

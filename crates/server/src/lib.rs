@@ -66,6 +66,7 @@ pub mod notify;
 pub mod pqsort;
 pub mod pubsub;
 pub mod rdb;
+pub mod rdbfile;
 #[allow(unsafe_code)]
 mod rlimit;
 pub mod server;
