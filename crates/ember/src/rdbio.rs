@@ -65,22 +65,13 @@ pub struct HeapArgs {
     pub databases: Option<u64>,
 }
 
-/// `ember import`: load a Redis RDB file into a heap.
-///
-/// Every key of the file is written as RESTORE would write it (its type,
-/// value and TTL; keys whose TTL has passed are skipped, as Redis skips
-/// them when loading), and its function libraries as FUNCTION RESTORE
-/// would. Without --replace a key or library that already exists in the
-/// heap is an error (Redis's BUSYKEY) and nothing is imported; with it,
-/// existing keys and libraries of the same names are replaced. Other keys
-/// of the heap are kept. The file is checked whole (every record and the
-/// CRC-64) before anything is written: a damaged file imports nothing. The
-/// heap must not be open by a server.
+/// `ember import`'s arguments (the rules are in `main.rs`'s help).
 #[derive(Args, Debug)]
 pub struct ImportArgs {
     #[command(flatten)]
     pub heap: HeapArgs,
-    /// Replace keys and function libraries that already exist.
+    /// Replace keys and function libraries that already exist (without it
+    /// an existing one is an error and nothing is imported).
     #[arg(long)]
     pub replace: bool,
     /// Keys per commit (each key is atomic; a batch is made durable at once).
@@ -90,12 +81,7 @@ pub struct ImportArgs {
     pub file: PathBuf,
 }
 
-/// `ember export`: write a heap's keys and function libraries to an RDB
-/// file (version 10) that redis-server 7.0 loads.
-///
-/// The heap must not be open by a server (the export is then a consistent
-/// snapshot). The file is written beside FILE and renamed into place at the
-/// end: a failed export leaves no partial FILE.
+/// `ember export`'s arguments.
 #[derive(Args, Debug)]
 pub struct ExportArgs {
     #[command(flatten)]
@@ -134,7 +120,7 @@ struct Opened {
 impl Opened {
     fn open(h: &HeapArgs) -> Result<Opened, String> {
         let cfg = config(h)?;
-        let databases = cfg.databases as u64;
+        let databases = cfg.databases;
         let (st, startup) = server::store::open(&cfg)?;
         let sh = Embedded::start(cfg, st, startup, 1)?;
         let e = Embedded::new(sh.clone(), 0)?;
@@ -224,8 +210,12 @@ fn import_into(h: &mut Opened, a: &ImportArgs) -> Result<Imported, String> {
     let mut r = reader(&a.file)?;
     let mut libs = Vec::new();
     let mut keys = 0u64;
+    let mut selected = None;
     loop {
-        match r.next().map_err(|e| format!("{name}: {e}; nothing imported"))? {
+        match r
+            .read_record()
+            .map_err(|e| format!("{name}: {e}; nothing imported"))?
+        {
             Record::Eof => break,
             Record::Function(code) => libs.push(code),
             Record::SelectDb(db) if db >= h.databases => {
@@ -234,10 +224,15 @@ fn import_into(h: &mut Opened, a: &ImportArgs) -> Result<Imported, String> {
                     h.databases
                 ));
             }
-            Record::Key { db, key, offset, .. } => {
+            Record::Key {
+                db, key, offset, ..
+            } => {
                 keys += 1;
                 if !a.replace {
-                    h.cmd(&[b"SELECT", db.to_string().as_bytes()])?;
+                    if selected != Some(db) {
+                        h.cmd(&[b"SELECT", db.to_string().as_bytes()])?;
+                        selected = Some(db);
+                    }
                     if h.cmd(&[b"EXISTS", &key])? != proto::Reply::Integer(0) {
                         return Err(format!(
                             "{name}: key '{}' (database {db}, record at byte offset {offset}) already exists in the heap (use --replace): nothing imported",
@@ -273,7 +268,7 @@ fn import_into(h: &mut Opened, a: &ImportArgs) -> Result<Imported, String> {
     };
     loop {
         let rec = r
-            .next()
+            .read_record()
             .map_err(|e| format!("{name} changed while importing: {e}; {}", partial(written)))?;
         let Record::Key {
             db,

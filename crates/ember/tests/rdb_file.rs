@@ -12,7 +12,7 @@ mod serve_common;
 
 use proto::Reply;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use serve_common::redis_server::Conn;
 use serve_common::values::{contents, fill};
 use serve_common::{free_port, Server, SMALL};
@@ -64,6 +64,8 @@ impl Redis {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("redis-server did not start");
     }
 }
@@ -92,7 +94,8 @@ fn ok(c: &mut Conn, args: &[&str]) {
     assert!(!matches!(r, Reply::Error(_)), "{args:?}: {r:?}");
 }
 
-const LIB: &str = "#!lua name=mylib\nredis.register_function('echo1', function(keys, args) return args[1] end)";
+const LIB: &str =
+    "#!lua name=mylib\nredis.register_function('echo1', function(keys, args) return args[1] end)";
 
 /// Databases 0, 1, 7 and 15: every type and encoding in 0, a few keys with
 /// TTLs elsewhere; a function library.

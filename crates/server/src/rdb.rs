@@ -125,27 +125,34 @@ pub fn dump(v: &Value) -> Vec<u8> {
 }
 
 /// Appends `v` as an RDB value: its type byte, then its encoding (as in a
-/// DUMP payload before the footer, or in an RDB file after the key).
+/// DUMP payload before the footer).
 pub fn encode(out: &mut Vec<u8>, v: &Value) {
-    let out = &mut *out;
+    encode_keyed(out, None, v);
+}
+
+/// Appends `v` as [`encode`] does, with `key` (an RDB file's key record:
+/// the type byte, the key, the value) when given.
+pub fn encode_keyed(out: &mut Vec<u8>, key: Option<&[u8]>, v: &Value) {
+    out.push(match v {
+        Value::String(_) => TYPE_STRING,
+        Value::List(_) => TYPE_LIST,
+        Value::Set(_) => TYPE_SET,
+        Value::Hash(_) => TYPE_HASH,
+        Value::Zset(_) => TYPE_ZSET_2,
+        Value::Stream(_) => TYPE_STREAM_LISTPACKS_2,
+    });
+    if let Some(k) = key {
+        put_str(out, k);
+    }
     match v {
-        Value::String(s) => {
-            out.push(TYPE_STRING);
-            put_str(out, s);
-        }
+        Value::String(s) => put_str(out, s),
         Value::List(items) | Value::Set(items) => {
-            out.push(if matches!(v, Value::List(_)) {
-                TYPE_LIST
-            } else {
-                TYPE_SET
-            });
             put_len(out, items.len() as u64);
             for i in items {
                 put_str(out, i);
             }
         }
         Value::Hash(pairs) => {
-            out.push(TYPE_HASH);
             put_len(out, pairs.len() as u64);
             for (f, x) in pairs {
                 put_str(out, f);
@@ -153,7 +160,6 @@ pub fn encode(out: &mut Vec<u8>, v: &Value) {
             }
         }
         Value::Zset(members) => {
-            out.push(TYPE_ZSET_2);
             put_len(out, members.len() as u64);
             // Redis writes a skiplist's members from the highest score down,
             // so that loading inserts each at the head.
@@ -162,10 +168,7 @@ pub fn encode(out: &mut Vec<u8>, v: &Value) {
                 out.extend_from_slice(&s.to_le_bytes());
             }
         }
-        Value::Stream(sv) => {
-            out.push(TYPE_STREAM_LISTPACKS_2);
-            dump_stream(out, sv);
-        }
+        Value::Stream(sv) => dump_stream(out, sv),
     }
 }
 
@@ -204,7 +207,7 @@ pub fn restore_functions(p: &[u8]) -> Result<Vec<Vec<u8>>, &'static str> {
                 let name = r.string().map_err(|_| "Failed loading library name")?;
                 let engine = r.string().map_err(|_| "Failed loading engine name")?;
                 let has_desc = r
-                    .len()
+                    .length()
                     .map_err(|_| "Failed loading library description indicator")?;
                 if has_desc != 0 {
                     r.string()
@@ -275,7 +278,7 @@ pub fn read_value<I: Input>(r: &mut I, t: u8) -> Res<Value> {
         TYPE_SET => Value::Set(r.strings(1)?),
         TYPE_HASH => Value::Hash(pairs(r.strings(2)?)),
         TYPE_ZSET | TYPE_ZSET_2 => {
-            let n = r.len()?;
+            let n = r.length()?;
             let mut v = Vec::new();
             for _ in 0..n {
                 let m = r.string()?;
@@ -300,11 +303,11 @@ pub fn read_value<I: Input>(r: &mut I, t: u8) -> Res<Value> {
         TYPE_HASH_LISTPACK => Value::Hash(pairs(even(listpack(&r.string()?)?)?)),
         TYPE_ZSET_LISTPACK => Value::Zset(scored(listpack(&r.string()?)?)?),
         TYPE_LIST_QUICKLIST | TYPE_LIST_QUICKLIST_2 => {
-            let n = r.len()?;
+            let n = r.length()?;
             let mut items = Vec::new();
             for _ in 0..n {
                 let container = if t == TYPE_LIST_QUICKLIST_2 {
-                    r.len()?
+                    r.length()?
                 } else {
                     2
                 };
@@ -459,7 +462,7 @@ pub trait Input {
         }
     }
 
-    fn len(&mut self) -> Res<u64>
+    fn length(&mut self) -> Res<u64>
     where
         Self: Sized,
     {
@@ -480,8 +483,8 @@ pub trait Input {
             (_, Some(1)) => Ok(i16::from_le_bytes(self.array()?).to_string().into_bytes()),
             (_, Some(2)) => Ok(i32::from_le_bytes(self.array()?).to_string().into_bytes()),
             (_, Some(3)) => {
-                let clen = usize::try_from(self.len()?).map_err(|_| RdbError::BadFormat)?;
-                let len = usize::try_from(self.len()?).map_err(|_| RdbError::BadFormat)?;
+                let clen = usize::try_from(self.length()?).map_err(|_| RdbError::BadFormat)?;
+                let len = usize::try_from(self.length()?).map_err(|_| RdbError::BadFormat)?;
                 let data = self.bytes(clen)?;
                 // A declared length no payload this size could expand to is
                 // refused before anything is allocated (LZF expands at most
@@ -504,7 +507,7 @@ pub trait Input {
     where
         Self: Sized,
     {
-        let n = self.len()?;
+        let n = self.length()?;
         let total = n.checked_mul(per).ok_or(RdbError::BadFormat)?;
         // Each string takes at least one byte of payload.
         if total > self.left() {
@@ -828,7 +831,7 @@ fn int_of(b: &[u8]) -> Res<i64> {
 /// A stream in RDB type 15 or 19 (`v2`).
 fn load_stream<I: Input>(r: &mut I, v2: bool) -> Res<StreamValue> {
     let mut sv = StreamValue::default();
-    let nodes = r.len()?;
+    let nodes = r.length()?;
     for _ in 0..nodes {
         let key = r.string()?;
         if key.len() != 16 {
@@ -873,13 +876,13 @@ fn load_stream<I: Input>(r: &mut I, v2: bool) -> Res<StreamValue> {
             }
         }
     }
-    let length = r.len()?;
-    let rid = |r: &mut I| -> Res<Sid> { Ok(Sid::new(r.len()?, r.len()?)) };
+    let length = r.length()?;
+    let rid = |r: &mut I| -> Res<Sid> { Ok(Sid::new(r.length()?, r.length()?)) };
     sv.last = rid(r)?;
     if v2 {
         sv.first = rid(r)?;
         sv.max_deleted = rid(r)?;
-        sv.entries_added = r.len()?;
+        sv.entries_added = r.length()?;
     } else {
         sv.first = sv.entries.first().map_or(Sid::MIN, |e| e.0);
         sv.entries_added = length;
@@ -887,17 +890,17 @@ fn load_stream<I: Input>(r: &mut I, v2: bool) -> Res<StreamValue> {
     if length != sv.entries.len() as u64 || sv.entries.last().is_some_and(|(id, _)| *id > sv.last) {
         return Err(RdbError::BadFormat);
     }
-    let ngroups = r.len()?;
+    let ngroups = r.length()?;
     for _ in 0..ngroups {
         let name = r.string()?;
         let last = rid(r)?;
-        let entries_read = if v2 { r.len()? as i64 } else { -1 };
-        let npel = r.len()?;
+        let entries_read = if v2 { r.length()? as i64 } else { -1 };
+        let npel = r.length()?;
         let mut pel = Vec::new();
         for _ in 0..npel {
             let id = Sid::from_be(&r.array::<16>()?).map_err(|_| RdbError::BadFormat)?;
             let time = i64::from_le_bytes(r.array()?);
-            let count = r.len()?;
+            let count = r.length()?;
             if pel
                 .last()
                 .is_some_and(|p: &(Sid, i64, u64, Vec<u8>)| p.0 >= id)
@@ -906,12 +909,12 @@ fn load_stream<I: Input>(r: &mut I, v2: bool) -> Res<StreamValue> {
             }
             pel.push((id, time, count, Vec::new()));
         }
-        let ncons = r.len()?;
+        let ncons = r.length()?;
         let mut consumers = Vec::new();
         for _ in 0..ncons {
             let cname = r.string()?;
             let seen = i64::from_le_bytes(r.array()?);
-            let own = r.len()?;
+            let own = r.length()?;
             for _ in 0..own {
                 let id = Sid::from_be(&r.array::<16>()?).map_err(|_| RdbError::BadFormat)?;
                 let at = pel

@@ -50,7 +50,7 @@ impl fmt::Display for FileError {
 
 impl std::error::Error for FileError {}
 
-/// One record of an RDB file, as [`FileReader::next`] returns it.
+/// One record of an RDB file, as [`FileReader::read_record`] returns it.
 #[derive(Debug, PartialEq)]
 pub enum Record {
     /// An AUX field (`redis-ver`, `ctime`...).
@@ -163,7 +163,10 @@ impl<R: Read> FileReader<R> {
 
     fn err(&self, offset: u64, what: String) -> FileError {
         let what = if self.short {
-            format!("{what}: the file ends early (truncated at {} bytes)", self.size)
+            format!(
+                "{what}: the file ends early (truncated at {} bytes)",
+                self.size
+            )
         } else {
             what
         };
@@ -171,7 +174,7 @@ impl<R: Read> FileReader<R> {
     }
 
     /// The next record (after [`Record::Eof`], Eof again).
-    pub fn next(&mut self) -> Result<Record, FileError> {
+    pub fn read_record(&mut self) -> Result<Record, FileError> {
         if self.done {
             return Ok(Record::Eof);
         }
@@ -195,18 +198,16 @@ impl<R: Read> FileReader<R> {
                     return Ok(Record::Aux(k, v));
                 }
                 OPCODE_SELECTDB => {
-                    let db = self.len().map_err(|_| bad(self, "bad SELECTDB"))?;
+                    let db = self.length().map_err(|_| bad(self, "bad SELECTDB"))?;
                     self.db = db;
                     return Ok(Record::SelectDb(db));
                 }
                 OPCODE_RESIZEDB => {
-                    self.len().map_err(|_| bad(self, "bad RESIZEDB"))?;
-                    self.len().map_err(|_| bad(self, "bad RESIZEDB"))?;
+                    self.length().map_err(|_| bad(self, "bad RESIZEDB"))?;
+                    self.length().map_err(|_| bad(self, "bad RESIZEDB"))?;
                 }
                 OPCODE_EXPIRETIME_MS => {
-                    let b: [u8; 8] = self
-                        .array()
-                        .map_err(|_| bad(self, "bad EXPIRETIME_MS"))?;
+                    let b: [u8; 8] = self.array().map_err(|_| bad(self, "bad EXPIRETIME_MS"))?;
                     // Big-endian hosts wrote it in their order before RDB 9;
                     // every file read here comes from a little-endian one.
                     expire_ms = Some(i64::from_le_bytes(b));
@@ -217,7 +218,7 @@ impl<R: Read> FileReader<R> {
                 }
                 OPCODE_IDLE => {
                     // Ember keeps no access times: read and dropped.
-                    self.len().map_err(|_| bad(self, "bad IDLE"))?;
+                    self.length().map_err(|_| bad(self, "bad IDLE"))?;
                 }
                 OPCODE_FREQ => {
                     self.u8().map_err(|_| bad(self, "bad FREQ"))?;
@@ -279,7 +280,7 @@ impl<R: Read> FileReader<R> {
             let engine = self.string().map_err(|_| fail(self))?;
             rdb::put_str(&mut rec, &name);
             rdb::put_str(&mut rec, &engine);
-            let has_desc = self.len().map_err(|_| fail(self))?;
+            let has_desc = self.length().map_err(|_| fail(self))?;
             rdb::put_len(&mut rec, has_desc);
             if has_desc != 0 {
                 let d = self.string().map_err(|_| fail(self))?;
@@ -314,7 +315,9 @@ impl<R: Read> FileReader<R> {
         if stored != 0 && stored != computed {
             return Err(self.err(
                 at + 1,
-                format!("wrong CRC-64: the file says {stored:#018x}, its bytes give {computed:#018x}"),
+                format!(
+                    "wrong CRC-64: the file says {stored:#018x}, its bytes give {computed:#018x}"
+                ),
             ));
         }
         let mut extra = [0u8; 1];
@@ -390,12 +393,7 @@ impl<W: Write> FileWriter<W> {
             self.buf.push(OPCODE_EXPIRETIME_MS);
             self.buf.extend_from_slice(&t.to_le_bytes());
         }
-        // The type byte comes before the key: encode, then splice the key in.
-        let at = self.buf.len();
-        rdb::encode(&mut self.buf, v);
-        let mut k = Vec::with_capacity(key.len() + 9);
-        rdb::put_str(&mut k, key);
-        self.buf.splice(at + 1..at + 1, k);
+        rdb::encode_keyed(&mut self.buf, Some(key), v);
         self.flush_buf()
     }
 
@@ -426,12 +424,8 @@ mod tests {
         )
         .unwrap();
         w.select_db(3, 1, 0).unwrap();
-        w.key(
-            b"z",
-            &Value::Zset(vec![(b"m".to_vec(), 1.5)]),
-            None,
-        )
-        .unwrap();
+        w.key(b"z", &Value::Zset(vec![(b"m".to_vec(), 1.5)]), None)
+            .unwrap();
         w.finish().unwrap()
     }
 
@@ -439,7 +433,7 @@ mod tests {
         let mut r = FileReader::new(b, b.len() as u64)?;
         let mut out = Vec::new();
         loop {
-            let rec = r.next()?;
+            let rec = r.read_record()?;
             if rec == Record::Eof {
                 return Ok(out);
             }
@@ -467,7 +461,9 @@ mod tests {
                 (3, b"z".to_vec(), None)
             ]
         );
-        assert!(recs.iter().any(|r| matches!(r, Record::Function(c) if c.starts_with(b"#!lua"))));
+        assert!(recs
+            .iter()
+            .any(|r| matches!(r, Record::Function(c) if c.starts_with(b"#!lua"))));
     }
 
     #[test]

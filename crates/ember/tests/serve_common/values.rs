@@ -187,4 +187,3 @@ pub fn contents(c: &mut Conn, key: &str) -> Vec<Reply> {
         other => panic!("type {other}"),
     }
 }
-
