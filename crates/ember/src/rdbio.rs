@@ -289,9 +289,19 @@ fn import_into(h: &mut Opened, a: &ImportArgs) -> Result<Imported, String> {
                 String::from_utf8_lossy(&key)
             )
         };
+        let db8 = u8::try_from(db)
+            .ok()
+            .filter(|&d| u64::from(d) < h.databases)
+            .ok_or_else(|| {
+                format!(
+                    "{name} changed while importing: {}: no such database; {}",
+                    what(),
+                    partial(written)
+                )
+            })?;
         let put = h
             .e()
-            .put(db as u8, &key, &value, expire_ms, a.replace)
+            .put(db8, &key, &value, expire_ms, a.replace)
             .map_err(|e| format!("{name}: {}: {e}; {}", what(), partial(written)))?;
         match put {
             server::server::Put::Written => {
