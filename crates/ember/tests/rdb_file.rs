@@ -281,3 +281,58 @@ fn damaged_files_are_refused_and_import_nothing() {
     drop(b);
     assert!(server.terminate());
 }
+
+#[test]
+fn existing_keys_busykey_replace_and_a_running_server() {
+    let t = tempfile::tempdir().unwrap();
+    let (rd, hd) = (t.path().join("redis"), t.path().join("heap"));
+    std::fs::create_dir(&rd).unwrap();
+    std::fs::create_dir(&hd).unwrap();
+    let redis = Redis::start(&rd);
+    let mut a = Conn::open(redis.port);
+    ok(&mut a, &["SET", "s", "from-redis"]);
+    ok(&mut a, &["RPUSH", "l", "x", "y"]);
+    ok(&mut a, &["SET", "gone", "v", "PX", "1"]);
+    std::thread::sleep(Duration::from_millis(5));
+    ok(&mut a, &["SAVE"]);
+    let rdb = rd.join("dump.rdb");
+    let rdb = rdb.to_str().unwrap();
+
+    let mut server = Server::start(&hd, &[]);
+    let mut b = Conn::open(server.port);
+    ok(&mut b, &["SET", "s", "from-ember"]);
+    ok(&mut b, &["SET", "other", "kept"]);
+    // The heap is in use: refused.
+    let o = ember("import", &hd, &[rdb]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("in use"), "{}", stderr(&o));
+    drop(b);
+    assert!(server.terminate());
+
+    // "s" exists: refused whole, "l" not written either.
+    let o = ember("import", &hd, &[rdb]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("'s'"), "{}", stderr(&o));
+    server.restart();
+    let mut b = Conn::open(server.port);
+    assert_eq!(b.call(&["EXISTS", "l"]), Reply::Integer(0));
+    assert_eq!(b.call(&["GET", "s"]), Reply::Bulk(b"from-ember".to_vec()));
+    drop(b);
+    assert!(server.terminate());
+
+    // --replace: "s" replaced, "l" written, "other" kept, "gone" (expired
+    // in the file, unless Redis's active expiry removed it first) skipped.
+    let o = ember("import", &hd, &["--replace", rdb]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("imported 2 keys"), "{out}");
+    server.restart();
+    let mut b = Conn::open(server.port);
+    assert_eq!(b.call(&["GET", "s"]), Reply::Bulk(b"from-redis".to_vec()));
+    assert_eq!(b.call(&["GET", "other"]), Reply::Bulk(b"kept".to_vec()));
+    assert_eq!(b.call(&["LLEN", "l"]), Reply::Integer(2));
+    assert_eq!(b.call(&["EXISTS", "gone"]), Reply::Integer(0));
+    assert_eq!(b.call(&["DBSIZE"]), Reply::Integer(3));
+    drop(b);
+    assert!(server.terminate());
+}
