@@ -17,7 +17,7 @@
 use crate::rdb::{self, Input, RdbError, Value};
 use crc::{Crc, Digest, CRC_64_REDIS};
 use std::fmt;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufWriter, Read, Write};
 
 static CRC64: Crc<u64> = Crc::<u64>::new(&CRC_64_REDIS);
 
@@ -75,7 +75,13 @@ pub enum Record {
 
 /// Reads an RDB file record by record.
 pub struct FileReader<R: Read> {
-    inner: BufReader<R>,
+    inner: R,
+    /// Read ahead: `buf[pos..end]` is not consumed yet; `buf[sum..pos]` is
+    /// consumed and not yet in the CRC (which is updated a buffer at a time).
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    sum: usize,
     /// Bytes consumed so far.
     at: u64,
     /// The file's size (an upper bound on what a length can claim).
@@ -99,13 +105,19 @@ impl<R: Read> Input for FileReader<R> {
         Ok(v)
     }
 
-    fn fill(&mut self, buf: &mut [u8]) -> Result<(), RdbError> {
-        if self.inner.read_exact(buf).is_err() {
-            self.short = true;
-            return Err(RdbError::BadFormat);
+    fn fill(&mut self, out: &mut [u8]) -> Result<(), RdbError> {
+        let mut done = 0;
+        while done < out.len() {
+            if self.pos == self.end && !self.refill() {
+                self.short = true;
+                return Err(RdbError::BadFormat);
+            }
+            let n = (out.len() - done).min(self.end - self.pos);
+            out[done..done + n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+            self.pos += n;
+            done += n;
         }
-        self.crc.update(buf);
-        self.at += buf.len() as u64;
+        self.at += out.len() as u64;
         Ok(())
     }
 
@@ -115,10 +127,33 @@ impl<R: Read> Input for FileReader<R> {
 }
 
 impl<R: Read> FileReader<R> {
+    /// Brings the CRC up to what was consumed, then reads more; false at
+    /// the end of the file (or on a read error, reported as the end).
+    fn refill(&mut self) -> bool {
+        self.crc.update(&self.buf[self.sum..self.pos]);
+        loop {
+            match self.inner.read(&mut self.buf) {
+                Ok(n) => {
+                    (self.pos, self.end, self.sum) = (0, n, 0);
+                    return n > 0;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    (self.pos, self.end, self.sum) = (0, 0, 0);
+                    return false;
+                }
+            }
+        }
+    }
+
     /// Starts reading `r`, `size` bytes long: checks the magic and version.
     pub fn new(r: R, size: u64) -> Result<FileReader<R>, FileError> {
         let mut f = FileReader {
-            inner: BufReader::with_capacity(1 << 20, r),
+            inner: r,
+            buf: vec![0; 1 << 20],
+            pos: 0,
+            end: 0,
+            sum: 0,
             at: 0,
             size,
             crc: CRC64.digest(),
@@ -304,13 +339,13 @@ impl<R: Read> FileReader<R> {
         if self.version < 5 {
             return Ok(());
         }
+        self.crc.update(&self.buf[self.sum..self.pos]);
+        self.sum = self.pos;
         let computed = self.crc.clone().finalize();
         let mut b = [0u8; 8];
-        if self.inner.read_exact(&mut b).is_err() {
-            self.short = true;
+        if self.fill(&mut b).is_err() {
             return Err(self.err(at + 1, "the checksum after EOF is missing".into()));
         }
-        self.at += 8;
         let stored = u64::from_le_bytes(b);
         if stored != 0 && stored != computed {
             return Err(self.err(
@@ -320,8 +355,7 @@ impl<R: Read> FileReader<R> {
                 ),
             ));
         }
-        let mut extra = [0u8; 1];
-        if matches!(self.inner.read(&mut extra), Ok(n) if n > 0) {
+        if self.pos < self.end || self.refill() {
             return Err(self.err(at + 9, "bytes after the end of the RDB file".into()));
         }
         Ok(())
@@ -480,6 +514,9 @@ mod tests {
                 assert!(read_all(&g).is_err(), "flip at {i}");
             }
         }
+        let mut g = f.clone();
+        g.push(0);
+        assert!(read_all(&g).unwrap_err().what.contains("after the end"));
         // A zero checksum means none was written.
         let mut g = f.clone();
         let n = g.len();
