@@ -1,6 +1,6 @@
 //! [`Embedded`]: the command layer in-process, without a network, for tests
 //! that run the server's write paths under a crash simulator
-//! (`tests/power_loss.rs`). It makes a worker's keyspace and a client as
+//! (`tests/power_loss.rs`) and for `ember import` and `ember export`. It makes a worker's keyspace and a client as
 //! `server::run` and a worker do, and executes requests as a worker's batch
 //! does.
 
@@ -22,7 +22,8 @@ use std::sync::Arc;
 /// through [`cmd::execute`] as a worker's batch does, and [`Embedded::commit`]
 /// commits as a worker does after a batch (in line, before any reply would be
 /// written). For tests that run the server's write paths under a crash
-/// simulator (a real process can only be killed, not watched); not used by
+/// simulator (a real process can only be killed, not watched), and for
+/// `ember import`/`export` on a heap no server has open; not used by
 /// `ember serve`.
 #[doc(hidden)]
 pub struct Embedded {
