@@ -5,7 +5,7 @@
 
 mod bench;
 
-use ember::check;
+use ember::{check, rdbio};
 
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
@@ -36,6 +36,25 @@ enum Command {
     Serve(Box<server::ServeArgs>),
     /// Verify a heap file offline (read-only: recovery runs in a private copy).
     Check(check::CheckArgs),
+    /// Load a Redis RDB file into a heap, offline (every type, TTLs, all
+    /// databases, function libraries).
+    ///
+    /// Each key is written as RESTORE writes it (keys whose TTL has passed
+    /// are skipped, as Redis skips them when loading), the function
+    /// libraries as FUNCTION RESTORE does. A key or library that already
+    /// exists in the heap is an error (Redis's BUSYKEY) unless --replace;
+    /// other keys of the heap are kept. The whole file (every record, the
+    /// CRC-64) is checked before anything is written: a damaged or
+    /// conflicting file imports nothing. The heap must not be open by a
+    /// server.
+    Import(rdbio::ImportArgs),
+    /// Write a heap's keys and function libraries to an RDB file (version
+    /// 10) that redis-server 7.0 loads, offline.
+    ///
+    /// The heap must not be open by a server, so the file is a consistent
+    /// snapshot. It is written beside FILE and renamed into place at the
+    /// end: a failed export leaves no partial FILE.
+    Export(rdbio::ExportArgs),
     /// Benchmarks and the papers' experiments (`ember bench --help` lists them).
     ///
     /// Runs the ember-bench binary next to this one with ARGS.
@@ -61,6 +80,8 @@ fn main() -> ExitCode {
             }
         },
         Command::Check(args) => check::run(&args),
+        Command::Import(args) => rdbio::import(&args),
+        Command::Export(args) => rdbio::export(&args),
         Command::Bench { args } => bench::run(&args),
     }
 }

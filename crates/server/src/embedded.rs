@@ -1,6 +1,6 @@
 //! [`Embedded`]: the command layer in-process, without a network, for tests
 //! that run the server's write paths under a crash simulator
-//! (`tests/power_loss.rs`). It makes a worker's keyspace and a client as
+//! (`tests/power_loss.rs`) and for `ember import` and `ember export`. It makes a worker's keyspace and a client as
 //! `server::run` and a worker do, and executes requests as a worker's batch
 //! does.
 
@@ -22,7 +22,8 @@ use std::sync::Arc;
 /// through [`cmd::execute`] as a worker's batch does, and [`Embedded::commit`]
 /// commits as a worker does after a batch (in line, before any reply would be
 /// written). For tests that run the server's write paths under a crash
-/// simulator (a real process can only be killed, not watched); not used by
+/// simulator (a real process can only be killed, not watched), and for
+/// `ember import`/`export` on a heap no server has open; not used by
 /// `ember serve`.
 #[doc(hidden)]
 pub struct Embedded {
@@ -97,6 +98,50 @@ impl Embedded {
         };
         cmd::execute(&mut ctx, &mut self.client, args, &mut self.clock);
         std::mem::take(&mut self.client.out)
+    }
+
+    /// Writes `v` at `key` of database `db` as `RESTORE key ttl payload
+    /// ABSTTL [REPLACE]` does (`at`: the expiry time in ms, None for none),
+    /// as one unit; nothing is durable until [`Embedded::commit`]. For
+    /// `ember import`.
+    pub fn put(
+        &mut self,
+        db: u8,
+        key: &[u8],
+        v: &crate::rdb::Value,
+        at: Option<i64>,
+        replace: bool,
+    ) -> Result<cmd::dump::Put, String> {
+        self.client.db = db;
+        self.in_ctx(|ctx, c| cmd::dump::put(ctx, c, key, v, at, replace))
+    }
+
+    /// The value at `key` of database `db` and its expiry time in ms (None
+    /// when absent), read as one unit. For `ember export`.
+    pub fn get(
+        &mut self,
+        db: u8,
+        key: &[u8],
+    ) -> Result<Option<(crate::rdb::Value, Option<i64>)>, String> {
+        self.client.db = db;
+        self.in_ctx(|ctx, c| cmd::dump::get(ctx, c, key))
+    }
+
+    /// Runs `f` with a command context and the client, as a worker would
+    /// run a command; anything it replies is dropped.
+    fn in_ctx<T>(
+        &mut self,
+        f: impl FnOnce(&mut Ctx, &mut Client) -> Result<T, cmd::CmdError>,
+    ) -> Result<T, String> {
+        let mut ctx = Ctx {
+            sh: &self.sh,
+            ks: &mut self.ks,
+            ws: &self.ws,
+            now: crate::keyspace::now_ms(),
+        };
+        let r = f(&mut ctx, &mut self.client);
+        self.client.out.clear();
+        r.map_err(|e| e.text().into_owned())
     }
 
     /// The worker's in-line commit after a batch: once it returns, the

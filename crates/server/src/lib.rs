@@ -74,6 +74,7 @@ pub mod pause;
 pub mod pqsort;
 pub mod pubsub;
 pub mod rdb;
+pub mod rdbfile;
 #[allow(unsafe_code)]
 mod rlimit;
 pub mod server;

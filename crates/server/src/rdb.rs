@@ -94,7 +94,8 @@ pub enum RdbError {
 
 type Res<T> = Result<T, RdbError>;
 
-fn put_len(out: &mut Vec<u8>, n: u64) {
+/// Appends an RDB length.
+pub fn put_len(out: &mut Vec<u8>, n: u64) {
     if n < 1 << 6 {
         out.push(n as u8);
     } else if n < 1 << 14 {
@@ -109,7 +110,8 @@ fn put_len(out: &mut Vec<u8>, n: u64) {
     }
 }
 
-fn put_str(out: &mut Vec<u8>, s: &[u8]) {
+/// Appends an RDB string (raw: a length, then the bytes).
+pub fn put_str(out: &mut Vec<u8>, s: &[u8]) {
     put_len(out, s.len() as u64);
     out.extend_from_slice(s);
 }
@@ -117,54 +119,64 @@ fn put_str(out: &mut Vec<u8>, s: &[u8]) {
 /// The DUMP payload of `v`.
 pub fn dump(v: &Value) -> Vec<u8> {
     let mut out = Vec::new();
-    match v {
-        Value::String(s) => {
-            out.push(TYPE_STRING);
-            put_str(&mut out, s);
-        }
-        Value::List(items) | Value::Set(items) => {
-            out.push(if matches!(v, Value::List(_)) {
-                TYPE_LIST
-            } else {
-                TYPE_SET
-            });
-            put_len(&mut out, items.len() as u64);
-            for i in items {
-                put_str(&mut out, i);
-            }
-        }
-        Value::Hash(pairs) => {
-            out.push(TYPE_HASH);
-            put_len(&mut out, pairs.len() as u64);
-            for (f, x) in pairs {
-                put_str(&mut out, f);
-                put_str(&mut out, x);
-            }
-        }
-        Value::Zset(members) => {
-            out.push(TYPE_ZSET_2);
-            put_len(&mut out, members.len() as u64);
-            // Redis writes a skiplist's members from the highest score down,
-            // so that loading inserts each at the head.
-            for (m, s) in members.iter().rev() {
-                put_str(&mut out, m);
-                out.extend_from_slice(&s.to_le_bytes());
-            }
-        }
-        Value::Stream(sv) => {
-            out.push(TYPE_STREAM_LISTPACKS_2);
-            dump_stream(&mut out, sv);
-        }
-    }
+    encode(&mut out, v);
     footer(&mut out);
     out
 }
 
+/// Appends `v` as an RDB value: its type byte, then its encoding (as in a
+/// DUMP payload before the footer).
+pub fn encode(out: &mut Vec<u8>, v: &Value) {
+    encode_keyed(out, None, v);
+}
+
+/// Appends `v` as [`encode`] does, with `key` (an RDB file's key record:
+/// the type byte, the key, the value) when given.
+pub fn encode_keyed(out: &mut Vec<u8>, key: Option<&[u8]>, v: &Value) {
+    out.push(match v {
+        Value::String(_) => TYPE_STRING,
+        Value::List(_) => TYPE_LIST,
+        Value::Set(_) => TYPE_SET,
+        Value::Hash(_) => TYPE_HASH,
+        Value::Zset(_) => TYPE_ZSET_2,
+        Value::Stream(_) => TYPE_STREAM_LISTPACKS_2,
+    });
+    if let Some(k) = key {
+        put_str(out, k);
+    }
+    match v {
+        Value::String(s) => put_str(out, s),
+        Value::List(items) | Value::Set(items) => {
+            put_len(out, items.len() as u64);
+            for i in items {
+                put_str(out, i);
+            }
+        }
+        Value::Hash(pairs) => {
+            put_len(out, pairs.len() as u64);
+            for (f, x) in pairs {
+                put_str(out, f);
+                put_str(out, x);
+            }
+        }
+        Value::Zset(members) => {
+            put_len(out, members.len() as u64);
+            // Redis writes a skiplist's members from the highest score down,
+            // so that loading inserts each at the head.
+            for (m, s) in members.iter().rev() {
+                put_str(out, m);
+                out.extend_from_slice(&s.to_le_bytes());
+            }
+        }
+        Value::Stream(sv) => dump_stream(out, sv),
+    }
+}
+
 /// A function library in an RDB (7.0 GA on): its code, whose shebang
 /// names it.
-const OPCODE_FUNCTION2: u8 = 245;
+pub const OPCODE_FUNCTION2: u8 = 245;
 /// The 7.0 release candidates' form: name, engine, description, code.
-const OPCODE_FUNCTION_PRE_GA: u8 = 246;
+pub const OPCODE_FUNCTION_PRE_GA: u8 = 246;
 
 /// FUNCTION DUMP's payload, as Redis writes it: each library as an RDB
 /// function record, then the version and CRC-64 footer.
@@ -195,7 +207,7 @@ pub fn restore_functions(p: &[u8]) -> Result<Vec<Vec<u8>>, &'static str> {
                 let name = r.string().map_err(|_| "Failed loading library name")?;
                 let engine = r.string().map_err(|_| "Failed loading engine name")?;
                 let has_desc = r
-                    .len()
+                    .length()
                     .map_err(|_| "Failed loading library description indicator")?;
                 if has_desc != 0 {
                     r.string()
@@ -248,18 +260,30 @@ pub fn restore(p: &[u8]) -> Res<Value> {
     let body = &p[..p.len() - 10];
     let mut r = Rd { b: body, at: 0 };
     let t = r.u8()?;
+    read_value(&mut r, t)
+}
+
+/// Whether `t` is a value type byte this version reads with [`read_value`]
+/// (Redis's `rdbIsObjectType`, less modules and the zipmap).
+pub fn is_value_type(t: u8) -> bool {
+    matches!(t, 0..=5 | 10..=19)
+}
+
+/// The value of type `t` read from `r` (the type byte already read). An
+/// empty collection is bad data, as in Redis.
+pub fn read_value<I: Input>(r: &mut I, t: u8) -> Res<Value> {
     let v = match t {
         TYPE_STRING => Value::String(r.string()?),
         TYPE_LIST => Value::List(r.strings(1)?),
         TYPE_SET => Value::Set(r.strings(1)?),
         TYPE_HASH => Value::Hash(pairs(r.strings(2)?)),
         TYPE_ZSET | TYPE_ZSET_2 => {
-            let n = r.len()?;
+            let n = r.length()?;
             let mut v = Vec::new();
             for _ in 0..n {
                 let m = r.string()?;
                 let s = if t == TYPE_ZSET_2 {
-                    f64::from_le_bytes(r.take(8)?.try_into().map_err(|_| RdbError::BadFormat)?)
+                    f64::from_le_bytes(r.array::<8>()?)
                 } else {
                     r.text_double()?
                 };
@@ -279,11 +303,11 @@ pub fn restore(p: &[u8]) -> Res<Value> {
         TYPE_HASH_LISTPACK => Value::Hash(pairs(even(listpack(&r.string()?)?)?)),
         TYPE_ZSET_LISTPACK => Value::Zset(scored(listpack(&r.string()?)?)?),
         TYPE_LIST_QUICKLIST | TYPE_LIST_QUICKLIST_2 => {
-            let n = r.len()?;
+            let n = r.length()?;
             let mut items = Vec::new();
             for _ in 0..n {
                 let container = if t == TYPE_LIST_QUICKLIST_2 {
-                    r.len()?
+                    r.length()?
                 } else {
                     2
                 };
@@ -299,7 +323,7 @@ pub fn restore(p: &[u8]) -> Res<Value> {
             Value::List(items)
         }
         TYPE_STREAM_LISTPACKS | TYPE_STREAM_LISTPACKS_2 => {
-            Value::Stream(load_stream(&mut r, t == TYPE_STREAM_LISTPACKS_2)?)
+            Value::Stream(load_stream(r, t == TYPE_STREAM_LISTPACKS_2)?)
         }
         _ => return Err(RdbError::BadFormat),
     };
@@ -356,6 +380,7 @@ fn parse_double(s: &[u8]) -> Res<f64> {
     Ok(v)
 }
 
+/// A payload or blob in memory.
 struct Rd<'a> {
     b: &'a [u8],
     at: usize,
@@ -372,33 +397,75 @@ impl<'a> Rd<'a> {
         self.at = end;
         Ok(s)
     }
+}
 
-    fn u8(&mut self) -> Res<u8> {
-        Ok(self.take(1)?[0])
+impl Input for Rd<'_> {
+    fn bytes(&mut self, n: usize) -> Res<Vec<u8>> {
+        Ok(self.take(n)?.to_vec())
     }
 
-    /// A length, or (`Err(Some(enc))` in `.1`) a special encoding.
-    fn len_or_enc(&mut self) -> Res<(u64, Option<u8>)> {
+    fn fill(&mut self, buf: &mut [u8]) -> Res<()> {
+        buf.copy_from_slice(self.take(buf.len())?);
+        Ok(())
+    }
+
+    fn left(&self) -> u64 {
+        (self.b.len() - self.at) as u64
+    }
+}
+
+/// Where RDB values are read from: a DUMP payload in memory, or an RDB file
+/// read as a stream. The encodings' readers are its provided methods.
+pub trait Input {
+    /// The next `n` bytes (refused, before anything is allocated, when
+    /// fewer are left).
+    fn bytes(&mut self, n: usize) -> Res<Vec<u8>>;
+
+    /// Fills `buf` with the next bytes.
+    fn fill(&mut self, buf: &mut [u8]) -> Res<()>;
+
+    /// How many bytes are left at most (counts that could not fit are
+    /// refused before anything is allocated).
+    fn left(&self) -> u64;
+
+    fn array<const N: usize>(&mut self) -> Res<[u8; N]>
+    where
+        Self: Sized,
+    {
+        let mut a = [0u8; N];
+        self.fill(&mut a)?;
+        Ok(a)
+    }
+
+    fn u8(&mut self) -> Res<u8>
+    where
+        Self: Sized,
+    {
+        Ok(self.array::<1>()?[0])
+    }
+
+    /// A length, or (`.1`) a special encoding.
+    fn len_or_enc(&mut self) -> Res<(u64, Option<u8>)>
+    where
+        Self: Sized,
+    {
         let b = self.u8()?;
         match b >> 6 {
             0 => Ok((u64::from(b & 0x3f), None)),
             1 => Ok(((u64::from(b & 0x3f) << 8) | u64::from(self.u8()?), None)),
             3 => Ok((0, Some(b & 0x3f))),
             _ => match b {
-                0x80 => Ok((
-                    u64::from(u32::from_be_bytes(self.take(4)?.try_into().expect("4"))),
-                    None,
-                )),
-                0x81 => Ok((
-                    u64::from_be_bytes(self.take(8)?.try_into().expect("8")),
-                    None,
-                )),
+                0x80 => Ok((u64::from(u32::from_be_bytes(self.array()?)), None)),
+                0x81 => Ok((u64::from_be_bytes(self.array()?), None)),
                 _ => Err(RdbError::BadFormat),
             },
         }
     }
 
-    fn len(&mut self) -> Res<u64> {
+    fn length(&mut self) -> Res<u64>
+    where
+        Self: Sized,
+    {
         match self.len_or_enc()? {
             (n, None) => Ok(n),
             _ => Err(RdbError::BadFormat),
@@ -406,29 +473,26 @@ impl<'a> Rd<'a> {
     }
 
     /// A string object: raw, an integer, or LZF-compressed.
-    fn string(&mut self) -> Res<Vec<u8>> {
+    fn string(&mut self) -> Res<Vec<u8>>
+    where
+        Self: Sized,
+    {
         match self.len_or_enc()? {
-            (n, None) => Ok(self
-                .take(usize::try_from(n).map_err(|_| RdbError::BadFormat)?)?
-                .to_vec()),
+            (n, None) => self.bytes(usize::try_from(n).map_err(|_| RdbError::BadFormat)?),
             (_, Some(0)) => Ok((self.u8()? as i8).to_string().into_bytes()),
-            (_, Some(1)) => Ok(i16::from_le_bytes(self.take(2)?.try_into().expect("2"))
-                .to_string()
-                .into_bytes()),
-            (_, Some(2)) => Ok(i32::from_le_bytes(self.take(4)?.try_into().expect("4"))
-                .to_string()
-                .into_bytes()),
+            (_, Some(1)) => Ok(i16::from_le_bytes(self.array()?).to_string().into_bytes()),
+            (_, Some(2)) => Ok(i32::from_le_bytes(self.array()?).to_string().into_bytes()),
             (_, Some(3)) => {
-                let clen = usize::try_from(self.len()?).map_err(|_| RdbError::BadFormat)?;
-                let len = usize::try_from(self.len()?).map_err(|_| RdbError::BadFormat)?;
-                let data = self.take(clen)?;
+                let clen = usize::try_from(self.length()?).map_err(|_| RdbError::BadFormat)?;
+                let len = usize::try_from(self.length()?).map_err(|_| RdbError::BadFormat)?;
+                let data = self.bytes(clen)?;
                 // A declared length no payload this size could expand to is
                 // refused before anything is allocated (LZF expands at most
                 // about 32 times in practice; allow far more).
                 if len > clen.saturating_mul(1024).max(64) {
                     return Err(RdbError::BadFormat);
                 }
-                let out = lzf::decompress(data, len).map_err(|_| RdbError::BadFormat)?;
+                let out = lzf::decompress(&data, len).map_err(|_| RdbError::BadFormat)?;
                 if out.len() != len {
                     return Err(RdbError::BadFormat);
                 }
@@ -439,11 +503,14 @@ impl<'a> Rd<'a> {
     }
 
     /// `per` strings for each of a length's worth.
-    fn strings(&mut self, per: u64) -> Res<Vec<Vec<u8>>> {
-        let n = self.len()?;
+    fn strings(&mut self, per: u64) -> Res<Vec<Vec<u8>>>
+    where
+        Self: Sized,
+    {
+        let n = self.length()?;
         let total = n.checked_mul(per).ok_or(RdbError::BadFormat)?;
         // Each string takes at least one byte of payload.
-        if total > (self.b.len() - self.at) as u64 {
+        if total > self.left() {
             return Err(RdbError::BadFormat);
         }
         (0..total).map(|_| self.string()).collect()
@@ -451,12 +518,15 @@ impl<'a> Rd<'a> {
 
     /// A double as text (RDB type 3): a length byte, or 253 nan, 254 +inf,
     /// 255 -inf.
-    fn text_double(&mut self) -> Res<f64> {
+    fn text_double(&mut self) -> Res<f64>
+    where
+        Self: Sized,
+    {
         match self.u8()? {
             253 => Err(RdbError::BadFormat),
             254 => Ok(f64::INFINITY),
             255 => Ok(f64::NEG_INFINITY),
-            n => parse_double(self.take(n as usize)?),
+            n => parse_double(&self.bytes(n as usize)?),
         }
     }
 }
@@ -759,9 +829,9 @@ fn int_of(b: &[u8]) -> Res<i64> {
 }
 
 /// A stream in RDB type 15 or 19 (`v2`).
-fn load_stream(r: &mut Rd, v2: bool) -> Res<StreamValue> {
+fn load_stream<I: Input>(r: &mut I, v2: bool) -> Res<StreamValue> {
     let mut sv = StreamValue::default();
-    let nodes = r.len()?;
+    let nodes = r.length()?;
     for _ in 0..nodes {
         let key = r.string()?;
         if key.len() != 16 {
@@ -806,13 +876,13 @@ fn load_stream(r: &mut Rd, v2: bool) -> Res<StreamValue> {
             }
         }
     }
-    let length = r.len()?;
-    let rid = |r: &mut Rd| -> Res<Sid> { Ok(Sid::new(r.len()?, r.len()?)) };
+    let length = r.length()?;
+    let rid = |r: &mut I| -> Res<Sid> { Ok(Sid::new(r.length()?, r.length()?)) };
     sv.last = rid(r)?;
     if v2 {
         sv.first = rid(r)?;
         sv.max_deleted = rid(r)?;
-        sv.entries_added = r.len()?;
+        sv.entries_added = r.length()?;
     } else {
         sv.first = sv.entries.first().map_or(Sid::MIN, |e| e.0);
         sv.entries_added = length;
@@ -820,17 +890,17 @@ fn load_stream(r: &mut Rd, v2: bool) -> Res<StreamValue> {
     if length != sv.entries.len() as u64 || sv.entries.last().is_some_and(|(id, _)| *id > sv.last) {
         return Err(RdbError::BadFormat);
     }
-    let ngroups = r.len()?;
+    let ngroups = r.length()?;
     for _ in 0..ngroups {
         let name = r.string()?;
         let last = rid(r)?;
-        let entries_read = if v2 { r.len()? as i64 } else { -1 };
-        let npel = r.len()?;
+        let entries_read = if v2 { r.length()? as i64 } else { -1 };
+        let npel = r.length()?;
         let mut pel = Vec::new();
         for _ in 0..npel {
-            let id = Sid::from_be(r.take(16)?).map_err(|_| RdbError::BadFormat)?;
-            let time = i64::from_le_bytes(r.take(8)?.try_into().expect("8"));
-            let count = r.len()?;
+            let id = Sid::from_be(&r.array::<16>()?).map_err(|_| RdbError::BadFormat)?;
+            let time = i64::from_le_bytes(r.array()?);
+            let count = r.length()?;
             if pel
                 .last()
                 .is_some_and(|p: &(Sid, i64, u64, Vec<u8>)| p.0 >= id)
@@ -839,14 +909,14 @@ fn load_stream(r: &mut Rd, v2: bool) -> Res<StreamValue> {
             }
             pel.push((id, time, count, Vec::new()));
         }
-        let ncons = r.len()?;
+        let ncons = r.length()?;
         let mut consumers = Vec::new();
         for _ in 0..ncons {
             let cname = r.string()?;
-            let seen = i64::from_le_bytes(r.take(8)?.try_into().expect("8"));
-            let own = r.len()?;
+            let seen = i64::from_le_bytes(r.array()?);
+            let own = r.length()?;
             for _ in 0..own {
-                let id = Sid::from_be(r.take(16)?).map_err(|_| RdbError::BadFormat)?;
+                let id = Sid::from_be(&r.array::<16>()?).map_err(|_| RdbError::BadFormat)?;
                 let at = pel
                     .binary_search_by(|p: &(Sid, i64, u64, Vec<u8>)| p.0.cmp(&id))
                     .map_err(|_| RdbError::BadFormat)?;

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 pub use crate::client::{Client, ClientMeta};
+pub use crate::cmd::dump::Put;
 pub use crate::embedded::Embedded;
 pub use crate::rlimit::raise_nofile_limit;
 

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod redis_server;
+pub mod values;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -206,29 +206,107 @@ pub fn restore(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             }
             Err(RdbError::BadFormat) => return Err(CmdError::Msg("Bad data format")),
         };
-        if replace && exists {
-            unit::internal(ctx, c, &[b"DEL", &key])?;
-        }
-        let db = c.db;
         let at = match ttl {
             0 => None,
             t if absttl => Some(t),
             t => Some(t.saturating_add(now)),
         };
-        // Already expired: nothing is created (a replaced key is gone).
-        if at.is_some_and(|t| t <= now) {
-            if replace && exists {
-                crate::notify::event(ctx, crate::notify::GENERIC, "del", db, &key);
-            }
-            c.ok();
-            return Ok(());
-        }
-        write_value(ctx, c, &key, &v)?;
-        if let Some(t) = at {
-            unit::internal(ctx, c, &[b"PEXPIREAT", &key, t.to_string().as_bytes()])?;
-        }
-        crate::notify::event(ctx, crate::notify::GENERIC, "restore", db, &key);
+        apply(ctx, c, &key, &v, at, replace && exists)?;
         c.ok();
         Ok(())
     })
+}
+
+/// Writes `v` at `key` (absent, or deleted first when `replaced`), expiring
+/// at `at` (ms): the part of RESTORE after its checks, inside the unit. A
+/// key already expired is not created (a replaced one is gone).
+fn apply(
+    ctx: &mut Ctx,
+    c: &mut Client,
+    key: &[u8],
+    v: &Value,
+    at: Option<i64>,
+    replaced: bool,
+) -> Result<bool, CmdError> {
+    if replaced {
+        unit::internal(ctx, c, &[b"DEL", key])?;
+    }
+    let db = c.db;
+    if at.is_some_and(|t| t <= ctx.now) {
+        if replaced {
+            crate::notify::event(ctx, crate::notify::GENERIC, "del", db, key);
+        }
+        return Ok(false);
+    }
+    write_value(ctx, c, key, v)?;
+    if let Some(t) = at {
+        unit::internal(ctx, c, &[b"PEXPIREAT", key, t.to_string().as_bytes()])?;
+    }
+    crate::notify::event(ctx, crate::notify::GENERIC, "restore", db, key);
+    Ok(true)
+}
+
+/// What [`put`] did with a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Put {
+    Written,
+    /// The key exists and `replace` was not given (RESTORE's BUSYKEY).
+    Busy,
+    /// Its expiry time has passed: nothing written.
+    Expired,
+}
+
+/// RESTORE of a decoded value in `c`'s database, as one unit: `RESTORE key
+/// ttl payload ABSTTL [REPLACE]` with `at` as the absolute TTL (None: no
+/// TTL). For `ember import`.
+pub(crate) fn put(
+    ctx: &mut Ctx,
+    c: &mut Client,
+    key: &[u8],
+    v: &Value,
+    at: Option<i64>,
+    replace: bool,
+) -> Result<Put, CmdError> {
+    let sk = skey(c.db, key);
+    let mut done = Put::Busy;
+    unit::run(ctx, c, Locks::Keys(vec![sk]), |ctx, c| {
+        let exists = matches!(
+            unit::internal(ctx, c, &[b"EXISTS", key])?,
+            Reply::Integer(n) if n > 0
+        );
+        if exists && !replace {
+            done = Put::Busy;
+            return Ok(());
+        }
+        done = if apply(ctx, c, key, v, at, exists)? {
+            Put::Written
+        } else {
+            Put::Expired
+        };
+        Ok(())
+    })?;
+    Ok(done)
+}
+
+/// The value at `key` in `c`'s database and its expiry time (ms), read as
+/// one unit (None when absent). For `ember export`.
+pub(crate) fn get(
+    ctx: &mut Ctx,
+    c: &mut Client,
+    key: &[u8],
+) -> Result<Option<(Value, Option<i64>)>, CmdError> {
+    let sk = skey(c.db, key);
+    let mut found = None;
+    unit::run(ctx, c, Locks::Keys(vec![sk]), |ctx, c| {
+        let Some(v) = read_value(ctx, c, key)? else {
+            return Ok(());
+        };
+        let at = match unit::internal(ctx, c, &[b"PEXPIRETIME", key])? {
+            Reply::Integer(t) if t >= 0 => Some(t),
+            _ => None,
+        };
+        found = Some((v, at));
+        Ok(())
+    })?;
+    Ok(found)
 }

@@ -5,7 +5,7 @@ mod acl;
 pub(crate) mod admin;
 mod bits;
 pub(crate) mod conn;
-mod dump;
+pub(crate) mod dump;
 mod error;
 mod geo;
 mod hashes;
