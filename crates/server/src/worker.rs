@@ -471,9 +471,6 @@ impl Worker {
         self.settings = Settings::load(&self.sh);
     }
 
-    /// After an ACL change: closes the connections whose user was deleted
-    /// or replaced (ACL DELUSER, ACL LOAD), as Redis frees them, also those
-    /// that send nothing more.
     /// Drops the connections CLIENT KILL marked (on any worker).
     fn kill_sweep(&mut self) {
         let epoch = self.sh.kill_epoch.load(Ordering::Acquire);
@@ -490,6 +487,9 @@ impl Worker {
         self.kill_and_flush(gone);
     }
 
+    /// After an ACL change: closes the connections whose user was deleted
+    /// or replaced (ACL DELUSER, ACL LOAD), as Redis frees them, also those
+    /// that send nothing more.
     fn acl_sweep(&mut self) {
         let acl = &self.sh.acl;
         let epoch = acl.epoch();

@@ -103,6 +103,7 @@ fn client_kill(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let mut user: Option<String> = None;
     let mut pubsub: Option<bool> = None;
     let mut id = 0u64;
+    let mut no_type = false;
     let mut skipme = true;
     if a.len() == 3 {
         addr = Some(&a[2]);
@@ -125,7 +126,7 @@ fn client_kill(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                     Some(true)
                 } else if eq(t, "master") || eq(t, "replica") || eq(t, "slave") {
                     // Ember has no replication links: nothing matches.
-                    id = u64::MAX;
+                    no_type = true;
                     None
                 } else {
                     return Err(CmdError::Text(format!(
@@ -170,7 +171,8 @@ fn client_kill(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         .unwrap_or_else(|p| p.into_inner())
         .values()
     {
-        let matches = addr.is_none_or(|x| m.addr.as_bytes() == x)
+        let matches = !no_type
+            && addr.is_none_or(|x| m.addr.as_bytes() == x)
             && laddr.is_none_or(|x| m.laddr.as_bytes() == x)
             && pubsub.is_none_or(|p| m.is_pubsub() == p)
             && (id == 0 || m.id == id)
