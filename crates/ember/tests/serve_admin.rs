@@ -399,3 +399,54 @@ fn latency_monitor_samples_slow_commands() {
         assert_eq!(c.call(&["LATENCY", "LATEST"]), Reply::Array(vec![]));
     }
 }
+
+/// DEBUG OBJECT: Redis's fields, the same encodings as Redis, the same
+/// serialized length for a plain string, the same error for a missing key;
+/// DEBUG RELOAD is accepted.
+#[test]
+fn debug_object_matches_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &["--enable-debug-command", "yes"]);
+    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    let field = |line: &str, name: &str| -> String {
+        line.split(' ')
+            .find_map(|f| f.strip_prefix(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+            .to_string()
+    };
+    let mut lines = Vec::new();
+    for port in [ember.port, redis.port] {
+        let mut c = Conn::open(port);
+        c.call(&["SET", "s", "hello"]);
+        c.call(&["SET", "n", "12345"]);
+        c.call(&["RPUSH", "l", "a", "b"]);
+        c.call(&["HSET", "h", "f", "v"]);
+        c.call(&["SADD", "i", "1", "2"]);
+        c.call(&["ZADD", "z", "1", "m"]);
+        assert_eq!(
+            c.call(&["DEBUG", "OBJECT", "nosuch"]),
+            Reply::Error("ERR no such key".into())
+        );
+        assert_eq!(c.call(&["DEBUG", "RELOAD"]), Reply::Simple("OK".into()));
+        let mut got = Vec::new();
+        for k in ["s", "n", "l", "h", "i", "z"] {
+            let Reply::Simple(l) = c.call(&["DEBUG", "OBJECT", k]) else {
+                panic!("DEBUG OBJECT {k}");
+            };
+            assert!(l.starts_with("Value at:"), "{l}");
+            for f in ["refcount", "serializedlength", "lru", "lru_seconds_idle"] {
+                field(&l, f);
+            }
+            got.push(l);
+        }
+        lines.push(got);
+    }
+    for (e, r) in lines[0].iter().zip(&lines[1]) {
+        assert_eq!(field(e, "encoding"), field(r, "encoding"), "{e} / {r}");
+        assert_eq!(field(e, "refcount"), field(r, "refcount"), "{e} / {r}");
+    }
+    assert_eq!(
+        field(&lines[0][0], "serializedlength"),
+        field(&lines[1][0], "serializedlength")
+    );
+}

@@ -366,10 +366,15 @@ pub fn bgsave(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 }
 
 /// DEBUG (only where `enable-debug-command` allows it): SLEEP and HELP.
-pub fn debug(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+pub fn debug(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     if a.len() == 2 && eq(&a[1], "help") {
         let lines = [
             "DEBUG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "OBJECT <key>",
+            "    Show low level info about the `key` and associated value.",
+            "RELOAD",
+            "    Accepted: every write is in the heap already; there is nothing",
+            "    to save and load again.",
             "SLEEP <seconds>",
             "    Stop the server for <seconds>. Decimals allowed.",
             "HELP",
@@ -389,7 +394,56 @@ pub fn debug(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         c.ok();
         return Ok(());
     }
+    if a.len() == 3 && eq(&a[1], "object") {
+        return debug_object(ctx, c, &a[2]);
+    }
+    if eq(&a[1], "reload") {
+        // Redis saves an RDB and loads it back, checking that the dataset
+        // survives; Ember's dataset is the heap, written before each reply.
+        c.ok();
+        return Ok(());
+    }
     Err(CmdError::DebugUnknown(a[1].clone()))
+}
+
+/// DEBUG OBJECT: Redis's line (`Value at:... refcount:... encoding:...
+/// serializedlength:... lru:... lru_seconds_idle:...`). The address is
+/// the key's hash (Ember has no object pointer); serializedlength is the
+/// length of the value's RDB serialization, as Redis computes it.
+fn debug_object(ctx: &mut Ctx, c: &mut Client, key: &[u8]) -> R {
+    let Some(h) = ctx.ks.get_untouched(&ctx.sh.stripes, c.db, key, ctx.now)? else {
+        return Err(CmdError::Msg("no such key"));
+    };
+    let v = &ctx.ks.raw[h.off..];
+    let encoding = super::keys::encoding_of(h.kind, v);
+    let shared = h.kind == crate::keyspace::KIND_STRING
+        && proto::int::parse_i64(v).is_some_and(|n| (0..10_000).contains(&n));
+    let refcount = if shared { i32::MAX as i64 } else { 1 };
+    let sk = crate::keyspace::skey(c.db, key);
+    let idle_ms = ctx
+        .sh
+        .hk
+        .access
+        .idle_ms(&sk, ctx.now)
+        .unwrap_or(ctx.sh.started.elapsed().as_millis() as u64);
+    let serialized = match super::dump::read_value(ctx, c, key)? {
+        // The payload less its type byte and its 10-byte footer.
+        Some(v) => crate::rdb::dump(&v).len().saturating_sub(11),
+        None => 0,
+    };
+    let now_s = (ctx.now / 1000) as u64;
+    let lru = now_s.saturating_sub(idle_ms / 1000) & 0xFF_FFFF;
+    let addr = {
+        use std::hash::{Hash, Hasher};
+        let mut hs = std::collections::hash_map::DefaultHasher::new();
+        sk.hash(&mut hs);
+        hs.finish() & 0xFFFF_FFFF_FFF0
+    };
+    c.simple(&format!(
+        "Value at:0x{addr:x} refcount:{refcount} encoding:{encoding} serializedlength:{serialized} lru:{lru} lru_seconds_idle:{}",
+        idle_ms / 1000
+    ));
+    Ok(())
 }
 
 /// C's `strtod` on a C string: the longest prefix (after leading white

@@ -37,7 +37,11 @@ fn bulks(r: Reply) -> Result<Vec<Vec<u8>>, CmdError> {
 }
 
 /// The value at `key` (None when absent), read inside the running unit.
-fn read_value(ctx: &mut Ctx, c: &mut Client, key: &[u8]) -> Result<Option<Value>, CmdError> {
+pub(super) fn read_value(
+    ctx: &mut Ctx,
+    c: &mut Client,
+    key: &[u8],
+) -> Result<Option<Value>, CmdError> {
     let t = match unit::internal(ctx, c, &[b"TYPE", key])? {
         Reply::Simple(t) => t,
         _ => return Err(CmdError::Msg("an internal read gave an unexpected reply")),

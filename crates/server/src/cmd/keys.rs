@@ -662,6 +662,21 @@ fn string_encoding(v: &[u8]) -> &'static str {
     }
 }
 
+/// OBJECT ENCODING's name for a value of type `kind` (`v`: its stored
+/// form), as Redis names its encodings.
+pub(super) fn encoding_of(kind: u8, v: &[u8]) -> &'static str {
+    match kind {
+        KIND_STRING => string_encoding(v),
+        KIND_HASH => super::maps::encoding(v, "listpack"),
+        KIND_SET => super::maps::encoding(v, "intset"),
+        // Redis 7.0 keeps every list as a quicklist.
+        KIND_LIST => "quicklist",
+        KIND_ZSET => super::zsets::encoding(v),
+        KIND_STREAM => super::streams::encoding(),
+        _ => "unknown",
+    }
+}
+
 pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let sub = String::from_utf8_lossy(&a[1]).to_ascii_lowercase();
     if sub == "help" {
@@ -701,19 +716,7 @@ pub fn object(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     };
     let v = &ctx.ks.raw[h.off..];
     match sub.as_str() {
-        "encoding" => {
-            let e = match h.kind {
-                KIND_STRING => string_encoding(v),
-                KIND_HASH => super::maps::encoding(v, "listpack"),
-                KIND_SET => super::maps::encoding(v, "intset"),
-                // Redis 7.0 keeps every list as a quicklist.
-                KIND_LIST => "quicklist",
-                KIND_ZSET => super::zsets::encoding(v),
-                KIND_STREAM => super::streams::encoding(),
-                _ => "unknown",
-            };
-            c.bulk(e.as_bytes());
-        }
+        "encoding" => c.bulk(encoding_of(h.kind, v).as_bytes()),
         "refcount" => {
             // Redis shares the integers 0..9999 (refcount INT_MAX).
             let shared = proto::int::parse_i64(v).is_some_and(|n| (0..10_000).contains(&n));
