@@ -67,9 +67,17 @@ impl Pause {
         if !self.on.load(Ordering::Relaxed) {
             return false;
         }
-        let all = match *self.state() {
-            Some((end, all)) if end > Instant::now() => all,
-            _ => return false,
+        let all = {
+            let mut s = self.state();
+            match *s {
+                Some((end, all)) if end > Instant::now() => all,
+                _ => {
+                    // Over: later requests pay one load again.
+                    *s = None;
+                    self.on.store(false, Ordering::Release);
+                    return false;
+                }
+            }
         };
         all || may_write(sh, c, args)
     }
