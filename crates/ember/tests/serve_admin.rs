@@ -450,3 +450,39 @@ fn debug_object_matches_redis() {
         field(&lines[1][0], "serializedlength")
     );
 }
+
+/// A monitor that stops reading is closed at the pubsub output limit
+/// instead of buffering every command.
+#[test]
+fn a_monitor_that_does_not_read_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &["--threads", "2"]);
+    let mut c = Conn::open(ember.port);
+    assert_eq!(
+        c.call(&[
+            "CONFIG",
+            "SET",
+            "client-output-buffer-limit",
+            "pubsub 1mb 0 0"
+        ]),
+        Reply::Simple("OK".into())
+    );
+    let mut m = Conn::open(ember.port);
+    assert_eq!(m.call(&["MONITOR"]), Reply::Simple("OK".into()));
+    let s = m.into_stream();
+    // The monitor's socket buffers fill first; then its output grows.
+    let big = "x".repeat(16 * 1024);
+    for i in 0..2000 {
+        c.call(&["SET", &format!("k{i}"), &big]);
+    }
+    let mut con = ember.client();
+    let closed: u64 = serve_common::info_field(
+        &mut con,
+        "stats",
+        "client_output_buffer_limit_disconnections",
+    )
+    .parse()
+    .unwrap();
+    assert!(closed >= 1, "the monitor was not closed");
+    drop(s);
+}

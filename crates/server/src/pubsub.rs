@@ -664,7 +664,10 @@ pub(crate) const OBUF_PUBSUB: usize = 2;
 /// The output limit class of a client: `pubsub` while it has
 /// subscriptions (Redis's `getClientType`), else `normal`.
 pub(crate) fn obuf_class(c: &Client) -> usize {
-    if c.subs.is_some() {
+    // A monitor is held to the pubsub limits (Redis holds it to the replica
+    // class, which Ember does not have): one that stops reading is closed
+    // rather than buffer every command.
+    if c.subs.is_some() || c.monitor {
         OBUF_PUBSUB
     } else {
         OBUF_NORMAL
