@@ -604,6 +604,16 @@ fn get(ctx: &mut Ctx, c: &mut Client, keys: &[Vec<u8>], cas: bool, touch: Option
 
 /// A plain read of an item (no lock), as memcached's fetch: the first fetch
 /// of an item, or one a minute after its last access, records the access
+/// The start of an mg or ma reply: `VA <len>` when the value is returned,
+/// `HD` otherwise (the flags follow).
+fn meta_head(value: bool, len: usize) -> Vec<u8> {
+    if value {
+        format!("VA {len}").into_bytes()
+    } else {
+        b"HD".to_vec()
+    }
+}
+
 /// (a write, under the key's lock). Returns the state before the access.
 fn read_bumping(ctx: &mut Ctx, sk: &[u8]) -> Result<Option<(Meta, Vec<u8>)>, CmdError> {
     let Some(h) = ctx.ks.get(&ctx.sh.stripes, DB, &sk[1..], ctx.now)? else {
@@ -844,13 +854,7 @@ fn meta_get(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
             }
         };
         let shown = m;
-        let mut p = Vec::new();
-        if f.value {
-            p.extend_from_slice(b"VA ");
-            p.extend_from_slice(v.len().to_string().as_bytes());
-        } else {
-            p.extend_from_slice(b"HD");
-        }
+        let mut p = meta_head(f.value, v.len());
         let mut changed = created;
         let mut won = false;
         let mut ttl_set = false;
@@ -1237,13 +1241,7 @@ fn meta_arith(ctx: &mut Ctx, c: &mut Client, key: &[u8], f: &MetaFlags) {
                 ))
             }
         };
-        let mut p = Vec::new();
-        if f.value {
-            p.extend_from_slice(b"VA ");
-            p.extend_from_slice(digits.len().to_string().as_bytes());
-        } else {
-            p.extend_from_slice(b"HD");
-        }
+        let mut p = meta_head(f.value, digits.len());
         let mut new_exp = false;
         let mut long = false;
         for t in &f.tokens {
