@@ -1,0 +1,178 @@
+//! The transport between nodes: Raft messages over TCP.
+//!
+//! A frame is a 4-byte little-endian length and a protobuf-encoded
+//! `eraftpb::Message`. Each peer has one sender thread that owns the
+//! outgoing connection: it connects when it has something to send, writes
+//! every queued message in one buffered write, and on any error drops the
+//! connection and the messages (Raft resends what matters). Incoming
+//! connections each get a reader thread that hands decoded messages to the
+//! node's inbox. Plain threads and blocking sockets: a node has a handful of
+//! peers, and the raft-rs state machine is synchronous.
+
+use protobuf::Message as _;
+use raft::eraftpb::Message;
+use std::collections::HashMap;
+use std::io::{BufWriter, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The largest frame accepted (a batch of entries; raft-rs keeps messages
+/// near `max_size_per_msg`).
+const MAX_FRAME: usize = 256 << 20;
+
+/// Outgoing queues, one per peer.
+pub struct Transport {
+    peers: HashMap<u64, Sender<Message>>,
+}
+
+impl Transport {
+    /// Starts a sender thread per peer (`id` → raft address).
+    pub fn start(peers: &[(u64, String)], stop: Arc<AtomicBool>) -> Transport {
+        let mut map = HashMap::new();
+        for (id, addr) in peers {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let addr = addr.clone();
+            let stop = stop.clone();
+            let id = *id;
+            std::thread::Builder::new()
+                .name(format!("raft-send-{id}"))
+                .spawn(move || send_loop(&addr, &rx, &stop))
+                .expect("spawn a raft sender thread");
+            map.insert(id, tx);
+        }
+        Transport { peers: map }
+    }
+
+    /// Queues `m` for its recipient (dropped when it is not a peer).
+    pub fn send(&self, m: Message) {
+        if let Some(tx) = self.peers.get(&m.to) {
+            let _ = tx.send(m);
+        }
+    }
+}
+
+fn resolve(addr: &str) -> Option<SocketAddr> {
+    addr.to_socket_addrs().ok()?.next()
+}
+
+fn send_loop(addr: &str, rx: &Receiver<Message>, stop: &AtomicBool) {
+    let mut conn: Option<BufWriter<TcpStream>> = None;
+    let mut buf = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(first) = rx.recv_timeout(Duration::from_millis(100)) else {
+            continue;
+        };
+        if conn.is_none() {
+            conn = resolve(addr).and_then(|a| {
+                let s = TcpStream::connect_timeout(&a, Duration::from_millis(200)).ok()?;
+                let _ = s.set_nodelay(true);
+                let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+                Some(BufWriter::with_capacity(256 << 10, s))
+            });
+        }
+        let Some(w) = conn.as_mut() else {
+            // Unreachable: drop what is queued; Raft retries.
+            while rx.try_recv().is_ok() {}
+            continue;
+        };
+        let mut ok = true;
+        for m in std::iter::once(first).chain(rx.try_iter()) {
+            buf.clear();
+            if m.write_to_vec(&mut buf).is_err() {
+                continue;
+            }
+            if w.write_all(&(buf.len() as u32).to_le_bytes()).is_err() || w.write_all(&buf).is_err()
+            {
+                ok = false;
+                break;
+            }
+        }
+        if !ok || w.flush().is_err() {
+            conn = None;
+        }
+    }
+}
+
+/// Accepts peers' connections on `listener` and hands every message read to
+/// `inbox` until `stop` is set.
+pub fn serve(listener: TcpListener, inbox: Sender<crate::node::Event>, stop: Arc<AtomicBool>) {
+    let _ = listener.set_nonblocking(true);
+    std::thread::Builder::new()
+        .name("raft-accept".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        let inbox = inbox.clone();
+                        let stop = stop.clone();
+                        let _ = std::thread::Builder::new()
+                            .name("raft-recv".into())
+                            .spawn(move || read_loop(s, &inbox, &stop));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        })
+        .expect("spawn the raft accept thread");
+}
+
+fn read_loop(s: TcpStream, inbox: &Sender<crate::node::Event>, stop: &AtomicBool) {
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_nodelay(true);
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut r = std::io::BufReader::with_capacity(256 << 10, s);
+    let mut len = [0u8; 4];
+    let mut buf = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        match read_full(&mut r, &mut len, stop) {
+            Ok(true) => {}
+            Ok(false) | Err(_) => return,
+        }
+        let n = u32::from_le_bytes(len) as usize;
+        if n > MAX_FRAME {
+            return;
+        }
+        buf.resize(n, 0);
+        if !matches!(read_full(&mut r, &mut buf, stop), Ok(true)) {
+            return;
+        }
+        let Ok(m) = Message::parse_from_bytes(&buf) else {
+            return;
+        };
+        if inbox
+            .send(crate::node::Event::Message(Box::new(m)))
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Fills `buf`, riding out read timeouts (they only let `stop` be seen);
+/// false at a clean end of stream before the first byte.
+fn read_full(r: &mut impl Read, buf: &mut [u8], stop: &AtomicBool) -> std::io::Result<bool> {
+    let mut at = 0;
+    while at < buf.len() {
+        match r.read(&mut buf[at..]) {
+            Ok(0) if at == 0 => return Ok(false),
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => at += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(false);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}

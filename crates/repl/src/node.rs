@@ -1,0 +1,637 @@
+//! A Raft node: the raft-rs state machine driven by one thread, and the
+//! apply thread that hands committed entries to the server's state machine.
+//!
+//! # Threads
+//! - **raft** (`raft-N`): owns the `RawNode` and the log ([`HeapStorage`]).
+//!   It waits on its inbox (peer messages, proposals, apply progress) for
+//!   at most one tick, ticks, and handles a Ready: sends the messages that
+//!   need nothing persisted, persists the new entries and hard state as one
+//!   batch, then sends the rest, and passes committed entries on.
+//! - **apply** (`raft-apply`): applies committed entries in log order
+//!   through the server's [`StateMachine`], which persists each entry's
+//!   index with its effects (exactly once across restarts), then completes
+//!   the proposer's waiter and reports the applied index back.
+//!
+//! # Proposals
+//! A writer (a server worker) proposes bytes with [`Handle::propose`] and
+//! waits on the receiver it gets for what the state machine returned when
+//! it applied them. A new leader holds proposals back until it has applied
+//! every entry up to the first of its term: a proposer's effects were
+//! computed against the applied state, which must then include every
+//! committed write. A proposal fails at once when this node is not the
+//! leader, and its waiter fails when the node stops being leader before it
+//! applied (the entry may still commit: the outcome is then unknown to the
+//! client, as after a timeout).
+
+use crate::storage::{read_applied, HeapStorage};
+use raft::eraftpb::{Entry, EntryType, Message};
+use raft::{Config, RawNode, StateRole};
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One member of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub id: u64,
+    /// host:port of its Raft transport.
+    pub raft_addr: String,
+    /// host:port where it serves clients (ROLE, INFO, Sentinel answers).
+    pub client_addr: String,
+}
+
+/// Parses `--peers`: `ID=HOST:RAFTPORT:PORT` separated by commas.
+pub fn parse_peers(s: &str) -> Result<Vec<Peer>, String> {
+    let mut out: Vec<Peer> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, rest) = part
+            .split_once('=')
+            .ok_or_else(|| format!("peer '{part}' is not ID=HOST:RAFTPORT:PORT"))?;
+        let id: u64 = id
+            .parse()
+            .ok()
+            .filter(|&i| i > 0)
+            .ok_or_else(|| format!("peer id '{id}' is not a positive integer"))?;
+        let mut it = rest.rsplitn(3, ':');
+        let (Some(port), Some(raft), Some(host)) = (it.next(), it.next(), it.next()) else {
+            return Err(format!("peer '{part}' is not ID=HOST:RAFTPORT:PORT"));
+        };
+        for p in [port, raft] {
+            p.parse::<u16>()
+                .map_err(|_| format!("port '{p}' of peer {id} is not a port number"))?;
+        }
+        if out.iter().any(|p| p.id == id) {
+            return Err(format!("peer id {id} appears twice"));
+        }
+        out.push(Peer {
+            id,
+            raft_addr: format!("{host}:{raft}"),
+            client_addr: format!("{host}:{port}"),
+        });
+    }
+    if out.is_empty() {
+        return Err("no peers".into());
+    }
+    Ok(out)
+}
+
+/// How a node runs.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub id: u64,
+    /// Every member, this node included.
+    pub peers: Vec<Peer>,
+    /// Where the transport listens (this node's raft address by default).
+    pub listen: String,
+    pub tick: Duration,
+    /// Election timeout, in ticks (randomised by raft-rs in [n, 2n)).
+    pub election_ticks: usize,
+    pub heartbeat_ticks: usize,
+}
+
+/// Why a proposal did not apply.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReplError {
+    /// This node is not the leader (the leader's id, when known).
+    #[error("not the leader")]
+    NotLeader(Option<u64>),
+    /// The node lost leadership before the proposal applied; it may still
+    /// commit under the new leader.
+    #[error("leadership changed before the write applied")]
+    LeaderChanged,
+    /// The node is stopping or its log failed.
+    #[error("replication stopped: {0}")]
+    Stopped(String),
+}
+
+/// What the server applies committed entries with (it lives on the apply
+/// thread; it is made there, as store sessions stay on their thread).
+pub trait StateMachine<T> {
+    /// Applies entry `index`'s data and persists `index` as applied in the
+    /// same crash-atomic batch as the effects. Called once per committed
+    /// entry, in log order, for entries after the applied index found at
+    /// start. `own` is true when this node proposed it in this run.
+    fn apply(&mut self, index: u64, data: &[u8], own: bool) -> T;
+    /// Persists `index` as applied for an entry without data (a new term's
+    /// empty entry, a configuration change).
+    fn skip(&mut self, index: u64);
+}
+
+/// What a status reader sees (ROLE, INFO replication).
+#[derive(Clone, Debug, Default)]
+pub struct Status {
+    pub id: u64,
+    pub leader: Option<u64>,
+    pub is_leader: bool,
+    pub term: u64,
+    pub commit: u64,
+    pub applied: u64,
+    pub last_index: u64,
+    /// At the leader: each follower's matched index.
+    pub matched: Vec<(u64, u64)>,
+    /// Set when the log or the state machine failed: the node stopped.
+    pub failed: Option<String>,
+}
+
+/// Messages to the raft thread.
+pub enum Event {
+    Message(Box<Message>),
+    Propose { seq: u64, data: Vec<u8> },
+    Applied(u64),
+    Campaign,
+    Stop,
+}
+
+type Waiter<T> = SyncSender<Result<T, ReplError>>;
+
+struct Shared<T> {
+    id: u64,
+    status: Mutex<Status>,
+    waiters: Mutex<HashMap<u64, Waiter<T>>>,
+    next_seq: AtomicU64,
+    stop: Arc<AtomicBool>,
+    applied: AtomicU64,
+}
+
+/// A running node: cheap to clone, shared by the server's threads.
+pub struct Handle<T> {
+    sh: Arc<Shared<T>>,
+    inbox: Mutex<Sender<Event>>,
+    peers: Vec<Peer>,
+}
+
+impl<T> Clone for Handle<T> {
+    fn clone(&self) -> Self {
+        Handle {
+            sh: self.sh.clone(),
+            inbox: Mutex::new(self.inbox.lock().unwrap_or_else(|p| p.into_inner()).clone()),
+            peers: self.peers.clone(),
+        }
+    }
+}
+
+/// The context stored with an entry: proposer id and its sequence number.
+fn ctx_bytes(id: u64, seq: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(16);
+    v.extend_from_slice(&id.to_le_bytes());
+    v.extend_from_slice(&seq.to_le_bytes());
+    v
+}
+
+fn parse_ctx(c: &[u8]) -> Option<(u64, u64)> {
+    let id = u64::from_le_bytes(c.get(0..8)?.try_into().ok()?);
+    let seq = u64::from_le_bytes(c.get(8..16)?.try_into().ok()?);
+    Some((id, seq))
+}
+
+impl<T: Send + 'static> Handle<T> {
+    /// Starts a node: opens its log through `log_session`'s store, binds its
+    /// transport, and starts the raft and apply threads. `make_sm` runs on
+    /// the apply thread.
+    pub fn start(
+        cfg: NodeConfig,
+        log_session: Box<dyn FnOnce() -> engine::Result<Box<dyn engine::Session>> + Send>,
+        make_sm: Box<dyn FnOnce() -> Box<dyn StateMachine<T>> + Send>,
+    ) -> Result<Handle<T>, String> {
+        if !cfg.peers.iter().any(|p| p.id == cfg.id) {
+            return Err(format!("node id {} is not in --peers", cfg.id));
+        }
+        let listener =
+            TcpListener::bind(&cfg.listen).map_err(|e| format!("raft port {}: {e}", cfg.listen))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let sh = Arc::new(Shared {
+            id: cfg.id,
+            status: Mutex::new(Status {
+                id: cfg.id,
+                ..Status::default()
+            }),
+            waiters: Mutex::new(HashMap::new()),
+            next_seq: AtomicU64::new(1),
+            stop: stop.clone(),
+            applied: AtomicU64::new(0),
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        crate::net::serve(listener, tx.clone(), stop.clone());
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<(), String>>(1);
+        let (apply_tx, apply_rx) = std::sync::mpsc::channel::<Vec<Entry>>();
+        {
+            let sh = sh.clone();
+            let cfg = cfg.clone();
+            let inbox = tx.clone();
+            std::thread::Builder::new()
+                .name(format!("raft-{}", cfg.id))
+                .spawn(move || {
+                    let mut d = match Driver::open(cfg, log_session, sh.clone(), apply_tx) {
+                        Ok(d) => {
+                            let _ = ready_tx.send(Ok(()));
+                            d
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    d.run(&rx);
+                    drop(inbox);
+                })
+                .map_err(|e| e.to_string())?;
+        }
+        ready_rx
+            .recv()
+            .map_err(|_| "the raft thread ended".to_string())??;
+        {
+            let sh = sh.clone();
+            let inbox = tx.clone();
+            std::thread::Builder::new()
+                .name("raft-apply".into())
+                .spawn(move || apply_loop(&sh, make_sm(), &apply_rx, &inbox))
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(Handle {
+            sh,
+            inbox: Mutex::new(tx),
+            peers: cfg.peers,
+        })
+    }
+
+    fn send(&self, e: Event) -> bool {
+        self.inbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(e)
+            .is_ok()
+    }
+
+    /// Proposes `data`; the receiver yields what the state machine returned
+    /// when it applied the entry, or why it did not.
+    pub fn propose(&self, data: Vec<u8>) -> Receiver<Result<T, ReplError>> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let st = self.status();
+        if let Some(f) = st.failed {
+            let _ = tx.send(Err(ReplError::Stopped(f)));
+            return rx;
+        }
+        if !st.is_leader {
+            let _ = tx.send(Err(ReplError::NotLeader(st.leader)));
+            return rx;
+        }
+        let seq = self.sh.next_seq.fetch_add(1, Ordering::Relaxed);
+        self.sh
+            .waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(seq, tx);
+        if !self.send(Event::Propose { seq, data }) {
+            fail(&self.sh, seq, ReplError::Stopped("node stopped".into()));
+        }
+        rx
+    }
+
+    /// Forgets a proposal whose proposer stopped waiting.
+    pub fn abandon(&self, rx: Receiver<Result<T, ReplError>>) {
+        drop(rx);
+    }
+
+    /// The node's state now.
+    pub fn status(&self) -> Status {
+        self.sh
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> u64 {
+        self.sh.id
+    }
+
+    /// Every member, this node included.
+    pub fn peers(&self) -> &[Peer] {
+        &self.peers
+    }
+
+    /// Asks this node to start an election now (tests, leader transfer).
+    pub fn campaign(&self) {
+        self.send(Event::Campaign);
+    }
+
+    /// Stops the node's threads (the process ends soon after).
+    pub fn stop(&self) {
+        self.sh.stop.store(true, Ordering::Relaxed);
+        self.send(Event::Stop);
+    }
+}
+
+fn fail<T>(sh: &Shared<T>, seq: u64, e: ReplError) {
+    if let Some(w) = sh
+        .waiters
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&seq)
+    {
+        let _ = w.send(Err(e));
+    }
+}
+
+fn apply_loop<T>(
+    sh: &Shared<T>,
+    mut sm: Box<dyn StateMachine<T>>,
+    rx: &Receiver<Vec<Entry>>,
+    inbox: &Sender<Event>,
+) {
+    while let Ok(ents) = rx.recv() {
+        let mut last = 0;
+        for e in ents {
+            let own = parse_ctx(&e.context).filter(|&(id, _)| id == sh.id);
+            if e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty() {
+                let r = sm.apply(e.index, &e.data, own.is_some());
+                if let Some((_, seq)) = own {
+                    if let Some(w) = sh
+                        .waiters
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&seq)
+                    {
+                        let _ = w.send(Ok(r));
+                    }
+                }
+            } else {
+                sm.skip(e.index);
+            }
+            last = e.index;
+        }
+        sh.applied.store(last, Ordering::Release);
+        if inbox.send(Event::Applied(last)).is_err() {
+            return;
+        }
+    }
+}
+
+struct Driver<T> {
+    node: RawNode<HeapStorage>,
+    sh: Arc<Shared<T>>,
+    net: crate::net::Transport,
+    apply: Sender<Vec<Entry>>,
+    tick: Duration,
+    /// The index of this leader's first entry of its term: proposals wait
+    /// until it is applied.
+    term_start: Option<u64>,
+    held: Vec<(u64, Vec<u8>)>,
+    applied: u64,
+    was_leader: bool,
+    term: u64,
+}
+
+impl<T: Send + 'static> Driver<T> {
+    fn open(
+        cfg: NodeConfig,
+        log_session: Box<dyn FnOnce() -> engine::Result<Box<dyn engine::Session>> + Send>,
+        sh: Arc<Shared<T>>,
+        apply: Sender<Vec<Entry>>,
+    ) -> Result<Driver<T>, String> {
+        let sess = log_session().map_err(|e| e.to_string())?;
+        let voters: Vec<u64> = cfg.peers.iter().map(|p| p.id).collect();
+        let mut store = HeapStorage::open(sess, &voters).map_err(|e| e.to_string())?;
+        let applied = read_applied(store.session()).map_err(|e| e.to_string())?;
+        let rc = Config {
+            id: cfg.id,
+            election_tick: cfg.election_ticks,
+            heartbeat_tick: cfg.heartbeat_ticks,
+            applied,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            check_quorum: true,
+            pre_vote: true,
+            ..Config::default()
+        };
+        rc.validate().map_err(|e| e.to_string())?;
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let node = RawNode::new(&rc, store, &logger).map_err(|e| e.to_string())?;
+        let others: Vec<(u64, String)> = cfg
+            .peers
+            .iter()
+            .filter(|p| p.id != cfg.id)
+            .map(|p| (p.id, p.raft_addr.clone()))
+            .collect();
+        let net = crate::net::Transport::start(&others, sh.stop.clone());
+        sh.applied.store(applied, Ordering::Release);
+        Ok(Driver {
+            node,
+            sh,
+            net,
+            apply,
+            tick: cfg.tick,
+            term_start: None,
+            held: Vec::new(),
+            applied,
+            was_leader: false,
+            term: 0,
+        })
+    }
+
+    fn run(&mut self, rx: &Receiver<Event>) {
+        let mut next_tick = Instant::now() + self.tick;
+        loop {
+            let now = Instant::now();
+            let wait = next_tick.saturating_duration_since(now);
+            match rx.recv_timeout(wait) {
+                Ok(ev) => {
+                    if !self.handle(ev) {
+                        return;
+                    }
+                    // Take what else arrived before handling the Ready, so
+                    // one persist covers many proposals.
+                    for ev in rx.try_iter().take(4096) {
+                        if !self.handle(ev) {
+                            return;
+                        }
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            if Instant::now() >= next_tick {
+                self.node.tick();
+                next_tick += self.tick;
+                if next_tick < Instant::now() {
+                    next_tick = Instant::now() + self.tick;
+                }
+            }
+            if let Err(e) = self.on_ready() {
+                self.halt(e);
+                return;
+            }
+            self.after_role();
+        }
+    }
+
+    /// False when the node is to stop.
+    fn handle(&mut self, ev: Event) -> bool {
+        match ev {
+            Event::Message(m) => {
+                let _ = self.node.step(*m);
+            }
+            Event::Propose { seq, data } => {
+                self.note_term();
+                if self.node.raft.state != StateRole::Leader {
+                    fail(&self.sh, seq, ReplError::NotLeader(self.leader()));
+                } else if self.term_start.is_some_and(|s| self.applied < s) {
+                    self.held.push((seq, data));
+                } else {
+                    self.propose(seq, data);
+                }
+            }
+            Event::Applied(i) => {
+                if i > self.applied {
+                    self.applied = i;
+                    self.node.advance_apply_to(i);
+                }
+                if self.term_start.is_some_and(|s| self.applied >= s) && !self.held.is_empty() {
+                    for (seq, data) in std::mem::take(&mut self.held) {
+                        self.propose(seq, data);
+                    }
+                }
+            }
+            Event::Campaign => {
+                let _ = self.node.campaign();
+            }
+            Event::Stop => return false,
+        }
+        true
+    }
+
+    fn propose(&mut self, seq: u64, data: Vec<u8>) {
+        if self.node.propose(ctx_bytes(self.sh.id, seq), data).is_err() {
+            fail(&self.sh, seq, ReplError::NotLeader(self.leader()));
+        }
+    }
+
+    fn leader(&self) -> Option<u64> {
+        let l = self.node.raft.leader_id;
+        (l != raft::INVALID_ID).then_some(l)
+    }
+
+    fn on_ready(&mut self) -> Result<(), String> {
+        if !self.node.has_ready() {
+            return Ok(());
+        }
+        let mut rd = self.node.ready();
+        for m in rd.take_messages() {
+            self.net.send(m);
+        }
+        let committed = rd.take_committed_entries();
+        if !committed.is_empty() {
+            self.apply
+                .send(committed)
+                .map_err(|_| "apply thread ended")?;
+        }
+        self.node
+            .mut_store()
+            .persist(rd.entries(), rd.hs())
+            .map_err(|e| e.to_string())?;
+        for m in rd.take_persisted_messages() {
+            self.net.send(m);
+        }
+        // The apply thread reports what it applied (Event::Applied):
+        // raft-rs is told then, not here.
+        let mut light = self.node.advance_append(rd);
+        if let Some(c) = light.commit_index() {
+            self.node
+                .mut_store()
+                .commit_to(c)
+                .map_err(|e| e.to_string())?;
+        }
+        for m in light.take_messages() {
+            self.net.send(m);
+        }
+        let committed = light.take_committed_entries();
+        if !committed.is_empty() {
+            self.apply
+                .send(committed)
+                .map_err(|_| "apply thread ended")?;
+        }
+        Ok(())
+    }
+
+    /// Notes a change of role or term: a new leader's first entry of its
+    /// term (proposals wait for it to apply); a lost leadership fails the
+    /// proposals still waiting.
+    fn after_role(&mut self) {
+        self.note_term();
+        let r = &self.node.raft;
+        let leader = r.state == StateRole::Leader;
+        if !leader {
+            self.term_start = None;
+            for (seq, _) in std::mem::take(&mut self.held) {
+                fail(&self.sh, seq, ReplError::NotLeader(self.leader()));
+            }
+            if self.was_leader {
+                let seqs: Vec<u64> = self
+                    .sh
+                    .waiters
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .keys()
+                    .copied()
+                    .collect();
+                for s in seqs {
+                    fail(&self.sh, s, ReplError::LeaderChanged);
+                }
+            }
+        }
+        self.was_leader = leader;
+        self.term = r.term;
+        let matched = if leader {
+            r.prs()
+                .iter()
+                .filter(|(id, _)| **id != self.sh.id)
+                .map(|(id, p)| (*id, p.matched))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut st = self.sh.status.lock().unwrap_or_else(|p| p.into_inner());
+        st.leader = self.leader();
+        // Writes are taken only once the term's first entry is applied.
+        st.is_leader = leader;
+        st.term = r.term;
+        st.commit = r.raft_log.committed;
+        st.applied = self.sh.applied.load(Ordering::Acquire);
+        st.last_index = r.raft_log.last_index();
+        st.matched = matched;
+    }
+
+    /// On becoming leader (or a new term as leader): the term's first
+    /// entry, which proposals wait to see applied.
+    fn note_term(&mut self) {
+        let r = &self.node.raft;
+        if r.state == StateRole::Leader && (!self.was_leader || r.term != self.term) {
+            self.term_start = Some(r.raft_log.last_index());
+            self.was_leader = true;
+            self.term = r.term;
+        }
+    }
+
+    fn halt(&mut self, why: String) {
+        self.sh
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .failed = Some(why.clone());
+        let seqs: Vec<u64> = self
+            .sh
+            .waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        for s in seqs {
+            fail(&self.sh, s, ReplError::Stopped(why.clone()));
+        }
+    }
+}
