@@ -337,6 +337,20 @@ fn fail<T>(sh: &Shared<T>, seq: u64, e: ReplError) {
     }
 }
 
+/// Fails every proposal still waiting.
+fn fail_all<T>(sh: &Shared<T>, e: &ReplError) {
+    let all: Vec<Waiter<T>> = sh
+        .waiters
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain()
+        .map(|(_, w)| w)
+        .collect();
+    for w in all {
+        let _ = w.send(Err(e.clone()));
+    }
+}
+
 fn apply_loop<T>(
     sh: &Shared<T>,
     mut sm: Box<dyn StateMachine<T>>,
@@ -570,17 +584,7 @@ impl<T: Send + 'static> Driver<T> {
                 fail(&self.sh, seq, ReplError::NotLeader(self.leader()));
             }
             if self.was_leader {
-                let seqs: Vec<u64> = self
-                    .sh
-                    .waiters
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .keys()
-                    .copied()
-                    .collect();
-                for s in seqs {
-                    fail(&self.sh, s, ReplError::LeaderChanged);
-                }
+                fail_all(&self.sh, &ReplError::LeaderChanged);
             }
         }
         self.was_leader = leader;
@@ -622,16 +626,6 @@ impl<T: Send + 'static> Driver<T> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .failed = Some(why.clone());
-        let seqs: Vec<u64> = self
-            .sh
-            .waiters
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .copied()
-            .collect();
-        for s in seqs {
-            fail(&self.sh, s, ReplError::Stopped(why.clone()));
-        }
+        fail_all(&self.sh, &ReplError::Stopped(why));
     }
 }
