@@ -118,6 +118,14 @@ pub trait StateMachine<T> {
     /// Persists `index` as applied for an entry without data (a new term's
     /// empty entry, a configuration change).
     fn skip(&mut self, index: u64);
+    /// Makes what was applied durable (a store with group commit); called
+    /// after each run of entries, before their proposers are answered.
+    fn sync(&mut self) {}
+    /// Set when an entry could not be applied here although it may have
+    /// applied elsewhere (a full heap): the node stops rather than diverge.
+    fn failed(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What a status reader sees (ROLE, INFO replication).
@@ -154,6 +162,9 @@ struct Shared<T> {
     next_seq: AtomicU64,
     stop: Arc<AtomicBool>,
     applied: AtomicU64,
+    /// Whether this node leads and takes proposals (one load for callers
+    /// on every write).
+    leader: AtomicBool,
 }
 
 /// A running node: cheap to clone, shared by the server's threads.
@@ -212,6 +223,7 @@ impl<T: Send + 'static> Handle<T> {
             next_seq: AtomicU64::new(1),
             stop: stop.clone(),
             applied: AtomicU64::new(0),
+            leader: AtomicBool::new(false),
         });
         let (tx, rx) = std::sync::mpsc::channel();
         crate::net::serve(listener, tx.clone(), stop.clone());
@@ -304,6 +316,11 @@ impl<T: Send + 'static> Handle<T> {
             .clone()
     }
 
+    /// Whether this node is the leader now (a relaxed load).
+    pub fn is_leader(&self) -> bool {
+        self.sh.leader.load(Ordering::Relaxed)
+    }
+
     /// This node's id.
     pub fn id(&self) -> u64 {
         self.sh.id
@@ -357,26 +374,43 @@ fn apply_loop<T>(
     rx: &Receiver<Vec<Entry>>,
     inbox: &Sender<Event>,
 ) {
+    let mut done = Vec::new();
     while let Ok(ents) = rx.recv() {
         let mut last = 0;
         for e in ents {
-            let own = parse_ctx(&e.context).filter(|&(id, _)| id == sh.id);
-            if e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty() {
-                let r = sm.apply(e.index, &e.data, own.is_some());
-                if let Some((_, seq)) = own {
-                    if let Some(w) = sh
-                        .waiters
+            // A proposal of this node whose proposer still waits: it gets
+            // the result (and does the bookkeeping its command does).
+            let waiter = parse_ctx(&e.context)
+                .filter(|&(id, _)| id == sh.id)
+                .and_then(|(_, seq)| {
+                    sh.waiters
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .remove(&seq)
-                    {
-                        let _ = w.send(Ok(r));
-                    }
+                });
+            if e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty() {
+                let r = sm.apply(e.index, &e.data, waiter.is_some());
+                if let Some(w) = waiter {
+                    done.push((w, r));
                 }
             } else {
                 sm.skip(e.index);
             }
+            if let Some(why) = sm.failed() {
+                sh.status.lock().unwrap_or_else(|p| p.into_inner()).failed = Some(why.clone());
+                sh.leader.store(false, Ordering::Relaxed);
+                for (w, _) in done.drain(..) {
+                    let _ = w.send(Err(ReplError::Stopped(why.clone())));
+                }
+                fail_all(sh, &ReplError::Stopped(why));
+                let _ = inbox.send(Event::Stop);
+                return;
+            }
             last = e.index;
+        }
+        sm.sync();
+        for (w, r) in done.drain(..) {
+            let _ = w.send(Ok(r));
         }
         sh.applied.store(last, Ordering::Release);
         if inbox.send(Event::Applied(last)).is_err() {
@@ -598,6 +632,7 @@ impl<T: Send + 'static> Driver<T> {
         } else {
             Vec::new()
         };
+        self.sh.leader.store(leader, Ordering::Relaxed);
         let mut st = self.sh.status.lock().unwrap_or_else(|p| p.into_inner());
         st.leader = self.leader();
         // Writes are taken only once the term's first entry is applied.
@@ -621,6 +656,7 @@ impl<T: Send + 'static> Driver<T> {
     }
 
     fn halt(&mut self, why: String) {
+        self.sh.leader.store(false, Ordering::Relaxed);
         self.sh
             .status
             .lock()

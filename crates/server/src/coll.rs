@@ -41,6 +41,7 @@ fn store_err(e: KsError) -> engine::Error {
         KsError::Corrupt => engine::Error::Corrupt("a collection's piece".into()),
         // Pieces are internal keys, which a unit never refuses.
         KsError::Undeclared => engine::Error::Corrupt("a piece outside its unit".into()),
+        KsError::Repl(e) => engine::Error::Config(crate::cluster::error_text(&e)),
     }
 }
 

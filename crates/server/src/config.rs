@@ -155,6 +155,26 @@ pub struct ServeArgs {
     /// The largest memcached item (memcached's -I), e.g. 1m [default: 1m].
     #[arg(long, value_name = "BYTES")]
     pub memcached_item_size_max: Option<String>,
+    /// This node's id in a replicated cluster (with --raft-port and
+    /// --peers; 0 = not replicated) [default: 0].
+    #[arg(long, value_name = "N")]
+    pub node_id: Option<u64>,
+    /// The port of this node's Raft transport [default: the port in its
+    /// --peers entry].
+    #[arg(long, value_name = "PORT")]
+    pub raft_port: Option<u16>,
+    /// Every member of the cluster, this node included:
+    /// ID=HOST:RAFTPORT:PORT,ID=HOST:RAFTPORT:PORT,...
+    #[arg(long, value_name = "LIST")]
+    pub peers: Option<String>,
+    /// The Raft tick in milliseconds; heartbeats go every 2 ticks and the
+    /// election timeout is raft-election-ticks [default: 5].
+    #[arg(long, value_name = "MS")]
+    pub raft_tick_ms: Option<u64>,
+    /// Ticks without a leader's heartbeat before a follower stands for
+    /// election (randomised up to twice this) [default: 10].
+    #[arg(long, value_name = "N")]
+    pub raft_election_ticks: Option<u64>,
     /// Output a client may have pending: "<class> <hard> <soft> <seconds>"
     /// for class normal, replica or pubsub, as Redis's directive; a client
     /// above the hard limit, or above the soft limit for longer than the
@@ -391,6 +411,14 @@ pub struct Config {
     pub memcached_port: u16,
     /// The largest memcached item, memcached's `-I` (header, key and value).
     pub memcached_item_size_max: u64,
+    /// Replication (see `crate::cluster`): this node's id (0 = off), its
+    /// Raft port (0 = its --peers entry's), the members, the tick and the
+    /// election timeout in ticks.
+    pub node_id: u64,
+    pub raft_port: u16,
+    pub peers: String,
+    pub raft_tick_ms: u64,
+    pub raft_election_ticks: u64,
     /// `client-output-buffer-limit` per class (`OBUF_CLASSES`).
     pub client_output_buffer_limit: [ObufLimit; 3],
     /// Bytes above which a sparse HyperLogLog becomes dense (Redis's
@@ -456,6 +484,11 @@ impl Default for Config {
             tls_ca_cert_file: String::new(),
             tls_auth_clients: TlsAuth::Yes,
             memcached_port: 0,
+            node_id: 0,
+            raft_port: 0,
+            peers: String::new(),
+            raft_tick_ms: 5,
+            raft_election_ticks: 10,
             memcached_item_size_max: MB,
             // Redis 7.0's defaults.
             client_output_buffer_limit: [
@@ -595,6 +628,11 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("tls-auth-clients", false),
     ("memcached-port", false),
     ("memcached-item-size-max", false),
+    ("node-id", false),
+    ("raft-port", false),
+    ("peers", false),
+    ("raft-tick-ms", false),
+    ("raft-election-ticks", false),
     ("client-output-buffer-limit", true),
     ("hll-sparse-max-bytes", true),
     ("notify-keyspace-events", true),
@@ -839,6 +877,35 @@ impl Config {
                     .parse()
                     .map_err(|_| format!("invalid port '{}'", one().unwrap_or("")))?
             }
+            "node-id" => {
+                self.node_id = one()?
+                    .parse()
+                    .map_err(|_| format!("invalid node id '{}'", one().unwrap_or("")))?
+            }
+            "raft-port" => {
+                self.raft_port = one()?
+                    .parse()
+                    .map_err(|_| format!("invalid port '{}'", one().unwrap_or("")))?
+            }
+            "peers" => {
+                let v = one()?;
+                repl::parse_peers(v)?;
+                self.peers = v.to_string();
+            }
+            "raft-tick-ms" => {
+                self.raft_tick_ms = one()?
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| "raft-tick-ms must be between 1 and 1000".to_string())?
+            }
+            "raft-election-ticks" => {
+                self.raft_election_ticks = one()?
+                    .parse()
+                    .ok()
+                    .filter(|n| (3..=10_000).contains(n))
+                    .ok_or_else(|| "raft-election-ticks must be between 3 and 10000".to_string())?
+            }
             "memcached-item-size-max" => {
                 let n = parse_size(one()?)?;
                 if !(1024..=512 * MB).contains(&n) {
@@ -1021,6 +1088,14 @@ impl Config {
         set("tls-auth-clients", a.tls_auth_clients.clone())?;
         set("memcached-port", a.memcached_port.map(|v| v.to_string()))?;
         set("memcached-item-size-max", a.memcached_item_size_max.clone())?;
+        set("node-id", a.node_id.map(|v| v.to_string()))?;
+        set("raft-port", a.raft_port.map(|v| v.to_string()))?;
+        set("peers", a.peers.clone())?;
+        set("raft-tick-ms", a.raft_tick_ms.map(|v| v.to_string()))?;
+        set(
+            "raft-election-ticks",
+            a.raft_election_ticks.map(|v| v.to_string()),
+        )?;
         set(
             "client-output-buffer-limit",
             a.client_output_buffer_limit.clone(),
@@ -1082,6 +1157,11 @@ impl Config {
             "tls-auth-clients" => self.tls_auth_clients.name().into(),
             "memcached-port" => self.memcached_port.to_string(),
             "memcached-item-size-max" => self.memcached_item_size_max.to_string(),
+            "node-id" => self.node_id.to_string(),
+            "raft-port" => self.raft_port.to_string(),
+            "peers" => self.peers.clone(),
+            "raft-tick-ms" => self.raft_tick_ms.to_string(),
+            "raft-election-ticks" => self.raft_election_ticks.to_string(),
             "client-output-buffer-limit" => OBUF_CLASSES
                 .iter()
                 .zip(&self.client_output_buffer_limit)

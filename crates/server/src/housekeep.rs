@@ -337,6 +337,20 @@ pub fn lazy_free_step(
     deadline: Option<Instant>,
     min_age: Duration,
 ) -> Result<(), KsError> {
+    // Every node of a cluster frees the pieces of the collections its
+    // applied writes handed to the lazy free: these writes are its own.
+    ks.set_local(true);
+    let r = lazy_free_run(sh, ks, deadline, min_age);
+    ks.set_local(false);
+    r
+}
+
+fn lazy_free_run(
+    sh: &Shared,
+    ks: &mut Keyspace,
+    deadline: Option<Instant>,
+    min_age: Duration,
+) -> Result<(), KsError> {
     let hk = &sh.hk;
     let mut job = lock(&hk.job);
     let mut kbuf = Vec::new();

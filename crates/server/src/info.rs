@@ -166,11 +166,15 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, crate::keyspace:
         );
     }
     if on("replication") {
-        let _ = write!(
+        if let Some(sec) = crate::cluster::info_section(sh) {
+            o.push_str(&sec);
+        } else {
+            let _ = write!(
             o,
             "# Replication\r\nrole:master\r\nconnected_slaves:0\r\nmaster_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_repl_offset:0\r\n\r\n",
             sh.run_id
         );
+        }
     }
     if on("cpu") {
         let (sys, user) = rusage();

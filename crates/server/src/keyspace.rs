@@ -163,6 +163,8 @@ pub enum KsError {
     /// unit does not hold: the unit runs again with every lock.
     Undeclared,
     Store(engine::Error),
+    /// A replicated write that did not apply (see [`crate::cluster`]).
+    Repl(repl::ReplError),
 }
 
 impl From<engine::Error> for KsError {
@@ -323,6 +325,12 @@ pub struct Keyspace {
     /// `denyoom` commands are refused until it writes (see
     /// [`crate::evict::script_refuses`]).
     pub pre_oom: bool,
+    /// This node's replication, when it is one of a cluster: the batches
+    /// [`Keyspace::apply`] applies are replicated (see [`crate::cluster`]).
+    repl: Option<Arc<crate::cluster::Cluster>>,
+    /// Set around node-local work (the lazy free of pieces): applied here
+    /// only, not replicated.
+    local: bool,
 }
 
 /// A unit of several commands in progress (`cmd::unit`): its stripe locks
@@ -369,7 +377,26 @@ impl Keyspace {
             unit: None,
             watches: Arc::default(),
             pre_oom: false,
+            repl: None,
+            local: false,
         }
+    }
+
+    /// Makes this keyspace's writes go through replication.
+    pub fn set_repl(&mut self, r: Option<Arc<crate::cluster::Cluster>>) {
+        self.repl = r;
+    }
+
+    /// Marks the writes that follow as node-local (not replicated) until
+    /// cleared: the lazy free's, whose pieces every node frees on its own.
+    pub fn set_local(&mut self, local: bool) {
+        self.local = local;
+    }
+
+    /// True on a node of a cluster that is not its leader now: it takes no
+    /// writes and deletes no expired key of its own.
+    pub fn follower(&self) -> bool {
+        self.repl.as_ref().is_some_and(|r| !r.is_leader())
     }
 
     /// Makes applied writes touch the server's watched keys (a worker's
@@ -495,10 +522,22 @@ impl Keyspace {
         let guard = counts.write_guard();
         let now = now_ms();
         self.outcomes.clear();
-        let r = self.sess.apply_batch(&self.staged, &mut self.outcomes);
-        if r.as_ref().is_err_and(|e| {
-            matches!(e.kind(), engine::ErrorKind::NoRoom { .. }) && self.has_lazy_free()
-        }) {
+        let r = match &self.repl {
+            // A cluster's write: committed by a quorum and applied by the
+            // apply thread before this returns (see `crate::cluster`).
+            Some(c) if !self.local => match c.replicate(&self.staged, &mut self.outcomes) {
+                Ok(()) => Ok(()),
+                Err(crate::cluster::ReplFailure::Store(e)) => Err(KsError::Store(e)),
+                Err(crate::cluster::ReplFailure::Repl(e)) => Err(KsError::Repl(e)),
+            },
+            _ => self
+                .sess
+                .apply_batch(&self.staged, &mut self.outcomes)
+                .map_err(KsError::Store),
+        };
+        if matches!(&r, Err(KsError::Store(e)) if matches!(e.kind(), engine::ErrorKind::NoRoom { .. }))
+            && self.has_lazy_free()
+        {
             // The stores applied nothing of a batch that failed so.
             drop(guard);
             return self.apply_without_lazy_free();
@@ -564,6 +603,55 @@ impl Keyspace {
         self.before.clear();
         r?;
         Ok(())
+    }
+
+    /// Applies a committed entry's batch that this node's proposer awaits,
+    /// with `index` recorded as applied in the same batch; returns the
+    /// outcomes of the batch's own operations (the proposer's
+    /// [`Self::apply`] does the bookkeeping with them).
+    pub fn apply_entry_raw(
+        &mut self,
+        mut batch: WriteBatch,
+        index: u64,
+    ) -> engine::Result<Vec<Outcome>> {
+        let n = batch.len();
+        batch.put(repl::APPLIED_KEY, &index.to_le_bytes());
+        let mut out = Vec::with_capacity(n + 1);
+        self.sess.apply_batch(&batch, &mut out)?;
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// Applies a committed entry's batch proposed elsewhere (a follower's
+    /// apply, or a new leader's of its predecessor's entries), `index`
+    /// recorded as applied in the same batch, with the bookkeeping a local
+    /// write does (key counts, TTL index, lazy free, WATCH).
+    pub fn apply_entry(&mut self, batch: WriteBatch, index: u64) -> engine::Result<()> {
+        debug_assert!(!self.has_staged() && self.repl.is_none());
+        // What each removal deletes (whether it had a TTL), for the counts.
+        let mut before = Vec::with_capacity(batch.len() + 1);
+        let mut raw = Vec::new();
+        for (k, op) in batch.iter() {
+            before.push(match op {
+                Op::Remove if k.first() != Some(&PIECE_PREFIX) => Some(
+                    self.sess.get(k, &mut raw)? && decode(&raw).is_some_and(|h| h.expire.is_some()),
+                ),
+                Op::Remove => Some(false),
+                _ => None,
+            });
+        }
+        self.staged = batch;
+        self.staged.put(repl::APPLIED_KEY, &index.to_le_bytes());
+        before.push(None);
+        self.before = before;
+        match self.apply() {
+            Ok(()) => Ok(()),
+            Err(KsError::Store(e)) => Err(e),
+            Err(e) => {
+                self.discard_staged();
+                Err(engine::Error::Corrupt(format!("{e:?}")))
+            }
+        }
     }
 
     /// Whether the staged batch hands a collection to the lazy free (puts a
@@ -795,7 +883,9 @@ impl Keyspace {
         if f.is_some() {
             self.hk.access.touch(skey, now);
         }
-        if expired {
+        // A follower leaves the key for the leader's deletion, which
+        // arrives as an entry (as a Redis replica does).
+        if expired && !self.follower() {
             self.free_pieces_of_raw()?;
             self.stage_remove(skey, true);
             self.note_expired(skey);

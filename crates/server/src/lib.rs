@@ -48,6 +48,7 @@ mod busy;
 mod client;
 #[allow(unsafe_code)]
 pub mod clock;
+pub mod cluster;
 pub mod cmd;
 pub mod coll;
 #[allow(unsafe_code)]

@@ -77,6 +77,9 @@ pub struct Shared {
     pub started: Instant,
     pub run_id: String,
     pub tcp_port: u16,
+    /// This node's replication, in a cluster (set once at start, before the
+    /// workers; see [`crate::cluster`]).
+    pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
 }
 
 impl Shared {
@@ -90,7 +93,9 @@ impl Shared {
         workers: usize,
         tcp_port: u16,
     ) -> Result<Shared, String> {
-        let counts = crate::counts::load(&store, workers)
+        // One shard of key counts per worker, and one for a cluster node's
+        // apply thread.
+        let counts = crate::counts::load(&store, workers + 1)
             .map_err(|e| format!("cannot read the key counts: {e}"))?;
         let pieced = crate::coll::has_pieced(&store)
             .map_err(|e| format!("cannot read the collections marker: {e}"))?;
@@ -137,6 +142,7 @@ impl Shared {
             started: Instant::now(),
             run_id: run_id(),
             tcp_port,
+            cluster: std::sync::OnceLock::new(),
         };
         crate::cmd::finish_flushes(&sh).map_err(|e| format!("cannot finish a flush: {e:?}"))?;
         crate::lua::load_functions(&sh)
@@ -241,6 +247,9 @@ pub fn run(cfg: Config) -> Result<(), String> {
                 .map_err(|e| e.to_string())?,
         );
     }
+    if let Some(c) = crate::cluster::start(&sh)? {
+        let _ = sh.cluster.set(c);
+    }
     let mut handles = Vec::new();
     let mut doors = Vec::new();
     for id in 0..threads {
@@ -274,6 +283,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                 let hk = sh2.hk.clone();
                 let mut ks = Keyspace::new(sess, counts, id, hk);
                 ks.set_watches(sh2.watches.clone());
+                ks.set_repl(sh2.cluster.get().cloned());
                 Worker {
                     id,
                     sh: sh2,

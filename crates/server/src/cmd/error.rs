@@ -380,6 +380,7 @@ impl CmdError {
                 return "ERR corrupt value in the heap (run `ember check`)".into()
             }
             E::Store(KsError::Store(e)) => return store_error_text(e),
+            E::Store(KsError::Repl(e)) => return crate::cluster::error_text(e).into(),
             E::Store(KsError::Undeclared) => {
                 return "ERR the command touched a key that the transaction or script did not declare".into()
             }

@@ -551,6 +551,7 @@ pub static TABLE: &[Spec] = &[
     spec!("config", -2, [], [], (0, 0, 0), "server", "2.0.0", "A container for server configuration commands.", admin::config),
     spec!("command", -1, [LOADING, STALE], [CONNECTION], (0, 0, 0), "server", "2.8.13", "Returns detailed information about all commands.", admin::command),
     spec!("time", 1, [LOADING, STALE, FAST], [], (0, 0, 0), "server", "2.6.0", "Returns the server time.", admin::time),
+    spec!("role", 1, [NOSCRIPT, LOADING, STALE, FAST], [ADMIN, DANGEROUS], (0, 0, 0), "server", "2.8.12", "Returns the replication role.", crate::cluster::role),
     spec!("lastsave", 1, [LOADING, STALE, FAST], [ADMIN, DANGEROUS], (0, 0, 0), "server", "1.0.0", "Returns the Unix timestamp of the last successful save to disk.", admin::lastsave),
     spec!("save", 1, [ADMIN, NOSCRIPT], [], (0, 0, 0), "server", "1.0.0", "Synchronously saves the database(s) to disk.", admin::save),
     spec!("bgsave", -1, [ADMIN, NOSCRIPT], [], (0, 0, 0), "server", "1.0.0", "Asynchronously saves the database(s) to disk.", admin::bgsave),

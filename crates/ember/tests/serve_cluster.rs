@@ -1,0 +1,354 @@
+//! A three-node cluster of `ember serve` processes on loopback (Raft
+//! replication, crate `repl`): writes at the leader reach every node,
+//! followers refuse writes with Redis's replica error, ROLE and INFO
+//! replication name the leader, and SIGKILL of the leader under load loses
+//! no acknowledged write: a new leader takes over, counters stay exact (up
+//! to the requests in flight when it died), and the killed node catches up
+//! after a restart.
+
+mod serve_common;
+
+use redis::Commands;
+use serve_common::free_port;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Node {
+    id: u64,
+    port: u16,
+    dir: PathBuf,
+    peers: String,
+    child: Option<Child>,
+    starts: u32,
+}
+
+impl Node {
+    fn launch(&mut self) {
+        self.starts += 1;
+        let log = std::fs::File::create(self.dir.join(format!("log-{}", self.starts))).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["serve", "--port", &self.port.to_string()])
+            .arg("--heap")
+            .arg(self.dir.join("ember.heap"))
+            .args(serve_common::SMALL)
+            .args(["--node-id", &self.id.to_string(), "--peers", &self.peers])
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn ember serve");
+        self.child = Some(child);
+        let t = Instant::now();
+        while redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+            .is_err()
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "node {} did not start: {}",
+                self.id,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join(format!("log-{}", self.starts))).unwrap_or_default()
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn con(&self) -> redis::Connection {
+        let c = redis::Client::open(self.url()).unwrap();
+        let con = c
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap();
+        con.set_read_timeout(Some(Duration::from_secs(40))).unwrap();
+        con
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn cluster(dir: &Path) -> Vec<Node> {
+    let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+    let peers = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (raft, port))| format!("{}=127.0.0.1:{raft}:{port}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    (0..3)
+        .map(|i| {
+            let d = dir.join(format!("n{}", i + 1));
+            std::fs::create_dir_all(&d).unwrap();
+            let mut n = Node {
+                id: i as u64 + 1,
+                port: ports[i].1,
+                dir: d,
+                peers: peers.clone(),
+                child: None,
+                starts: 0,
+            };
+            n.launch();
+            n
+        })
+        .collect()
+}
+
+/// ROLE's first element on node `n` (None when it does not answer).
+fn role(port: u16) -> Option<String> {
+    let c = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let mut con = c
+        .get_connection_with_timeout(Duration::from_millis(300))
+        .ok()?;
+    con.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    let v: redis::Value = redis::cmd("ROLE").query(&mut con).ok()?;
+    match v {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The port of the node that says it is master (waits for one).
+fn leader_port(ports: &[u16]) -> u16 {
+    let t = Instant::now();
+    loop {
+        for &p in ports {
+            if role(p).as_deref() == Some("master") {
+                return p;
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "no leader elected");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn info(con: &mut redis::Connection, field: &str) -> String {
+    serve_common::info_field(con, "replication", field)
+}
+
+#[test]
+fn followers_refuse_writes_and_role_and_info_name_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster(dir.path());
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let lp = leader_port(&ports);
+    let leader = nodes.iter().find(|n| n.port == lp).unwrap();
+    let mut lc = leader.con();
+    let _: () = lc.set("k", "v").unwrap();
+    let n: i64 = lc.rpush("list", &["a", "b", "c"]).unwrap();
+    assert_eq!(n, 3);
+    let _: () = lc.hset("h", "f", "1").unwrap();
+    assert_eq!(info(&mut lc, "role"), "master");
+    assert_eq!(info(&mut lc, "connected_slaves"), "2");
+    for f in nodes.iter().filter(|n| n.port != lp) {
+        let mut fc = f.con();
+        let e = fc.set::<_, _, ()>("k", "w").unwrap_err();
+        assert_eq!(e.code(), Some("READONLY"), "{e}");
+        assert_eq!(
+            e.detail(),
+            Some("You can't write against a read only replica.")
+        );
+        // ROLE names the leader's client port (once the follower heard
+        // from it: the leader's writes need only one follower); INFO
+        // replication too.
+        let t = Instant::now();
+        loop {
+            let v: redis::Value = redis::cmd("ROLE").query(&mut fc).unwrap();
+            let redis::Value::Array(items) = v else {
+                panic!("{v:?}")
+            };
+            assert_eq!(items[0], redis::Value::BulkString(b"slave".to_vec()));
+            if items[2] == redis::Value::Int(i64::from(lp)) {
+                assert_eq!(items[3], redis::Value::BulkString(b"connected".to_vec()));
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "{items:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(info(&mut fc, "role"), "slave");
+        assert_eq!(info(&mut fc, "master_port"), lp.to_string());
+        assert_eq!(info(&mut fc, "master_link_status"), "up");
+        // The follower applies what the leader committed.
+        let t = Instant::now();
+        loop {
+            let got: (Option<String>, Vec<String>, Option<String>) = redis::pipe()
+                .get("k")
+                .lrange("list", 0, -1)
+                .hget("h", "f")
+                .query(&mut fc)
+                .unwrap();
+            if got
+                == (
+                    Some("v".into()),
+                    vec!["a".into(), "b".into(), "c".into()],
+                    Some("1".into()),
+                )
+            {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "{got:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// What one writer knows: acknowledged values per key, its counter's
+/// acknowledged increments and those whose outcome it could not learn.
+#[derive(Default)]
+struct Known {
+    acked: HashMap<String, String>,
+    unknown: HashMap<String, Vec<String>>,
+    incr_acked: i64,
+    incr_unknown: i64,
+}
+
+fn writer(id: usize, ports: Vec<u16>, stop: Arc<AtomicBool>) -> Known {
+    let mut k = Known::default();
+    let mut con: Option<redis::Connection> = None;
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let c = match con.as_mut() {
+            Some(c) => c,
+            None => {
+                let p = leader_port(&ports);
+                match redis::Client::open(format!("redis://127.0.0.1:{p}/"))
+                    .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+                {
+                    Ok(c) => {
+                        let _ = c.set_read_timeout(Some(Duration::from_secs(40)));
+                        con.insert(c)
+                    }
+                    Err(_) => continue,
+                }
+            }
+        };
+        i += 1;
+        let key = format!("w{id}:{}", i % 50);
+        let val = format!("{i}");
+        if i.is_multiple_of(2) {
+            match c.set::<_, _, ()>(&key, &val) {
+                Ok(()) => {
+                    k.acked.insert(key.clone(), val);
+                    k.unknown.remove(&key);
+                }
+                Err(e) => {
+                    // A follower's refusal applied nothing; anything else
+                    // (a dead connection, a changed leader) may have.
+                    if e.code() != Some("READONLY") {
+                        k.unknown.entry(key).or_default().push(val);
+                    }
+                    con = None;
+                }
+            }
+        } else {
+            match c.incr::<_, _, i64>(format!("count{id}"), 1) {
+                Ok(_) => k.incr_acked += 1,
+                Err(e) => {
+                    if e.code() != Some("READONLY") {
+                        k.incr_unknown += 1;
+                    }
+                    con = None;
+                }
+            }
+        }
+    }
+    k
+}
+
+#[test]
+fn sigkill_of_the_leader_under_load_loses_no_acknowledged_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = cluster(dir.path());
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let lp = leader_port(&ports);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..3)
+        .map(|id| {
+            let (p, s) = (ports.clone(), stop.clone());
+            std::thread::spawn(move || writer(id, p, s))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let li = nodes.iter().position(|n| n.port == lp).unwrap();
+    nodes[li].kill9();
+    let t_kill = Instant::now();
+    let others: Vec<u16> = ports.iter().copied().filter(|&p| p != lp).collect();
+    let new_lp = leader_port(&others);
+    eprintln!("new leader after {:?}", t_kill.elapsed());
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let known: Vec<Known> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    let total: i64 = known.iter().map(|k| k.incr_acked).sum();
+    assert!(total > 20, "too few writes acknowledged: {total}");
+    let check = |con: &mut redis::Connection, who: &str| {
+        for (id, k) in known.iter().enumerate() {
+            let n: i64 = con.get(format!("count{id}")).unwrap_or(0);
+            assert!(
+                n >= k.incr_acked && n <= k.incr_acked + k.incr_unknown,
+                "{who}: counter {id} is {n}, acknowledged {} (+{} unknown)",
+                k.incr_acked,
+                k.incr_unknown
+            );
+            for (key, v) in &k.acked {
+                let got: Option<String> = con.get(key).unwrap();
+                let ok = got.as_ref() == Some(v)
+                    || got
+                        .as_ref()
+                        .is_some_and(|g| k.unknown.get(key).is_some_and(|u| u.contains(g)));
+                assert!(ok, "{who}: {key} is {got:?}, acknowledged {v}");
+            }
+        }
+    };
+    let ni = nodes.iter().position(|n| n.port == new_lp).unwrap();
+    check(&mut nodes[ni].con(), "new leader");
+    // The killed node restarts, catches up, and agrees.
+    nodes[li].launch();
+    let mut lc = nodes[ni].con();
+    let want: u64 = info(&mut lc, "raft_commit_index").parse().unwrap();
+    let t = Instant::now();
+    for n in &nodes {
+        let mut c = n.con();
+        loop {
+            let applied: u64 = info(&mut c, "raft_applied_index").parse().unwrap();
+            if applied >= want {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "node {} applied {applied} of {want}",
+                n.id
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        check(&mut c, &format!("node {}", n.id));
+    }
+    let sizes: Vec<i64> = nodes
+        .iter()
+        .map(|n| redis::cmd("DBSIZE").query(&mut n.con()).unwrap())
+        .collect();
+    assert!(sizes.windows(2).all(|w| w[0] == w[1]), "{sizes:?}");
+}
