@@ -204,6 +204,10 @@ pub struct Client {
     pub(crate) reply_off: bool,
     pub(crate) reply_skip_next: bool,
     pub(crate) reply_skip: bool,
+    /// On a cluster's follower: its connection to the leader for the
+    /// requests forwarded there, and READONLY (reads served here).
+    pub(crate) fwd: Option<Box<crate::cluster::Forward>>,
+    pub(crate) readonly: bool,
 }
 
 /// A transaction being queued (MULTI until EXEC or DISCARD).
@@ -262,6 +266,8 @@ impl Client {
             blocked: None,
             block_seq: 0,
             multi: None,
+            fwd: None,
+            readonly: false,
             watching: Default::default(),
             deny_blocking: false,
             monitor: false,

@@ -22,12 +22,17 @@
 //! rather than let it diverge.
 //!
 //! # Followers
-//! A follower refuses writes with Redis's replica error
-//! (`-READONLY You can't write against a read only replica.`) and serves
-//! reads from its applied state (possibly behind the leader). It deletes no
-//! expired key on its own (as a Redis replica): the leader's deletions
-//! arrive as entries. The lazy free of a deleted collection's pieces is
-//! local on every node (`Keyspace::set_local`).
+//! A follower forwards each client's writes, scripts, transactions (the
+//! queue with its EXEC, WATCH) and reads to the leader over that client's
+//! own connection to it ([`Forward`]), and relays the leader's replies as
+//! they come; after READONLY, reads are served from the follower's applied
+//! state (possibly behind the leader). Blocking pops are refused with
+//! Redis's replica error (`-READONLY You can't write against a read only
+//! replica.`), which is also what a write gets on a node that is not the
+//! leader. A follower deletes no expired key on its own (as a Redis
+//! replica): the leader's deletions arrive as entries. The lazy free of a
+//! deleted collection's pieces is local on every node
+//! (`Keyspace::set_local`).
 
 use crate::keyspace::Keyspace;
 use crate::server::Shared;
@@ -324,4 +329,440 @@ pub fn info_section(sh: &Shared) -> Option<String> {
         st.failed.as_deref().unwrap_or("no"),
     );
     Some(o)
+}
+
+/// The name clients give the cluster in Sentinel's discovery commands.
+pub const SENTINEL_NAME: &str = "mymaster";
+
+/// A Sentinel state (a flat list of field, value pairs: a map in RESP3).
+fn sentinel_state(fields: &[(&str, String)]) -> proto::Reply {
+    proto::Reply::Map(
+        fields
+            .iter()
+            .map(|(k, v)| {
+                (
+                    proto::Reply::Bulk(k.as_bytes().to_vec()),
+                    proto::Reply::Bulk(v.as_bytes().to_vec()),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// SENTINEL's discovery subcommands, answered by every node of a cluster as
+/// a Sentinel watching it would, so that Sentinel-aware clients (redis-py's
+/// `Sentinel`, Jedis, go-redis failover) find the leader: the cluster is
+/// the master named `mymaster`, the leader its address, the followers its
+/// replicas, and the other nodes its sentinels. GET-MASTER-ADDR-BY-NAME,
+/// MASTERS, MASTER, REPLICAS (SLAVES), SENTINELS, MYID, HELP; the
+/// subcommands that configure or fail over a Sentinel are refused (Raft
+/// elects the leader).
+pub fn sentinel(
+    ctx: &mut crate::cmd::Ctx,
+    c: &mut crate::server::Client,
+    a: &[Vec<u8>],
+) -> crate::cmd::R {
+    use crate::cmd::{eq, CmdError};
+    use proto::Reply;
+    let Some(cl) = ctx.sh.cluster.get() else {
+        return Err(CmdError::NotSupported {
+            what: "SENTINEL".into(),
+            why:
+                " on a server that is not a node of a cluster (start it with --node-id and --peers)",
+        });
+    };
+    let sub = &a[1];
+    let named = |i: usize| {
+        a.get(i)
+            .is_some_and(|n| n.as_slice() == SENTINEL_NAME.as_bytes())
+    };
+    let st = cl.node.status();
+    let leader = st.leader.filter(|_| st.failed.is_none());
+    let (lh, lp) = cl.client_addr(leader);
+    let others: Vec<&repl::Peer> = cl.node.peers().iter().collect();
+    let master = || {
+        let flags = if leader.is_some() {
+            "master"
+        } else {
+            "master,s_down"
+        };
+        sentinel_state(&[
+            ("name", SENTINEL_NAME.into()),
+            ("ip", lh.clone()),
+            ("port", lp.to_string()),
+            ("runid", String::new()),
+            ("flags", flags.into()),
+            ("num-slaves", (others.len().saturating_sub(1)).to_string()),
+            (
+                "num-other-sentinels",
+                (others.len().saturating_sub(1)).to_string(),
+            ),
+            ("quorum", (others.len() / 2 + 1).to_string()),
+            ("config-epoch", st.term.to_string()),
+        ])
+    };
+    if eq(sub, "get-master-addr-by-name") && a.len() == 3 {
+        if named(2) && leader.is_some() {
+            c.reply(&Reply::Array(vec![
+                Reply::Bulk(lh.clone().into_bytes()),
+                Reply::Bulk(lp.to_string().into_bytes()),
+            ]));
+        } else {
+            c.reply(&Reply::NullArray);
+        }
+    } else if eq(sub, "masters") && a.len() == 2 {
+        c.reply(&Reply::Array(vec![master()]));
+    } else if eq(sub, "master") && a.len() == 3 {
+        if !named(2) {
+            return Err(CmdError::Msg("No such master with that name"));
+        }
+        c.reply(&master());
+    } else if (eq(sub, "replicas") || eq(sub, "slaves")) && a.len() == 3 {
+        if !named(2) {
+            return Err(CmdError::Msg("No such master with that name"));
+        }
+        let reps = others
+            .iter()
+            .filter(|p| Some(p.id) != leader)
+            .map(|p| {
+                let (h, port) = split_addr(&p.client_addr);
+                sentinel_state(&[
+                    ("name", format!("{h}:{port}")),
+                    ("ip", h),
+                    ("port", port.to_string()),
+                    ("runid", String::new()),
+                    ("flags", "slave".into()),
+                    ("master-host", lh.clone()),
+                    ("master-port", lp.to_string()),
+                    (
+                        "master-link-status",
+                        if leader.is_some() { "ok" } else { "err" }.into(),
+                    ),
+                ])
+            })
+            .collect();
+        c.reply(&Reply::Array(reps));
+    } else if eq(sub, "sentinels") && a.len() == 3 {
+        if !named(2) {
+            return Err(CmdError::Msg("No such master with that name"));
+        }
+        let me = cl.node.id();
+        let s = others
+            .iter()
+            .filter(|p| p.id != me)
+            .map(|p| {
+                let (h, port) = split_addr(&p.client_addr);
+                sentinel_state(&[
+                    ("name", format!("node-{}", p.id)),
+                    ("ip", h),
+                    ("port", port.to_string()),
+                    ("runid", String::new()),
+                    ("flags", "sentinel".into()),
+                ])
+            })
+            .collect();
+        c.reply(&Reply::Array(s));
+    } else if eq(sub, "myid") && a.len() == 2 {
+        c.bulk(format!("node-{}", cl.node.id()).as_bytes());
+    } else if eq(sub, "help") && a.len() == 2 {
+        crate::cmd::help(
+            c,
+            &[
+                "SENTINEL <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "GET-MASTER-ADDR-BY-NAME <master-name>",
+                "    Return the ip and port number of the master with that name.",
+                "MASTERS",
+                "    Show a list of monitored masters and their state.",
+                "MASTER <master-name>",
+                "    Show the state and info of the specified master.",
+                "REPLICAS <master-name>",
+                "    Show a list of replicas for this master and their state.",
+                "SENTINELS <master-name>",
+                "    Show a list of Sentinel instances for this master and their state.",
+                "MYID",
+                "    Return the ID of the Sentinel instance.",
+                "HELP",
+                "    Print this help.",
+            ],
+        );
+    } else {
+        return Err(CmdError::NotSupported {
+            what: format!("SENTINEL {}", String::from_utf8_lossy(sub)),
+            why: ": the cluster's leader is elected by Raft, not configured through Sentinel",
+        });
+    }
+    Ok(())
+}
+
+/// A follower's client's connection to the leader: the requests it
+/// forwards go through it, in order, so the leader keeps the connection's
+/// state for it (its database, WATCH, RESP version).
+pub struct Forward {
+    leader: u64,
+    stream: std::net::TcpStream,
+    db: u8,
+    buf: Vec<u8>,
+}
+
+/// The node when request `spec` from `c` is the leader's business: this
+/// node is a follower, and the command writes or may (a script, a
+/// transaction's EXEC, WATCH), or reads keys and the client did not ask
+/// for local reads with READONLY. [`forward`] sends it there (a blocking
+/// pop it refuses). Pub/Sub, XREAD BLOCK and the connection's own
+/// commands stay here.
+pub fn forwarded<'a>(
+    sh: &'a Shared,
+    c: &crate::server::Client,
+    spec: &crate::cmd::Spec,
+) -> Option<&'a Cluster> {
+    use crate::cmd::Flags;
+    let cl = sh.cluster.get()?;
+    if cl.is_leader() || c.mc.is_some() {
+        return None;
+    }
+    let f = spec.flags;
+    if f.contains(Flags::PUBSUB) {
+        return None;
+    }
+    let write = f.contains(Flags::WRITE) || f.contains(Flags::MAY_REPLICATE);
+    if f.contains(Flags::BLOCKING) {
+        // A blocking pop would hold this node's worker while it waits at
+        // the leader: refused as a Redis replica refuses it (see
+        // `forward`); XREAD BLOCK (a read) waits here.
+        return write.then_some(cl);
+    }
+    let read = f.contains(Flags::READONLY) && !c.readonly;
+    // Scripts may write (their _RO forms are READONLY).
+    let conn = matches!(
+        spec.name,
+        "watch" | "unwatch" | "eval" | "evalsha" | "fcall"
+    ) || (spec.name == "exec" && c.multi.as_ref().is_some_and(|m| !m.dirty));
+    (write || read || conn).then_some(cl)
+}
+
+fn encode_request(out: &mut Vec<u8>, args: &[Vec<u8>]) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+impl Forward {
+    fn open(cl: &Cluster, sh: &Shared, c: &crate::server::Client) -> Result<Forward, String> {
+        use std::io::Write;
+        let st = cl.node.status();
+        let leader = st.leader.ok_or("no leader is elected now")?;
+        let (h, p) = cl.client_addr(Some(leader));
+        let addr = std::net::ToSocketAddrs::to_socket_addrs(&(h.as_str(), p))
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| format!("the leader's address {h}:{p} does not resolve"))?;
+        let stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))
+            .map_err(|e| format!("cannot reach the leader at {addr}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        let _ = stream.set_read_timeout(Some(cl.write_timeout));
+        let _ = stream.set_write_timeout(Some(cl.write_timeout));
+        let mut f = Forward {
+            leader,
+            stream,
+            db: 0,
+            buf: Vec::new(),
+        };
+        // The same password and protocol as the client's.
+        let mut setup: Vec<Vec<Vec<u8>>> = Vec::new();
+        if let Some(pw) = sh.cfg().requirepass.clone() {
+            setup.push(vec![b"AUTH".to_vec(), pw.into_bytes()]);
+        }
+        if c.resp == proto::Version::Resp3 {
+            setup.push(vec![b"HELLO".to_vec(), b"3".to_vec()]);
+        }
+        if !setup.is_empty() {
+            let mut out = Vec::new();
+            for r in &setup {
+                encode_request(&mut out, r);
+            }
+            f.stream.write_all(&out).map_err(|e| e.to_string())?;
+            for _ in &setup {
+                f.read_reply()?;
+            }
+        }
+        Ok(f)
+    }
+
+    /// Reads one reply; returns its bytes' length at the front of `buf`.
+    fn read_reply(&mut self) -> Result<usize, String> {
+        use std::io::Read;
+        loop {
+            match proto::parse_reply(&self.buf) {
+                Ok(Some((_, n))) => return Ok(n),
+                Ok(None) => {}
+                Err(e) => return Err(format!("the leader's reply: {e:?}")),
+            }
+            let mut chunk = [0u8; 16 << 10];
+            let n = self
+                .stream
+                .read(&mut chunk)
+                .map_err(|e| format!("the leader did not answer: {e}"))?;
+            if n == 0 {
+                return Err("the leader closed the connection".into());
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Sends `reqs` in one write and returns the last reply's bytes.
+    fn call(&mut self, db: u8, reqs: &[&[Vec<u8>]]) -> Result<Vec<u8>, String> {
+        use std::io::Write;
+        let mut out = Vec::new();
+        let select = db != self.db;
+        if select {
+            encode_request(&mut out, &[b"SELECT".to_vec(), db.to_string().into_bytes()]);
+        }
+        for r in reqs {
+            encode_request(&mut out, r);
+        }
+        self.stream
+            .write_all(&out)
+            .map_err(|e| format!("cannot send to the leader: {e}"))?;
+        let n = reqs.len() + usize::from(select);
+        let mut last = Vec::new();
+        for i in 0..n {
+            let len = self.read_reply()?;
+            if i + 1 == n {
+                last = self.buf[..len].to_vec();
+            }
+            self.buf.drain(..len);
+        }
+        if select {
+            self.db = db;
+        }
+        Ok(last)
+    }
+}
+
+/// Forwards request `args` (a transaction's queue with its EXEC) over the
+/// client's connection to the leader and appends the leader's reply to the
+/// client's output as it came; true when the command failed. A leader that
+/// changed since the connection was opened is found again when nothing was
+/// sent (or it answered that it is no longer the leader).
+pub fn forward(
+    cl: &Cluster,
+    sh: &Shared,
+    c: &mut crate::server::Client,
+    spec: &crate::cmd::Spec,
+    args: &[Vec<u8>],
+) -> bool {
+    // A script this node knows may be unknown to the leader (script
+    // caches are per node): EVALSHA goes as EVAL of its body.
+    let as_eval;
+    let args = match (spec.name, args.get(1)) {
+        ("evalsha", Some(sha)) => {
+            match sh
+                .scripting
+                .script(&String::from_utf8_lossy(sha).to_ascii_lowercase())
+            {
+                Some(s) => {
+                    let mut a = args.to_vec();
+                    a[0] = b"EVAL".to_vec();
+                    a[1] = s.body.clone();
+                    as_eval = a;
+                    &as_eval[..]
+                }
+                None => args,
+            }
+        }
+        _ => args,
+    };
+    if spec.flags.contains(crate::cmd::Flags::BLOCKING) {
+        c.err(&error_text(&repl::ReplError::NotLeader(None)));
+        return true;
+    }
+    let multi = if spec.name == "exec" {
+        c.multi.take()
+    } else {
+        None
+    };
+    let multi_cmd = vec![b"MULTI".to_vec()];
+    let mut reqs: Vec<&[Vec<u8>]> = Vec::new();
+    if let Some(m) = &multi {
+        reqs.push(&multi_cmd);
+        reqs.extend(m.cmds.iter().map(|r| r.as_slice()));
+    }
+    reqs.push(args);
+    let mut result = Err(String::new());
+    for _attempt in 0..2 {
+        let leader = cl.node.status().leader;
+        if c.fwd.as_ref().is_none_or(|f| Some(f.leader) != leader) {
+            c.fwd = None;
+            match Forward::open(cl, sh, c) {
+                Ok(f) => c.fwd = Some(Box::new(f)),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let Some(f) = c.fwd.as_mut() else { break };
+        result = f.call(c.db, &reqs);
+        match &result {
+            Ok(r) if r.starts_with(b"-READONLY") => {
+                // It stopped leading before it took the request: nothing
+                // applied; ask again once the new leader is known.
+                c.fwd = None;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(_) => break,
+            Err(_) => {
+                // Sent or not, the outcome is unknown: not sent again.
+                c.fwd = None;
+                break;
+            }
+        }
+    }
+    match result {
+        Ok(r) => {
+            let failed = r.first() == Some(&b'-');
+            c.out.extend_from_slice(&r);
+            failed
+        }
+        Err(e) => {
+            c.err(&format!("TRYAGAIN forwarding to the leader failed: {e}"));
+            true
+        }
+    }
+}
+
+/// READONLY: a follower's reads of this connection are served from its own
+/// applied state (possibly behind the leader) instead of the leader's.
+pub fn readonly(
+    ctx: &mut crate::cmd::Ctx,
+    c: &mut crate::server::Client,
+    _a: &[Vec<u8>],
+) -> crate::cmd::R {
+    if ctx.sh.cluster.get().is_none() {
+        return Err(crate::cmd::CmdError::Msg(
+            "This instance has cluster support disabled",
+        ));
+    }
+    c.readonly = true;
+    c.ok();
+    Ok(())
+}
+
+/// READWRITE: reads go to the leader again (the default).
+pub fn readwrite(
+    ctx: &mut crate::cmd::Ctx,
+    c: &mut crate::server::Client,
+    _a: &[Vec<u8>],
+) -> crate::cmd::R {
+    if ctx.sh.cluster.get().is_none() {
+        return Err(crate::cmd::CmdError::Msg(
+            "This instance has cluster support disabled",
+        ));
+    }
+    c.readonly = false;
+    c.ok();
+    Ok(())
 }

@@ -179,7 +179,12 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
         return;
     }
     crate::monitor::feed_script_call(ctx.sh, c, spec, args);
-    let failed = run_spec(ctx, c, spec, args);
+    // A cluster's follower sends writes (and reads, unless READONLY) to
+    // the leader (see `crate::cluster`).
+    let failed = match crate::cluster::forwarded(ctx.sh, c, spec) {
+        Some(cl) => crate::cluster::forward(cl, ctx.sh, c, spec, args),
+        None => run_spec(ctx, c, spec, args),
+    };
     crate::pubsub::after_command(ctx.sh, ctx.ks, c, mark);
     let t1 = Stamp::now();
     *clock = t1;
