@@ -741,14 +741,7 @@ pub fn readonly(
     c: &mut crate::server::Client,
     _a: &[Vec<u8>],
 ) -> crate::cmd::R {
-    if ctx.sh.cluster.get().is_none() {
-        return Err(crate::cmd::CmdError::Msg(
-            "This instance has cluster support disabled",
-        ));
-    }
-    c.readonly = true;
-    c.ok();
-    Ok(())
+    set_readonly(ctx, c, true)
 }
 
 /// READWRITE: reads go to the leader again (the default).
@@ -757,12 +750,17 @@ pub fn readwrite(
     c: &mut crate::server::Client,
     _a: &[Vec<u8>],
 ) -> crate::cmd::R {
+    set_readonly(ctx, c, false)
+}
+
+fn set_readonly(ctx: &crate::cmd::Ctx, c: &mut crate::server::Client, on: bool) -> crate::cmd::R {
     if ctx.sh.cluster.get().is_none() {
+        // Redis's answer outside cluster mode.
         return Err(crate::cmd::CmdError::Msg(
             "This instance has cluster support disabled",
         ));
     }
-    c.readonly = false;
+    c.readonly = on;
     c.ok();
     Ok(())
 }
