@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
-const SCENARIOS: [&str; 13] = [
+const SCENARIOS: [&str; 14] = [
     "bullet-fig5",
     "bullet-fig6",
     "bullet-fig7",
@@ -28,6 +28,7 @@ const SCENARIOS: [&str; 13] = [
     "udorn-sustained",
     "udorn-coll-restart",
     "serve-recovery",
+    "scripts-txn-pubsub",
 ];
 
 /// Columns every row must carry, non-empty.
@@ -562,6 +563,53 @@ fn udorn_sustained() {
     {
         assert_eq!(*e == "ember", w.parse::<u64>().is_ok(), "{e}: {w:?}");
     }
+}
+
+#[test]
+fn scripts_txn_pubsub() {
+    need("redis-server", "redis-server");
+    need("redis-benchmark", "redis-tools");
+    let (h, rows) = run(
+        "scripts-txn-pubsub",
+        &[],
+        &["test", "pipeline", "rps", "unit", "ratio_vs_redis"],
+    );
+    // Every workload ran on both servers at both depths, and has a median
+    // row; Ember's median rows carry the ratio.
+    for t in ["SET", "EVAL", "EVALSHA", "MULTI/EXEC", "PUBLISH"] {
+        for d in ["pmem", "aof"] {
+            for p in ["1", "16"] {
+                let of = |round: &dyn Fn(&str) -> bool| {
+                    rows.iter()
+                        .filter(|r| {
+                            r[col_of(&h, "test")] == t
+                                && r[col_of(&h, "durability")] == d
+                                && r[col_of(&h, "pipeline")] == p
+                                && round(&r[col_of(&h, "round")])
+                        })
+                        .collect::<Vec<_>>()
+                };
+                let measured = of(&|r| r.parse::<u32>().is_ok());
+                assert_eq!(measured.len(), 1, "{t} on {d} at -P {p}");
+                let rps: f64 = measured[0][col_of(&h, "rps")].parse().unwrap();
+                assert!(rps > 0.0, "{t} on {d} at -P {p}: {rps}");
+                let med = of(&|r| r == "median");
+                assert_eq!(med.len(), 1, "median of {t} on {d} at -P {p}");
+                let ratio = &med[0][col_of(&h, "ratio_vs_redis")];
+                if d == "pmem" {
+                    assert!(ratio.parse::<f64>().unwrap() > 0.0, "{t}: {ratio}");
+                } else {
+                    assert!(ratio.is_empty(), "{t}: {ratio}");
+                }
+            }
+        }
+    }
+    let units: Vec<_> = rows
+        .iter()
+        .filter(|r| r[col_of(&h, "test")] == "PUBLISH")
+        .map(|r| r[col_of(&h, "unit")].as_str())
+        .collect();
+    assert!(units.iter().all(|u| *u == "messages"), "{units:?}");
 }
 
 #[test]

@@ -11,6 +11,7 @@
 //! are killed (with their process group) on every way out; SIGINT/SIGTERM stop
 //! the scenario the same way.
 
+mod apps;
 mod bullet;
 mod chart;
 mod child;
@@ -20,6 +21,7 @@ mod mcload;
 mod nvmc;
 mod progress;
 mod resp;
+mod respload;
 mod serve_recovery;
 mod servers;
 mod table;
@@ -205,6 +207,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "serve-recovery",
         about: "ember serve: restart time after SIGKILL under a SET load against MB of Bullet log read at recovery, 8 logs of 1/4/16/64 MiB",
         run: serve_recovery::run,
+    },
+    Scenario {
+        name: "scripts-txn-pubsub",
+        about: "What Redis applications call: EVAL and EVALSHA (redis-benchmark), MULTI/EXEC and PUBLISH fan-out to 50 subscribers (own load generator) at -P 1 and 16, Ember (pmem) against redis-server (AOF everysec); --strategy msync: Ember msync against AOF always",
+        run: apps::run,
     },
 ];
 

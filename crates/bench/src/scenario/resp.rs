@@ -1,7 +1,9 @@
-//! A minimal blocking RESP2 client for the server scenarios: PING, INFO, DBSIZE,
-//! SHUTDOWN and pipelined SETs. Every read and write has a timeout.
+//! A minimal RESP2 client for the server scenarios: PING, INFO, DBSIZE,
+//! SHUTDOWN and pipelined SETs over a blocking [`Conn`] whose reads and writes
+//! have a timeout, and the incremental parser ([`token`], [`parse_reply`])
+//! that it and the RESP load generator ([`super::respload`]) share.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
@@ -14,9 +16,115 @@ pub enum Reply {
     Array(Option<Vec<Reply>>),
 }
 
-pub struct Conn {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
+/// One element of a reply as it lies in the buffer: a whole simple string,
+/// error, integer or bulk string, or only the header of an array (its
+/// elements follow as tokens of their own).
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum Token<'a> {
+    Simple(&'a [u8]),
+    Error(&'a [u8]),
+    Int(i64),
+    Bulk(Option<&'a [u8]>),
+    /// An array of this many elements (None: the null array).
+    Array(Option<usize>),
+}
+
+/// The longest line before a reply's data that this parser accepts: RESP
+/// header lines are short; more bytes without a line end is not a server
+/// speaking RESP.
+const MAX_LINE: usize = 64 * 1024;
+/// The largest bulk string or array this parser accepts (the scenarios ask
+/// for nothing near it; a bigger length is a broken stream).
+const MAX_LEN: i64 = 512 << 20;
+
+/// The first line of `buf` without its `\r\n`, and the bytes it takes with it.
+fn line(buf: &[u8]) -> Result<Option<(&[u8], usize)>, String> {
+    match buf.windows(2).position(|w| w == b"\r\n") {
+        Some(i) => Ok(Some((&buf[..i], i + 2))),
+        None if buf.len() > MAX_LINE => Err(format!("no line end in {} bytes", buf.len())),
+        None => Ok(None),
+    }
+}
+
+fn int(l: &[u8]) -> Result<i64, String> {
+    std::str::from_utf8(l)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad integer {:?}", String::from_utf8_lossy(l)))
+}
+
+/// A length of a bulk string or array header: -1 (null) or 0..=[`MAX_LEN`].
+fn length(l: &[u8]) -> Result<Option<usize>, String> {
+    match int(l)? {
+        -1 => Ok(None),
+        n if (0..=MAX_LEN).contains(&n) => Ok(Some(n as usize)),
+        n => Err(format!("bad length {n}")),
+    }
+}
+
+/// The token at the start of `buf` and the bytes it takes; None while it is
+/// incomplete; an error for bytes that are not RESP2.
+pub fn token(buf: &[u8]) -> Result<Option<(Token<'_>, usize)>, String> {
+    let Some((l, n)) = line(buf)? else {
+        return Ok(None);
+    };
+    let Some((&kind, rest)) = l.split_first() else {
+        return Err("an empty line where a reply was expected".into());
+    };
+    let t = match kind {
+        b'+' => Token::Simple(rest),
+        b'-' => Token::Error(rest),
+        b':' => Token::Int(int(rest)?),
+        b'*' => Token::Array(length(rest)?),
+        b'$' => match length(rest)? {
+            None => Token::Bulk(None),
+            Some(len) => {
+                let end = n + len;
+                if buf.len() < end + 2 {
+                    return Ok(None);
+                }
+                if &buf[end..end + 2] != b"\r\n" {
+                    return Err(format!("a bulk string of {len} bytes without its \\r\\n"));
+                }
+                return Ok(Some((Token::Bulk(Some(&buf[n..end])), end + 2)));
+            }
+        },
+        _ => {
+            return Err(format!(
+                "unexpected reply line {:?}",
+                String::from_utf8_lossy(&l[..l.len().min(80)])
+            ))
+        }
+    };
+    Ok(Some((t, n)))
+}
+
+/// The whole reply at the start of `buf` and the bytes it takes; None while
+/// it is incomplete.
+pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, String> {
+    let Some((t, mut n)) = token(buf)? else {
+        return Ok(None);
+    };
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let r = match t {
+        Token::Simple(s) => Reply::Simple(text(s)),
+        Token::Error(s) => Reply::Error(text(s)),
+        Token::Int(i) => Reply::Int(i),
+        Token::Bulk(b) => Reply::Bulk(b.map(<[u8]>::to_vec)),
+        Token::Array(None) => Reply::Array(None),
+        Token::Array(Some(len)) => {
+            let mut v = Vec::with_capacity(len.min(1024));
+            for _ in 0..len {
+                let Some((r, m)) = parse_reply(&buf[n..])? else {
+                    return Ok(None);
+                };
+                v.push(r);
+                n += m;
+            }
+            Reply::Array(Some(v))
+        }
+    };
+    Ok(Some((r, n)))
 }
 
 /// Appends the multibulk encoding of `args` to `buf`.
@@ -33,6 +141,14 @@ fn bad(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
 
+/// A blocking connection and its read buffer.
+pub struct Conn {
+    s: TcpStream,
+    buf: Vec<u8>,
+    /// Start of the unparsed bytes in `buf`.
+    at: usize,
+}
+
 impl Conn {
     /// Connects to 127.0.0.1:`port`; reads and writes time out after `io_timeout`.
     pub fn connect(port: u16, io_timeout: Duration) -> io::Result<Conn> {
@@ -42,13 +158,14 @@ impl Conn {
         s.set_write_timeout(Some(io_timeout))?;
         s.set_nodelay(true)?;
         Ok(Conn {
-            r: BufReader::new(s.try_clone()?),
-            w: s,
+            s,
+            buf: Vec::with_capacity(16 * 1024),
+            at: 0,
         })
     }
 
     pub fn write_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.w.write_all(bytes)
+        self.s.write_all(bytes)
     }
 
     /// Sends one command and reads its reply.
@@ -59,53 +176,45 @@ impl Conn {
         self.read_reply()
     }
 
-    fn line(&mut self) -> io::Result<String> {
-        let mut l = String::new();
-        if self.r.read_line(&mut l)? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed",
-            ));
+    /// Reads the next reply (blocking until it is complete).
+    pub fn read_reply(&mut self) -> io::Result<Reply> {
+        loop {
+            if let Some((r, n)) = parse_reply(&self.buf[self.at..]).map_err(bad)? {
+                self.at += n;
+                return Ok(r);
+            }
+            if self.at > 0 {
+                self.buf.drain(..self.at);
+                self.at = 0;
+            }
+            let old = self.buf.len();
+            self.buf.resize(old + 16 * 1024, 0);
+            let r = self.s.read(&mut self.buf[old..]);
+            self.buf.truncate(old + *r.as_ref().unwrap_or(&0));
+            match r {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "connection closed",
+                    ))
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
-        Ok(l.trim_end_matches(['\r', '\n']).to_string())
     }
 
-    pub fn read_reply(&mut self) -> io::Result<Reply> {
-        let l = self.line()?;
-        let (kind, rest) = l.split_at(l.len().min(1));
-        let int = |s: &str| {
-            s.parse::<i64>()
-                .map_err(|_| bad(format!("bad integer in reply {l:?}")))
-        };
-        Ok(match kind {
-            "+" => Reply::Simple(rest.to_string()),
-            "-" => Reply::Error(rest.to_string()),
-            ":" => Reply::Int(int(rest)?),
-            "$" => {
-                let n = int(rest)?;
-                if n < 0 {
-                    Reply::Bulk(None)
-                } else {
-                    let mut b = vec![0u8; n as usize + 2];
-                    self.r.read_exact(&mut b)?;
-                    b.truncate(n as usize);
-                    Reply::Bulk(Some(b))
-                }
-            }
-            "*" => {
-                let n = int(rest)?;
-                if n < 0 {
-                    Reply::Array(None)
-                } else {
-                    let mut v = Vec::with_capacity(n.min(1024) as usize);
-                    for _ in 0..n {
-                        v.push(self.read_reply()?);
-                    }
-                    Reply::Array(Some(v))
-                }
-            }
-            _ => return Err(bad(format!("unexpected reply line {l:?}"))),
-        })
+    /// The connection's socket, for a caller that drives it itself (the
+    /// load generator); an error if a reply was read and not consumed.
+    pub fn into_stream(self) -> io::Result<TcpStream> {
+        if self.at < self.buf.len() {
+            return Err(bad(format!(
+                "{} bytes of a reply not consumed",
+                self.buf.len() - self.at
+            )));
+        }
+        Ok(self.s)
     }
 
     /// DBSIZE.
@@ -166,6 +275,46 @@ mod tests {
         let mut b = Vec::new();
         encode(&mut b, &[b"SET", b"k", b""]);
         assert_eq!(b, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n");
+    }
+
+    #[test]
+    fn parses_replies_in_pieces() {
+        let all: &[u8] = b"*3\r\n$7\r\nmessage\r\n$-1\r\n*2\r\n+OK\r\n:-42\r\n-ERR x\r\n";
+        let want = Reply::Array(Some(vec![
+            Reply::Bulk(Some(b"message".to_vec())),
+            Reply::Bulk(None),
+            Reply::Array(Some(vec![Reply::Simple("OK".into()), Reply::Int(-42)])),
+        ]));
+        let first = all.len() - b"-ERR x\r\n".len();
+        // Every strict prefix of the first reply is incomplete.
+        for i in 0..first {
+            assert_eq!(parse_reply(&all[..i]).unwrap(), None, "prefix {i}");
+        }
+        assert_eq!(parse_reply(all).unwrap(), Some((want, first)));
+        assert_eq!(
+            parse_reply(&all[first..]).unwrap(),
+            Some((Reply::Error("ERR x".into()), all.len() - first))
+        );
+        assert_eq!(
+            token(b"$3\r\nabc\r\n").unwrap(),
+            Some((Token::Bulk(Some(&b"abc"[..])), 9))
+        );
+        assert_eq!(token(b"*-1\r\n").unwrap(), Some((Token::Array(None), 5)));
+    }
+
+    #[test]
+    fn refuses_what_is_not_resp() {
+        for bad in [
+            &b"?x\r\n"[..],
+            b"\r\n",
+            b":12a\r\n",
+            b"$3\r\nabcd\r\n",
+            b"$-2\r\n",
+            b"*99999999999\r\n",
+        ] {
+            assert!(parse_reply(bad).is_err(), "{bad:?}");
+        }
+        assert!(token(&vec![b'+'; MAX_LINE + 1]).is_err());
     }
 
     #[test]

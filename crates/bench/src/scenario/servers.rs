@@ -405,11 +405,26 @@ pub struct BenchLine {
 
 /// Parses `redis-benchmark --csv` output (a quoted header, then one line per test).
 pub fn parse_benchmark_csv(text: &str) -> BenchResult<Vec<BenchLine>> {
+    // Fields are quoted; a custom command's test name may hold commas, and
+    // a quote inside is doubled.
     let split = |l: &str| -> Vec<String> {
-        l.trim()
-            .split(',')
-            .map(|f| f.trim().trim_matches('"').to_string())
-            .collect()
+        let mut fields = Vec::new();
+        let mut cur = String::new();
+        let mut quoted = false;
+        let mut chars = l.trim().chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' if quoted && chars.peek() == Some(&'"') => {
+                    cur.push('"');
+                    chars.next();
+                }
+                '"' => quoted = !quoted,
+                ',' if !quoted => fields.push(std::mem::take(&mut cur).trim().to_string()),
+                c => cur.push(c),
+            }
+        }
+        fields.push(cur.trim().to_string());
+        fields
     };
     let mut lines = text.lines().filter(|l| l.trim_start().starts_with('"'));
     let header = split(
@@ -448,6 +463,10 @@ pub struct BenchLoad<'a> {
     pub pipeline: u32,
     pub data_size: usize,
     pub keyspace: u64,
+    /// A command line to run instead of `tests` (`__rand_int__` in it is
+    /// replaced by a random number below `keyspace`); the data size does not
+    /// apply to it.
+    pub command: &'a [&'a str],
 }
 
 /// Runs `redis-benchmark --csv` against `port`.
@@ -459,13 +478,17 @@ pub fn redis_benchmark(
 ) -> BenchResult<Vec<BenchLine>> {
     let mut c = Command::new("redis-benchmark");
     c.args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(["-t", load.tests])
         .args(["-n", &load.requests.to_string()])
         .args(["-c", &load.clients.to_string()])
         .args(["-P", &load.pipeline.to_string()])
-        .args(["-d", &load.data_size.to_string()])
         .args(["-r", &load.keyspace.to_string()])
         .arg("--csv");
+    if load.command.is_empty() {
+        c.args(["-t", load.tests])
+            .args(["-d", &load.data_size.to_string()]);
+    } else {
+        c.args(load.command);
+    }
     let out = run_capture(c, "redis-benchmark", timeout, stop)?;
     let lines = parse_benchmark_csv(&out)?;
     if lines.is_empty() {
@@ -510,6 +533,13 @@ mod tests {
         assert_eq!(v[0].p99_ms, "1.991");
         assert_eq!(v[0].max_ms, "2.279");
         assert_eq!(v[1].p50_ms, "0.255");
+        let custom = "\"test\",\"rps\"\n\"EVAL return redis.call('SET', KEYS[1], \"\"x\"\") 1 k\",\"12.5\"\n";
+        let v = parse_benchmark_csv(custom).unwrap();
+        assert_eq!(
+            v[0].test,
+            "EVAL return redis.call('SET', KEYS[1], \"x\") 1 k"
+        );
+        assert_eq!(v[0].rps, 12.5);
         let old = "\"test\",\"rps\"\n\"SET\",\"1000.00\"\n";
         let v = parse_benchmark_csv(old).unwrap();
         assert_eq!(v[0].avg_ms, "");

@@ -27,7 +27,7 @@ use super::{median, BenchResult, Ctx, Report};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-const VALUE_SIZE: usize = 100;
+pub(super) const VALUE_SIZE: usize = 100;
 
 /// Heap size for an Ember holding `keys` keys of this scenario (MiB).
 fn heap_mib(keys: u64) -> u64 {
@@ -318,7 +318,7 @@ const LOAD_KINDS: [Kind; 4] = [
 ];
 
 /// The first columns of a `redis-benchmark` scenario's rows ([`load_cells`]).
-const LOAD_COLUMNS: [&str; 11] = [
+pub(super) const LOAD_COLUMNS: [&str; 11] = [
     "test",
     "pipeline",
     "clients",
@@ -352,7 +352,7 @@ fn load_cells(l: &BenchLine, load: &BenchLoad, round: usize) -> Vec<String> {
 /// What a `redis-benchmark` scenario checks first: `redis-server`'s version
 /// (returned) and that `redis-benchmark` runs, so that a missing tool is an
 /// error before any server starts.
-fn load_preamble(ctx: &Ctx) -> BenchResult<String> {
+pub(super) fn load_preamble(ctx: &Ctx) -> BenchResult<String> {
     let version = redis_version(ctx.stop_flag())?;
     let mut probe = std::process::Command::new("redis-benchmark");
     probe.arg("--version");
@@ -367,16 +367,16 @@ fn load_preamble(ctx: &Ctx) -> BenchResult<String> {
 
 /// One server of a `redis-benchmark` round, in a directory of its own. The
 /// fields drop in order: the server is killed before its directory goes.
-struct LoadServer {
-    s: Server,
-    lab: Labels,
+pub(super) struct LoadServer {
+    pub s: Server,
+    pub lab: Labels,
     _dir: TempDir,
 }
 
 /// Starts `kind` for round `round` of a `redis-benchmark` scenario (Ember with
 /// a 1 GiB heap), with its progress line and row labels. Ember's durability
 /// and strategy go into `ember_note` once (rounds repeat the same servers).
-fn start_for_load(
+pub(super) fn start_for_load(
     ctx: &mut Ctx,
     kind: Kind,
     round: usize,
@@ -494,6 +494,7 @@ pub fn fig5(ctx: &mut Ctx) -> BenchResult<Report> {
                         pipeline: p,
                         data_size: VALUE_SIZE,
                         keyspace: 100_000,
+                        command: &[],
                     };
                     let timeout = Duration::from_secs(if ctx.quick { 300 } else { 1800 });
                     let lines = redis_benchmark(s.port, &load, timeout, stop)?;
@@ -590,6 +591,7 @@ pub fn sustained(ctx: &mut Ctx) -> BenchResult<Report> {
                 pipeline: 16,
                 data_size: VALUE_SIZE,
                 keyspace: 100_000,
+                command: &[],
             };
             let timeout = Duration::from_secs(if ctx.quick { 120 } else { 1800 });
             let lines = redis_benchmark(s.port, &load, timeout, stop)?;
