@@ -456,7 +456,9 @@ m = s.master_for("mymaster", socket_timeout=5)
 m.set("sk", "v1")
 assert m.get("sk") == b"v1"
 print("ready", flush=True)
-# The test kills the leader once it reads "ready"; the client follows.
+# The test kills the leader once it reads "ready", then says so.
+import sys
+sys.stdin.readline()
 t0 = time.time()
 while True:
     try:
@@ -467,9 +469,16 @@ while True:
         time.sleep(0.05)
 new = s.discover_master("mymaster")
 assert new[1] != {lp}, new
-assert m.get("sk") == b"v2"
+got = m.get("sk")
+assert got == b"v2", (got, new, [redis.Redis(port=p).execute_command("ROLE") for p in [{others}]])
 print("redis-py ok")
 "#,
+        others = ports
+            .iter()
+            .filter(|&&p| p != lp)
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
         addrs = ports
             .iter()
             .map(|p| format!("('127.0.0.1', {p})"))
@@ -478,6 +487,7 @@ print("redis-py ok")
     );
     let mut child = match std::process::Command::new("python3")
         .args(["-c", &script])
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -495,6 +505,9 @@ print("redis-py ok")
         let li = nodes.iter().position(|n| n.port == lp).unwrap();
         nodes[li].kill9();
     }
+    let mut stdin = child.stdin.take().unwrap();
+    let _ = std::io::Write::write_all(&mut stdin, b"killed\n");
+    drop(stdin);
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
     let res = child.wait_with_output().unwrap();

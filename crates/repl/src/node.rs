@@ -147,18 +147,25 @@ pub struct Status {
 /// Messages to the raft thread.
 pub enum Event {
     Message(Box<Message>),
-    Propose { seq: u64, data: Vec<u8> },
+    Propose {
+        seq: u64,
+        data: Vec<u8>,
+    },
     Applied(u64),
+    /// A linearizable read's barrier (see [`Handle::read_barrier`]).
+    Read(u64),
     Campaign,
     Stop,
 }
 
 type Waiter<T> = SyncSender<Result<T, ReplError>>;
+type ReadWaiter = SyncSender<Result<(), ReplError>>;
 
 struct Shared<T> {
     id: u64,
     status: Mutex<Status>,
     waiters: Mutex<HashMap<u64, Waiter<T>>>,
+    reads: Mutex<HashMap<u64, ReadWaiter>>,
     next_seq: AtomicU64,
     stop: Arc<AtomicBool>,
     applied: AtomicU64,
@@ -220,6 +227,7 @@ impl<T: Send + 'static> Handle<T> {
                 ..Status::default()
             }),
             waiters: Mutex::new(HashMap::new()),
+            reads: Mutex::new(HashMap::new()),
             next_seq: AtomicU64::new(1),
             stop: stop.clone(),
             applied: AtomicU64::new(0),
@@ -302,6 +310,29 @@ impl<T: Send + 'static> Handle<T> {
         rx
     }
 
+    /// A linearizable read's barrier (Raft's ReadIndex): the receiver
+    /// yields once this node has confirmed with a quorum that it is still
+    /// the leader and has applied everything committed when the read
+    /// arrived; a read served after that sees every write acknowledged
+    /// before it began. Reads arriving together share one confirmation.
+    pub fn read_barrier(&self) -> Receiver<Result<(), ReplError>> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        if !self.is_leader() {
+            let _ = tx.send(Err(ReplError::NotLeader(self.status().leader)));
+            return rx;
+        }
+        let seq = self.sh.next_seq.fetch_add(1, Ordering::Relaxed);
+        self.sh
+            .reads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(seq, tx);
+        if !self.send(Event::Read(seq)) {
+            fail_read(&self.sh, seq, ReplError::Stopped("node stopped".into()));
+        }
+        rx
+    }
+
     /// Forgets a proposal whose proposer stopped waiting.
     pub fn abandon(&self, rx: Receiver<Result<T, ReplError>>) {
         drop(rx);
@@ -354,8 +385,29 @@ fn fail<T>(sh: &Shared<T>, seq: u64, e: ReplError) {
     }
 }
 
-/// Fails every proposal still waiting.
+fn fail_read<T>(sh: &Shared<T>, seq: u64, e: ReplError) {
+    if let Some(w) = sh
+        .reads
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&seq)
+    {
+        let _ = w.send(Err(e));
+    }
+}
+
+/// Fails every proposal and read still waiting.
 fn fail_all<T>(sh: &Shared<T>, e: &ReplError) {
+    let reads: Vec<ReadWaiter> = sh
+        .reads
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain()
+        .map(|(_, w)| w)
+        .collect();
+    for w in reads {
+        let _ = w.send(Err(e.clone()));
+    }
     let all: Vec<Waiter<T>> = sh
         .waiters
         .lock()
@@ -432,6 +484,13 @@ struct Driver<T> {
     applied: u64,
     was_leader: bool,
     term: u64,
+    /// Reads waiting for the next ReadIndex round.
+    reads_new: Vec<u64>,
+    /// Reads in a ReadIndex round, by the round's id.
+    reads_sent: HashMap<u64, Vec<u64>>,
+    /// Reads confirmed at a commit index, waiting for it to be applied.
+    reads_ready: Vec<(u64, Vec<u64>)>,
+    next_round: u64,
 }
 
 impl<T: Send + 'static> Driver<T> {
@@ -478,6 +537,10 @@ impl<T: Send + 'static> Driver<T> {
             applied,
             was_leader: false,
             term: 0,
+            reads_new: Vec::new(),
+            reads_sent: HashMap::new(),
+            reads_ready: Vec::new(),
+            next_round: 1,
         })
     }
 
@@ -509,11 +572,19 @@ impl<T: Send + 'static> Driver<T> {
                     next_tick = Instant::now() + self.tick;
                 }
             }
+            if !self.reads_new.is_empty() && self.node.raft.state == StateRole::Leader {
+                let id = self.next_round;
+                self.next_round += 1;
+                self.reads_sent
+                    .insert(id, std::mem::take(&mut self.reads_new));
+                self.node.read_index(id.to_le_bytes().to_vec());
+            }
             if let Err(e) = self.on_ready() {
                 self.halt(e);
                 return;
             }
             self.after_role();
+            self.release_reads();
         }
     }
 
@@ -544,6 +615,13 @@ impl<T: Send + 'static> Driver<T> {
                     }
                 }
             }
+            Event::Read(seq) => {
+                if self.node.raft.state == StateRole::Leader {
+                    self.reads_new.push(seq);
+                } else {
+                    fail_read(&self.sh, seq, ReplError::NotLeader(self.leader()));
+                }
+            }
             Event::Campaign => {
                 let _ = self.node.campaign();
             }
@@ -570,6 +648,17 @@ impl<T: Send + 'static> Driver<T> {
         let mut rd = self.node.ready();
         for m in rd.take_messages() {
             self.net.send(m);
+        }
+        for rs in rd.take_read_states() {
+            let id = rs
+                .request_ctx
+                .as_slice()
+                .try_into()
+                .map(u64::from_le_bytes)
+                .unwrap_or(0);
+            if let Some(seqs) = self.reads_sent.remove(&id) {
+                self.reads_ready.push((rs.index, seqs));
+            }
         }
         let committed = rd.take_committed_entries();
         if !committed.is_empty() {
@@ -620,6 +709,14 @@ impl<T: Send + 'static> Driver<T> {
             if self.was_leader {
                 fail_all(&self.sh, &ReplError::LeaderChanged);
             }
+            let leader = self.leader();
+            for s in std::mem::take(&mut self.reads_new)
+                .into_iter()
+                .chain(self.reads_sent.drain().flat_map(|(_, v)| v))
+                .chain(self.reads_ready.drain(..).flat_map(|(_, v)| v))
+            {
+                fail_read(&self.sh, s, ReplError::NotLeader(leader));
+            }
         }
         self.was_leader = leader;
         self.term = r.term;
@@ -642,6 +739,26 @@ impl<T: Send + 'static> Driver<T> {
         st.applied = self.sh.applied.load(Ordering::Acquire);
         st.last_index = r.raft_log.last_index();
         st.matched = matched;
+    }
+
+    /// Answers the reads whose ReadIndex is applied now.
+    fn release_reads(&mut self) {
+        if self.reads_ready.is_empty() {
+            return;
+        }
+        let applied = self.applied;
+        let mut reads = self.sh.reads.lock().unwrap_or_else(|p| p.into_inner());
+        self.reads_ready.retain(|(index, seqs)| {
+            if *index > applied {
+                return true;
+            }
+            for s in seqs {
+                if let Some(w) = reads.remove(s) {
+                    let _ = w.send(Ok(()));
+                }
+            }
+            false
+        });
     }
 
     /// On becoming leader (or a new term as leader): the term's first

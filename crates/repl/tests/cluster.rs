@@ -185,6 +185,15 @@ fn three_nodes_apply_the_same_entries_in_the_same_order_and_fail_over() {
         Err(repl::ReplError::NotLeader(Some(id))) => assert_eq!(id, l as u64 + 1),
         other => panic!("{other:?}"),
     }
+    // A linearizable read's barrier passes at the leader once a quorum
+    // confirms it, and is refused by a follower.
+    let rb = nodes[l].as_ref().unwrap().h.read_barrier();
+    assert_eq!(rb.recv_timeout(Duration::from_secs(5)).unwrap(), Ok(()));
+    let rb = nodes[f].as_ref().unwrap().h.read_barrier();
+    assert!(matches!(
+        rb.recv_timeout(Duration::from_secs(5)).unwrap(),
+        Err(repl::ReplError::NotLeader(_))
+    ));
     let mut acked = Vec::new();
     for i in 0..200u32 {
         let d = format!("a{i}");

@@ -540,6 +540,37 @@ pub fn forwarded<'a>(
     (write || read || conn).then_some(cl)
 }
 
+/// Before a read at a cluster's leader (a command that reads keys, or a
+/// script or transaction, which may): waits until the leader has confirmed
+/// with a quorum that it still leads and has applied what was committed
+/// when the read arrived (Raft's ReadIndex, batched: see
+/// [`repl::Handle::read_barrier`]). A leader cut off from its majority then
+/// answers no stale read: the read fails when it steps down. Nothing to do
+/// on a lone server, on a follower (its reads were forwarded, or the client
+/// asked for local ones with READONLY), or for a pure write (its entry
+/// commits through the same quorum).
+pub fn read_barrier(
+    sh: &Shared,
+    c: &crate::server::Client,
+    spec: &crate::cmd::Spec,
+) -> Result<(), String> {
+    let Some(cl) = sh.cluster.get() else {
+        return Ok(());
+    };
+    let reads = spec.flags.contains(crate::cmd::Flags::READONLY)
+        || matches!(spec.name, "exec" | "eval" | "evalsha" | "fcall");
+    if !reads || c.mc.is_some() || !cl.is_leader() {
+        return Ok(());
+    }
+    match cl.node.read_barrier().recv_timeout(cl.write_timeout) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(error_text(&e)),
+        Err(_) => Err(error_text(&repl::ReplError::Stopped(
+            "no quorum confirmed the leader in time".into(),
+        ))),
+    }
+}
+
 fn encode_request(out: &mut Vec<u8>, args: &[Vec<u8>]) {
     out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
     for a in args {

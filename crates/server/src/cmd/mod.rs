@@ -183,7 +183,14 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
     // the leader (see `crate::cluster`).
     let failed = match crate::cluster::forwarded(ctx.sh, c, spec) {
         Some(cl) => crate::cluster::forward(cl, ctx.sh, c, spec, args),
-        None => run_spec(ctx, c, spec, args),
+        // At the leader, a read first confirms its leadership (ReadIndex).
+        None => match crate::cluster::read_barrier(ctx.sh, c, spec) {
+            Ok(()) => run_spec(ctx, c, spec, args),
+            Err(text) => {
+                c.err(&text);
+                true
+            }
+        },
     };
     crate::pubsub::after_command(ctx.sh, ctx.ks, c, mark);
     let t1 = Stamp::now();
