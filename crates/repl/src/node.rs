@@ -90,6 +90,9 @@ pub struct NodeConfig {
     /// Election timeout, in ticks (randomised by raft-rs in [n, 2n)).
     pub election_ticks: usize,
     pub heartbeat_ticks: usize,
+    /// The leader proposes a compaction once this many entries below
+    /// every member's matched and applied index can go.
+    pub compact_after: u64,
 }
 
 /// Why a proposal did not apply.
@@ -138,6 +141,8 @@ pub struct Status {
     pub commit: u64,
     pub applied: u64,
     pub last_index: u64,
+    /// The first entry the log still holds (compaction drops those before).
+    pub first_index: u64,
     /// At the leader: each follower's matched index.
     pub matched: Vec<(u64, u64)>,
     /// Set when the log or the state machine failed: the node stopped.
@@ -159,6 +164,12 @@ pub enum Event {
 }
 
 type Waiter<T> = SyncSender<Result<T, ReplError>>;
+
+/// An entry's first byte: a proposer's data follows.
+const TAG_DATA: u8 = 0;
+/// An entry's first byte: a compaction point follows (u64 little-endian):
+/// every node drops its log's entries below it once it has applied it.
+const TAG_COMPACT: u8 = 1;
 type ReadWaiter = SyncSender<Result<(), ReplError>>;
 
 struct Shared<T> {
@@ -289,13 +300,13 @@ impl<T: Send + 'static> Handle<T> {
     /// when it applied the entry, or why it did not.
     pub fn propose(&self, data: Vec<u8>) -> Receiver<Result<T, ReplError>> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let st = self.status();
-        if let Some(f) = st.failed {
-            let _ = tx.send(Err(ReplError::Stopped(f)));
-            return rx;
-        }
-        if !st.is_leader {
-            let _ = tx.send(Err(ReplError::NotLeader(st.leader)));
+        if !self.is_leader() {
+            let st = self.status();
+            let e = match st.failed {
+                Some(f) => ReplError::Stopped(f),
+                None => ReplError::NotLeader(st.leader),
+            };
+            let _ = tx.send(Err(e));
             return rx;
         }
         let seq = self.sh.next_seq.fetch_add(1, Ordering::Relaxed);
@@ -304,7 +315,10 @@ impl<T: Send + 'static> Handle<T> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(seq, tx);
-        if !self.send(Event::Propose { seq, data }) {
+        let mut entry = Vec::with_capacity(data.len() + 1);
+        entry.push(TAG_DATA);
+        entry.extend_from_slice(&data);
+        if !self.send(Event::Propose { seq, data: entry }) {
             fail(&self.sh, seq, ReplError::Stopped("node stopped".into()));
         }
         rx
@@ -440,8 +454,8 @@ fn apply_loop<T>(
                         .unwrap_or_else(|p| p.into_inner())
                         .remove(&seq)
                 });
-            if e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty() {
-                let r = sm.apply(e.index, &e.data, waiter.is_some());
+            if e.get_entry_type() == EntryType::EntryNormal && e.data.first() == Some(&TAG_DATA) {
+                let r = sm.apply(e.index, &e.data[1..], waiter.is_some());
                 if let Some(w) = waiter {
                     done.push((w, r));
                 }
@@ -491,6 +505,11 @@ struct Driver<T> {
     /// Reads confirmed at a commit index, waiting for it to be applied.
     reads_ready: Vec<(u64, Vec<u64>)>,
     next_round: u64,
+    compact_after: u64,
+    /// Committed compaction entries not yet applied: (index, point).
+    compactions: Vec<(u64, u64)>,
+    /// The point of the compaction this leader proposed last.
+    compaction_proposed: u64,
 }
 
 impl<T: Send + 'static> Driver<T> {
@@ -541,6 +560,9 @@ impl<T: Send + 'static> Driver<T> {
             reads_sent: HashMap::new(),
             reads_ready: Vec::new(),
             next_round: 1,
+            compact_after: cfg.compact_after.max(1),
+            compactions: Vec::new(),
+            compaction_proposed: 0,
         })
     }
 
@@ -566,6 +588,7 @@ impl<T: Send + 'static> Driver<T> {
                 Err(RecvTimeoutError::Disconnected) => return,
             }
             if Instant::now() >= next_tick {
+                self.maybe_propose_compaction();
                 self.node.tick();
                 next_tick += self.tick;
                 if next_tick < Instant::now() {
@@ -608,6 +631,10 @@ impl<T: Send + 'static> Driver<T> {
                 if i > self.applied {
                     self.applied = i;
                     self.node.advance_apply_to(i);
+                }
+                if let Err(e) = self.compact_applied() {
+                    self.halt(e);
+                    return false;
                 }
                 if self.term_start.is_some_and(|s| self.applied >= s) && !self.held.is_empty() {
                     for (seq, data) in std::mem::take(&mut self.held) {
@@ -661,6 +688,7 @@ impl<T: Send + 'static> Driver<T> {
             }
         }
         let committed = rd.take_committed_entries();
+        self.note_compactions(&committed);
         if !committed.is_empty() {
             self.apply
                 .send(committed)
@@ -686,6 +714,7 @@ impl<T: Send + 'static> Driver<T> {
             self.net.send(m);
         }
         let committed = light.take_committed_entries();
+        self.note_compactions(&committed);
         if !committed.is_empty() {
             self.apply
                 .send(committed)
@@ -738,7 +767,63 @@ impl<T: Send + 'static> Driver<T> {
         st.commit = r.raft_log.committed;
         st.applied = self.sh.applied.load(Ordering::Acquire);
         st.last_index = r.raft_log.last_index();
+        st.first_index = self.node.store().range().0;
         st.matched = matched;
+    }
+
+    /// Remembers the committed compaction entries in `ents`.
+    fn note_compactions(&mut self, ents: &[Entry]) {
+        for e in ents {
+            if e.get_entry_type() == EntryType::EntryNormal && e.data.first() == Some(&TAG_COMPACT)
+            {
+                if let Ok(b) = <[u8; 8]>::try_from(&e.data[1..]) {
+                    self.compactions.push((e.index, u64::from_le_bytes(b)));
+                }
+            }
+        }
+    }
+
+    /// Drops the log's entries below the points of the compaction entries
+    /// applied so far (never past the applied index).
+    fn compact_applied(&mut self) -> Result<(), String> {
+        let applied = self.applied;
+        let mut to = 0;
+        self.compactions.retain(|&(index, point)| {
+            if index <= applied {
+                to = to.max(point.min(applied));
+                false
+            } else {
+                true
+            }
+        });
+        if to > 0 {
+            self.node
+                .mut_store()
+                .compact(to)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// At the leader: proposes a compaction when `compact_after` entries
+    /// lie below every member's matched index and this node's applied
+    /// index (so no member will need them: there are no snapshots yet).
+    fn maybe_propose_compaction(&mut self) {
+        let r = &self.node.raft;
+        if r.state != StateRole::Leader || self.term_start.is_some_and(|s| self.applied < s) {
+            return;
+        }
+        let matched = r.prs().iter().map(|(_, p)| p.matched).min().unwrap_or(0);
+        let point = matched.min(self.applied);
+        let first = self.node.store().range().0;
+        if point < first + self.compact_after || point <= self.compaction_proposed {
+            return;
+        }
+        let mut data = vec![TAG_COMPACT];
+        data.extend_from_slice(&point.to_le_bytes());
+        if self.node.propose(Vec::new(), data).is_ok() {
+            self.compaction_proposed = point;
+        }
     }
 
     /// Answers the reads whose ReadIndex is applied now.

@@ -12,9 +12,10 @@
 //!
 //! Reads (raft-rs asks for entries to send, terms, the range) are served by a
 //! [`MemStorage`] kept equal to what is persisted: loaded once at open and
-//! then written through. The log is not compacted yet (see ARCHITECTURE.md,
-//! "Replication"), so a lagging or restarted follower always catches up
-//! from entries, never from a snapshot.
+//! then written through. Compaction ([`HeapStorage::compact`]) drops the
+//! entries every member already has (the leader decides the point through
+//! a log entry: see `node`); there are no snapshots yet, so a lagging or
+//! restarted follower always catches up from entries.
 
 use engine::{Session, WriteBatch};
 use protobuf::Message as _;
@@ -207,6 +208,55 @@ impl HeapStorage {
         self.persist(&[], Some(&hs))
     }
 
+    /// Drops the entries below `to` (the log then starts at `to`): their
+    /// removal and the new range are one crash-atomic batch. The term of
+    /// entry `to - 1` is kept with the range, as raft-rs asks for it.
+    pub fn compact(&mut self, to: u64) -> Result<(), LogError> {
+        let to = to.min(self.last + 1);
+        if to <= self.first {
+            return Ok(());
+        }
+        let before = self
+            .mem
+            .term(to - 1)
+            .map_err(|e| LogError::Corrupt(e.to_string()))?;
+        self.batch.clear();
+        for i in self.first..to {
+            self.batch.remove(&entry_key(i));
+        }
+        self.batch
+            .put(&meta_key(b'r'), &range_bytes(to, self.last, before));
+        self.sess.apply_batch(&self.batch, &mut Vec::new())?;
+        self.sess.commit()?;
+        self.first = to;
+        // MemStorage keeps the term of the entry before its first only
+        // through a snapshot's metadata: install one (no data) at to - 1.
+        let kept = if to <= self.last {
+            self.mem
+                .entries(to, self.last + 1, None, GetEntriesContext::empty(false))
+                .map_err(|e| LogError::Corrupt(e.to_string()))?
+        } else {
+            Vec::new()
+        };
+        let cs = self
+            .mem
+            .initial_state()
+            .map_err(|e| LogError::Corrupt(e.to_string()))?
+            .conf_state;
+        let mut core = self.mem.wl();
+        let mut snap = Snapshot::default();
+        snap.mut_metadata().index = to - 1;
+        snap.mut_metadata().term = before;
+        snap.mut_metadata().set_conf_state(cs);
+        let hs = core.hard_state().clone();
+        core.apply_snapshot(snap)
+            .map_err(|e| LogError::Corrupt(e.to_string()))?;
+        core.append(&kept)
+            .map_err(|e| LogError::Corrupt(e.to_string()))?;
+        core.set_hardstate(hs);
+        Ok(())
+    }
+
     fn before_term(&self) -> Result<u64, LogError> {
         if self.first <= 1 {
             return Ok(0);
@@ -264,8 +314,8 @@ impl Storage for HeapStorage {
     }
 
     fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
-        // The log is never compacted, so raft-rs never needs one: a
-        // follower is always sent entries. Refusing (rather than handing
+        // The log is compacted only below every member's matched index,
+        // so raft-rs never needs one: a follower is always sent entries. Refusing (rather than handing
         // out MemStorage's empty snapshot) keeps a follower from ever
         // believing it has state it was not sent.
         let _ = (request_index, to);

@@ -202,6 +202,7 @@ pub fn start(sh: &Arc<Shared>) -> Result<Option<Arc<Cluster>>, String> {
         tick,
         election_ticks: c.raft_election_ticks as usize,
         heartbeat_ticks: 2.min(c.raft_election_ticks as usize - 1).max(1),
+        compact_after: 10_000,
     };
     drop(c);
     let (s1, s2) = (sh.clone(), sh.clone());
@@ -317,7 +318,7 @@ pub fn info_section(sh: &Shared) -> Option<String> {
     }
     let _ = write!(
         o,
-        "master_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_repl_offset:{}\r\nraft_node_id:{}\r\nraft_leader_id:{}\r\nraft_term:{}\r\nraft_commit_index:{}\r\nraft_applied_index:{}\r\nraft_last_index:{}\r\nraft_failed:{}\r\n\r\n",
+        "master_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_repl_offset:{}\r\nraft_node_id:{}\r\nraft_leader_id:{}\r\nraft_term:{}\r\nraft_commit_index:{}\r\nraft_applied_index:{}\r\nraft_last_index:{}\r\nraft_first_index:{}\r\nraft_failed:{}\r\n\r\n",
         sh.run_id,
         st.applied,
         st.id,
@@ -326,6 +327,7 @@ pub fn info_section(sh: &Shared) -> Option<String> {
         st.commit,
         st.applied,
         st.last_index,
+        st.first_index,
         st.failed.as_deref().unwrap_or("no"),
     );
     Some(o)
