@@ -159,6 +159,9 @@ fn role_and_info_name_the_leader_and_followers_apply_its_writes() {
     let leader = nodes.iter().find(|n| n.port == lp).unwrap();
     let mut lc = leader.con();
     let _: () = lc.set("k", "v").unwrap();
+    // WAIT: both followers get the write (at least one already has it).
+    let n: i64 = redis::cmd("WAIT").arg(2).arg(5000).query(&mut lc).unwrap();
+    assert_eq!(n, 2);
     let n: i64 = lc.rpush("list", &["a", "b", "c"]).unwrap();
     assert_eq!(n, 3);
     let _: () = lc.hset("h", "f", "1").unwrap();
@@ -363,6 +366,11 @@ fn a_follower_forwards_to_the_leader_and_readonly_reads_locally() {
     // Writes and reads, in another database too.
     let _: () = fc.set("a", "1").unwrap();
     assert_eq!(fc.get::<_, String>("a").unwrap(), "1");
+    let n: i64 = redis::cmd("WAIT").arg(2).arg(5000).query(&mut fc).unwrap();
+    assert_eq!(
+        n, 2,
+        "WAIT through a follower counts the leader's followers"
+    );
     assert_eq!(fc.incr::<_, _, i64>("n", 5).unwrap(), 5);
     let _: () = redis::cmd("SELECT").arg(3).query(&mut fc).unwrap();
     let _: () = fc.set("a", "db3").unwrap();

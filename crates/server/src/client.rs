@@ -208,6 +208,9 @@ pub struct Client {
     /// requests forwarded there, and READONLY (reads served here).
     pub(crate) fwd: Option<Box<crate::cluster::Forward>>,
     pub(crate) readonly: bool,
+    /// The Raft index of its last replicated write (WAIT counts the
+    /// followers that have it).
+    pub(crate) repl_index: u64,
 }
 
 /// A transaction being queued (MULTI until EXEC or DISCARD).
@@ -268,6 +271,7 @@ impl Client {
             multi: None,
             fwd: None,
             readonly: false,
+            repl_index: 0,
             watching: Default::default(),
             deny_blocking: false,
             monitor: false,

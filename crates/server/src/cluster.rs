@@ -40,8 +40,9 @@ use engine::{Outcome, WriteBatch};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// What a proposer gets back: the outcomes of its batch's operations.
-pub type ApplyOut = engine::Result<Vec<Outcome>>;
+/// What a proposer gets back: the entry's index and the outcomes of its
+/// batch's operations.
+pub type ApplyOut = engine::Result<(u64, Vec<Outcome>)>;
 
 /// A running node.
 pub struct Cluster {
@@ -63,12 +64,17 @@ pub fn error_text(e: &repl::ReplError) -> String {
 impl Cluster {
     /// Replicates a command's batch and returns its outcomes once it is
     /// applied here (the apply thread applied it).
-    pub fn replicate(&self, batch: &WriteBatch, out: &mut Vec<Outcome>) -> Result<(), ReplFailure> {
+    /// Returns the entry's index.
+    pub fn replicate(
+        &self,
+        batch: &WriteBatch,
+        out: &mut Vec<Outcome>,
+    ) -> Result<u64, ReplFailure> {
         let rx = self.node.propose(batch.as_bytes().to_vec());
         match rx.recv_timeout(self.write_timeout) {
-            Ok(Ok(Ok(outs))) => {
+            Ok(Ok(Ok((index, outs)))) => {
                 out.extend(outs);
-                Ok(())
+                Ok(index)
             }
             Ok(Ok(Err(e))) => Err(ReplFailure::Store(e)),
             Ok(Err(e)) => Err(ReplFailure::Repl(e)),
@@ -141,9 +147,11 @@ impl repl::StateMachine<ApplyOut> for Applier {
         let r = if own {
             // The proposer does the bookkeeping (key counts, TTL index,
             // WATCH) with these outcomes, as after its own apply.
-            self.ks.apply_entry_raw(batch, index)
+            self.ks.apply_entry_raw(batch, index).map(|o| (index, o))
         } else {
-            self.ks.apply_entry(batch, index).map(|()| Vec::new())
+            self.ks
+                .apply_entry(batch, index)
+                .map(|()| (index, Vec::new()))
         };
         if let Err(e) = &r {
             if deterministic(e) {
@@ -538,7 +546,9 @@ pub fn forwarded<'a>(
     let conn = matches!(
         spec.name,
         "watch" | "unwatch" | "eval" | "evalsha" | "fcall"
-    ) || (spec.name == "exec" && c.multi.as_ref().is_some_and(|m| !m.dirty));
+    ) || (spec.name == "exec" && c.multi.as_ref().is_some_and(|m| !m.dirty))
+        // The client's writes went through the leader: it counts for them.
+        || (spec.name == "wait" && c.fwd.is_some());
     (write || read || conn).then_some(cl)
 }
 
@@ -570,6 +580,27 @@ pub fn read_barrier(
         Err(_) => Err(error_text(&repl::ReplError::Stopped(
             "no quorum confirmed the leader in time".into(),
         ))),
+    }
+}
+
+/// WAIT on a cluster's leader: the followers whose logs hold entry `index`
+/// (the client's last write), waiting until `want` of them do or `timeout_ms`
+/// passes (0: no limit, as in Redis, though at most the write timeout, so
+/// that a worker is not held without end by members that are down).
+pub fn wait(cl: &Cluster, index: u64, want: i64, timeout_ms: i64) -> i64 {
+    let limit = if timeout_ms == 0 {
+        cl.write_timeout
+    } else {
+        Duration::from_millis(timeout_ms as u64).min(cl.write_timeout)
+    };
+    let t0 = std::time::Instant::now();
+    loop {
+        let st = cl.node.status();
+        let have = st.matched.iter().filter(|(_, m)| *m >= index).count() as i64;
+        if have >= want || t0.elapsed() >= limit || !st.is_leader {
+            return have;
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

@@ -331,6 +331,9 @@ pub struct Keyspace {
     /// Set around node-local work (the lazy free of pieces): applied here
     /// only, not replicated.
     local: bool,
+    /// The Raft index of the last batch this keyspace replicated (the
+    /// command's client takes it: see `cmd::execute`).
+    pub repl_index: u64,
 }
 
 /// A unit of several commands in progress (`cmd::unit`): its stripe locks
@@ -379,6 +382,7 @@ impl Keyspace {
             pre_oom: false,
             repl: None,
             local: false,
+            repl_index: 0,
         }
     }
 
@@ -526,7 +530,10 @@ impl Keyspace {
             // A cluster's write: committed by a quorum and applied by the
             // apply thread before this returns (see `crate::cluster`).
             Some(c) if !self.local => match c.replicate(&self.staged, &mut self.outcomes) {
-                Ok(()) => Ok(()),
+                Ok(index) => {
+                    self.repl_index = index;
+                    Ok(())
+                }
                 Err(crate::cluster::ReplFailure::Store(e)) => Err(KsError::Store(e)),
                 Err(crate::cluster::ReplFailure::Repl(e)) => Err(KsError::Repl(e)),
             },

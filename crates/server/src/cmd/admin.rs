@@ -561,16 +561,22 @@ pub fn slowlog(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     Ok(())
 }
 
-/// WAIT: Ember has no replicas yet, so none acknowledges: 0 at once (Redis
-/// would wait out the timeout for a positive count).
-pub fn wait(_ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
-    super::int_arg(&a[1])?;
+/// WAIT: on a lone server no replica acknowledges: 0 at once (Redis would
+/// wait out the timeout for a positive count). On a cluster's leader: how
+/// many followers have the client's last write in their logs, waiting up to
+/// the timeout for `numreplicas` of them (see `crate::cluster::wait`).
+pub fn wait(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    let want = super::int_arg(&a[1])?;
     let timeout = proto::int::parse_i64(&a[2])
         .ok_or(CmdError::Msg("timeout is not an integer or out of range"))?;
     if timeout < 0 {
         return Err(CmdError::Msg("timeout is negative"));
     }
-    c.int(0);
+    let n = match ctx.sh.cluster.get() {
+        Some(cl) => crate::cluster::wait(cl, c.repl_index, want, timeout),
+        None => 0,
+    };
+    c.int(n);
     Ok(())
 }
 

@@ -185,7 +185,14 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
         Some(cl) => crate::cluster::forward(cl, ctx.sh, c, spec, args),
         // At the leader, a read first confirms its leadership (ReadIndex).
         None => match crate::cluster::read_barrier(ctx.sh, c, spec) {
-            Ok(()) => run_spec(ctx, c, spec, args),
+            Ok(()) => {
+                let f = run_spec(ctx, c, spec, args);
+                // WAIT counts the followers that have this write.
+                if ctx.ks.repl_index != 0 {
+                    c.repl_index = std::mem::take(&mut ctx.ks.repl_index);
+                }
+                f
+            }
             Err(text) => {
                 c.err(&text);
                 true
