@@ -24,6 +24,8 @@ struct Node {
     peers: String,
     child: Option<Child>,
     starts: u32,
+    /// More flags (`--raft-port` behind a proxy).
+    extra: Vec<String>,
 }
 
 impl Node {
@@ -36,6 +38,7 @@ impl Node {
             .arg(self.dir.join("ember.heap"))
             .args(serve_common::SMALL)
             .args(["--node-id", &self.id.to_string(), "--peers", &self.peers])
+            .args(&self.extra)
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -108,11 +111,112 @@ fn cluster(dir: &Path) -> Vec<Node> {
                 peers: peers.clone(),
                 child: None,
                 starts: 0,
+                extra: Vec::new(),
             };
             n.launch();
             n
         })
         .collect()
+}
+
+/// A one-way link between two nodes' Raft transports: a TCP proxy that
+/// can be cut (its connections closed, new ones refused) and healed.
+struct Link {
+    port: u16,
+    cut: Arc<AtomicBool>,
+}
+
+impl Link {
+    fn start(upstream: u16) -> Link {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let cut2 = cut.clone();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(s) = s else { continue };
+                if cut2.load(Ordering::Relaxed) {
+                    continue;
+                }
+                let Ok(up) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                for (mut from, mut to) in
+                    [(s.try_clone().unwrap(), up.try_clone().unwrap()), (up, s)]
+                {
+                    let cut = cut2.clone();
+                    std::thread::spawn(move || {
+                        let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
+                        let mut buf = [0u8; 64 << 10];
+                        loop {
+                            if cut.load(Ordering::Relaxed) {
+                                break;
+                            }
+                            match std::io::Read::read(&mut from, &mut buf) {
+                                Ok(0) => break,
+                                Ok(n) => {
+                                    if std::io::Write::write_all(&mut to, &buf[..n]).is_err() {
+                                        break;
+                                    }
+                                }
+                                Err(e)
+                                    if matches!(
+                                        e.kind(),
+                                        std::io::ErrorKind::WouldBlock
+                                            | std::io::ErrorKind::TimedOut
+                                    ) => {}
+                                Err(_) => break,
+                            }
+                        }
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Link { port, cut }
+    }
+}
+
+/// Three nodes whose Raft traffic from node i to node j goes through
+/// `links[i][j]`, so that the test can partition them.
+fn proxied_cluster(dir: &Path) -> (Vec<Node>, Vec<Vec<Option<Link>>>) {
+    let raft: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let client: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let links: Vec<Vec<Option<Link>>> = (0..3)
+        .map(|i| {
+            (0..3)
+                .map(|j| (i != j).then(|| Link::start(raft[j])))
+                .collect()
+        })
+        .collect();
+    let nodes = (0..3)
+        .map(|i| {
+            // Node i reaches node j at its link's port; its own entry
+            // names its real Raft port.
+            let peers = (0..3)
+                .map(|j| {
+                    let r = links[i][j].as_ref().map_or(raft[j], |l| l.port);
+                    format!("{}=127.0.0.1:{r}:{}", j + 1, client[j])
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+            let d = dir.join(format!("n{}", i + 1));
+            std::fs::create_dir_all(&d).unwrap();
+            let mut n = Node {
+                id: i as u64 + 1,
+                port: client[i],
+                dir: d,
+                peers,
+                child: None,
+                starts: 0,
+                extra: vec!["--raft-port".into(), raft[i].to_string()],
+            };
+            n.launch();
+            n
+        })
+        .collect();
+    (nodes, links)
 }
 
 /// ROLE's first element on node `n` (None when it does not answer).
@@ -305,7 +409,10 @@ fn sigkill_of_the_leader_under_load_loses_no_acknowledged_write() {
     assert!(total > 20, "too few writes acknowledged: {total}");
     let check = |con: &mut redis::Connection, who: &str| {
         for (id, k) in known.iter().enumerate() {
-            let n: i64 = con.get(format!("count{id}")).unwrap_or(0);
+            let n: i64 = con
+                .get::<_, Option<i64>>(format!("count{id}"))
+                .unwrap()
+                .unwrap_or(0);
             assert!(
                 n >= k.incr_acked && n <= k.incr_acked + k.incr_unknown,
                 "{who}: counter {id} is {n}, acknowledged {} (+{} unknown)",
@@ -330,7 +437,9 @@ fn sigkill_of_the_leader_under_load_loses_no_acknowledged_write() {
     let want: u64 = info(&mut lc, "raft_commit_index").parse().unwrap();
     let t = Instant::now();
     for n in &nodes {
+        // Each node's own state: reads served locally.
         let mut c = n.con();
+        let _: () = redis::cmd("READONLY").query(&mut c).unwrap();
         loop {
             let applied: u64 = info(&mut c, "raft_applied_index").parse().unwrap();
             if applied >= want {
@@ -525,4 +634,66 @@ print("redis-py ok")
         return;
     }
     assert!(rest.contains("redis-py ok"), "{line}{rest}\n{err}");
+}
+
+/// A leader cut off from the others answers no read and acknowledges no
+/// write (a stale read would break linearizability); the majority elects a
+/// leader and takes writes; once healed, every node agrees and the cut-off
+/// leader's refused write is nowhere.
+#[test]
+fn a_partitioned_leader_serves_no_stale_read_and_the_majority_moves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nodes, links) = proxied_cluster(dir.path());
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let lp = leader_port(&ports);
+    let li = ports.iter().position(|&p| p == lp).unwrap();
+    let mut old = nodes[li].con();
+    let _: () = old.set("k", "1").unwrap();
+    // Cut the leader off, both ways.
+    for (j, row) in links.iter().enumerate() {
+        for l in [&links[li][j], &row[li]].into_iter().flatten() {
+            l.cut.store(true, Ordering::Relaxed);
+        }
+    }
+    let others: Vec<u16> = ports.iter().copied().filter(|&p| p != lp).collect();
+    let np = leader_port(&others);
+    let mut new = nodes.iter().find(|n| n.port == np).unwrap().con();
+    let _: () = new.set("k", "2").unwrap();
+    // The old leader, alone: no read of the old value, no write.
+    match old.get::<_, Option<String>>("k") {
+        Ok(v) => panic!("a cut-off leader answered a read: {v:?}"),
+        Err(e) => eprintln!("cut-off read: {e}"),
+    }
+    assert!(
+        old.set::<_, _, ()>("lost", "x").is_err(),
+        "a cut-off leader acknowledged a write"
+    );
+    // Heal: everyone agrees on the majority's history.
+    for row in &links {
+        for l in row.iter().flatten() {
+            l.cut.store(false, Ordering::Relaxed);
+        }
+    }
+    let t = Instant::now();
+    for n in &nodes {
+        let mut c = n.con();
+        let _: () = redis::cmd("READONLY").query(&mut c).unwrap();
+        loop {
+            let got: (Option<String>, Option<String>) = redis::pipe()
+                .get("k")
+                .get("lost")
+                .query(&mut c)
+                .unwrap_or((None, None));
+            if got.0.as_deref() == Some("2") {
+                assert_eq!(got.1, None, "node {}: the refused write applied", n.id);
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "node {} has {got:?}",
+                n.id
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
