@@ -245,6 +245,13 @@ fn leader_port(ports: &[u16]) -> u16 {
                 return p;
             }
         }
+        if t.elapsed() > Duration::from_secs(3) && t.elapsed() < Duration::from_millis(3100) {
+            for &p in ports {
+                let t1 = Instant::now();
+                let r = role(p);
+                eprintln!("slow election: port {p} says {r:?} in {:?}", t1.elapsed());
+            }
+        }
         assert!(t.elapsed() < Duration::from_secs(30), "no leader elected");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -696,4 +703,225 @@ fn a_partitioned_leader_serves_no_stale_read_and_the_majority_moves_on() {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// One operation of a register history (see tools/lincheck).
+struct HOp {
+    client: usize,
+    set: bool,
+    key: String,
+    value: String,
+    call: u128,
+    ret: u128,
+    unknown: bool,
+}
+
+fn history_client(id: usize, ports: Vec<u16>, t0: Instant, stop: Arc<AtomicBool>) -> Vec<HOp> {
+    use rand::{RngExt, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(id as u64 * 7919 + 1);
+    let mut out = Vec::new();
+    let mut con: Option<redis::Connection> = None;
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let c = match con.as_mut() {
+            Some(c) => c,
+            None => {
+                let p = ports[rng.random_range(0..ports.len())];
+                match redis::Client::open(format!("redis://127.0.0.1:{p}/"))
+                    .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(300)))
+                {
+                    Ok(c) => {
+                        let _ = c.set_read_timeout(Some(Duration::from_secs(40)));
+                        con.insert(c)
+                    }
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
+                }
+            }
+        };
+        let key = format!("k{}", rng.random_range(0..16));
+        let set = rng.random_bool(0.5);
+        n += 1;
+        let value = format!("c{id}-{n}");
+        let call = t0.elapsed().as_nanos();
+        if set {
+            let r = c.set::<_, _, ()>(&key, &value);
+            let ret = t0.elapsed().as_nanos();
+            match r {
+                Ok(()) => out.push(HOp {
+                    client: id,
+                    set,
+                    key,
+                    value,
+                    call,
+                    ret,
+                    unknown: false,
+                }),
+                // Refused before it was proposed: it never happened.
+                Err(e)
+                    if e.code() == Some("READONLY")
+                        || e.detail().is_some_and(|d| d.contains("was not sent")) =>
+                {
+                    con = None
+                }
+                Err(_) => {
+                    out.push(HOp {
+                        client: id,
+                        set,
+                        key,
+                        value,
+                        call,
+                        ret,
+                        unknown: true,
+                    });
+                    con = None;
+                }
+            }
+        } else {
+            let r = c.get::<_, Option<String>>(&key);
+            let ret = t0.elapsed().as_nanos();
+            match r {
+                Ok(v) => out.push(HOp {
+                    client: id,
+                    set,
+                    key,
+                    value: v.unwrap_or_default(),
+                    call,
+                    ret,
+                    unknown: false,
+                }),
+                // A failed read changed nothing: left out.
+                Err(_) => con = None,
+            }
+        }
+    }
+    out
+}
+
+/// Clients read and write registers through every node while the leader
+/// is partitioned away and healed, then SIGKILLed and restarted; the
+/// recorded history is checked for linearizability by porcupine
+/// (tools/lincheck, Go). Skipped when Go is not installed.
+#[test]
+fn histories_under_partitions_and_kills_are_linearizable() {
+    let checker = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/lincheck");
+    if Command::new("go").arg("version").output().is_err() {
+        eprintln!("go is not installed: the linearizability check was skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The checker catches a stale read (a control: it can fail).
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"[{"client":0,"op":"set","key":"a","value":"1","call":1,"return":2,"unknown":false},
+            {"client":1,"op":"get","key":"a","value":"","call":3,"return":4,"unknown":false}]"#,
+    )
+    .unwrap();
+    let out = Command::new("go")
+        .args(["run", "."])
+        .arg(&bad)
+        .current_dir(&checker)
+        .output()
+        .expect("run the checker");
+    let (o, e) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    if !o.contains("NOT linearizable") && e.contains("porcupine") {
+        // The module could not be fetched (no access to the Go proxy).
+        eprintln!("the checker did not build ({e}): the linearizability check was skipped");
+        return;
+    }
+    assert!(
+        !out.status.success() && o.contains("NOT linearizable"),
+        "the checker passed a stale read: {o}{e}"
+    );
+    let (mut nodes, links) = proxied_cluster(dir.path());
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    leader_port(&ports);
+    let t0 = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|id| {
+            let (p, s) = (ports.clone(), stop.clone());
+            std::thread::spawn(move || history_client(id, p, t0, s))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(600));
+    // A partition of the leader, then healed.
+    let lp = leader_port(&ports);
+    let li = ports.iter().position(|&p| p == lp).unwrap();
+    for (j, row) in links.iter().enumerate() {
+        for l in [&links[li][j], &row[li]].into_iter().flatten() {
+            l.cut.store(true, Ordering::Relaxed);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    for row in &links {
+        for l in row.iter().flatten() {
+            l.cut.store(false, Ordering::Relaxed);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    // SIGKILL of the leader, restarted after a while.
+    eprintln!("healed at {:?}", t0.elapsed());
+    let lp = leader_port(&ports);
+    eprintln!("leader found at {:?}", t0.elapsed());
+    let li = ports.iter().position(|&p| p == lp).unwrap();
+    nodes[li].kill9();
+    std::thread::sleep(Duration::from_millis(600));
+    eprintln!("killed; restarting at {:?}", t0.elapsed());
+    nodes[li].launch();
+    eprintln!("restarted at {:?}", t0.elapsed());
+    std::thread::sleep(Duration::from_millis(600));
+    stop.store(true, Ordering::Relaxed);
+    let ops: Vec<HOp> = clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect();
+    let sets = ops.iter().filter(|o| o.set && !o.unknown).count();
+    let gets = ops.iter().filter(|o| !o.set).count();
+    assert!(
+        sets > 50 && gets > 50,
+        "too few operations: {sets} sets, {gets} gets"
+    );
+    let json = ops
+        .iter()
+        .map(|o| {
+            format!(
+                r#"{{"client":{},"op":"{}","key":"{}","value":"{}","call":{},"return":{},"unknown":{}}}"#,
+                o.client,
+                if o.set { "set" } else { "get" },
+                o.key,
+                o.value,
+                o.call,
+                o.ret,
+                o.unknown
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",\n");
+    let path = dir.path().join("history.json");
+    std::fs::write(&path, format!("[{json}]")).unwrap();
+    let out = Command::new("go")
+        .args(["run", "."])
+        .arg(&path)
+        .current_dir(&checker)
+        .output()
+        .expect("run the checker");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        let keep = std::env::temp_dir().join(format!("ember-history-{}.json", std::process::id()));
+        let _ = std::fs::copy(&path, &keep);
+        eprintln!("history kept at {}", keep.display());
+    }
+    assert!(
+        out.status.success() && text.contains("linearizable:"),
+        "the history of {} operations is not linearizable ({sets} sets, {gets} gets)",
+        ops.len()
+    );
 }

@@ -763,7 +763,8 @@ pub fn forward(
             match Forward::open(cl, sh, c) {
                 Ok(f) => c.fwd = Some(Box::new(f)),
                 Err(e) => {
-                    result = Err(e);
+                    // Nothing was sent: the command did not run.
+                    result = Err(format!("{e} (the command was not sent)"));
                     break;
                 }
             }
