@@ -179,8 +179,10 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
         return;
     }
     crate::monitor::feed_script_call(ctx.sh, c, spec, args);
+    crate::tracking::before(ctx, c, i, args, true);
     let failed = run_spec(ctx, c, spec, args);
     crate::pubsub::after_command(ctx.sh, ctx.ks, c, mark);
+    crate::tracking::after(ctx, c, i);
     let t1 = Stamp::now();
     *clock = t1;
     let us = t1.micros_since(t0);
