@@ -18,6 +18,7 @@
 //!   transaction;
 //! - `errors_match_redis`: every error reply of the tracking subcommands;
 //! - `expired_keys_are_invalidated`: active and lazy expiry;
+//! - `evicted_keys_are_invalidated`: cache mode's evictions;
 //! - `many_trackers_on_both_workers`: each tracker gets each key it read,
 //!   once, whichever worker wrote it;
 //! - `redis_py_cache_is_invalidated`: redis-py's client-side cache.
@@ -593,6 +594,68 @@ fn expired_keys_are_invalidated() {
         assert_eq!(pushes_within(&mut t, Duration::from_secs(2)), [inv("lx")]);
         w.call(&a("DEBUG SET-ACTIVE-EXPIRE 1"));
     }
+}
+
+/// Requests sent at once, then their replies read.
+fn pipeline(c: &mut Cx, reqs: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
+    let mut buf = Vec::new();
+    for r in reqs {
+        encode_request(r, &mut buf);
+    }
+    c.s.write_all(&buf).unwrap();
+    let mut out = Vec::new();
+    while out.len() < reqs.len() {
+        let f = c.frame(Duration::from_secs(30)).expect("reply");
+        if is_push(&f) {
+            c.pushes.push(f);
+        } else {
+            out.push(f);
+        }
+    }
+    out
+}
+
+#[test]
+fn evicted_keys_are_invalidated() {
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &["--maxmemory-policy", "allkeys-random"]);
+    let mut t = Cx::open(ember.port);
+    let mut w = Cx::open(ember.port);
+    let n = 4000;
+    let val = "v".repeat(1000);
+    let sets: Vec<Vec<Vec<u8>>> = (0..n).map(|i| a(&format!("SET k{i} {val}"))).collect();
+    pipeline(&mut w, &sets);
+    t.call(&a("HELLO 3"));
+    t.call(&a("CLIENT TRACKING on"));
+    let gets: Vec<Vec<Vec<u8>>> = (0..n).map(|i| a(&format!("GET k{i}"))).collect();
+    pipeline(&mut t, &gets);
+    std::thread::sleep(Duration::from_millis(300));
+    let info = lossy(&w.call(&a("INFO memory")));
+    let used: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    w.call(&a("CONFIG SET maxmemory-eviction-tenacity 100"));
+    w.call(&a(&format!("CONFIG SET maxmemory {}", used - (2 << 20))));
+    assert_eq!(lossy(&w.call(&a("SET new 1"))), "+OK\r\n");
+    let mut invalidated: Vec<String> = pushes_within(&mut t, Duration::from_secs(5))
+        .iter()
+        .map(|p| p.rsplit("\r\n").nth(1).unwrap().to_string())
+        .collect();
+    invalidated.sort();
+    let exists: Vec<Vec<Vec<u8>>> = (0..n).map(|i| a(&format!("EXISTS k{i}"))).collect();
+    let mut gone: Vec<String> = pipeline(&mut w, &exists)
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.as_slice() == b":0\r\n")
+        .map(|(i, _)| format!("k{i}"))
+        .collect();
+    gone.sort();
+    assert!(gone.len() > 100, "only {} keys evicted", gone.len());
+    assert_eq!(invalidated, gone);
 }
 
 #[test]

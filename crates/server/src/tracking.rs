@@ -152,8 +152,8 @@ impl Tracking {
 }
 
 /// A worker's side (in its `Keyspace`): the keys its writes modified since
-/// the last [`flush`], the BCAST keys of this loop turn, and what the
-/// running command remembered.
+/// they were last flushed ([`after`], [`flush_turn`]), the BCAST keys of
+/// this loop turn, and what the running command remembered.
 #[derive(Default)]
 pub struct Local {
     reg: Arc<Tracking>,
@@ -304,11 +304,11 @@ fn key_array(keys: &[&[u8]]) -> Vec<u8> {
 
 /// Sends the invalidations the worker's writes since the last flush call
 /// for. `cur`: the client whose command made them (NOLOOP, and its own
-/// messages go after its reply); `fresh`: keys that client's read command
-/// remembered for the first time (an invalidation of them by that command,
-/// which can only be a key it found expired, is not sent: Redis remembers
-/// after the command). `turn`: the loop turn's flush, which also sends the
-/// BCAST batch.
+/// messages go after its reply). The keys that client's plain read command
+/// remembered for the first time (`Local::fresh`) are not invalidated to
+/// it: that command's only writes are keys it found expired, and Redis,
+/// which remembers after the command, had not tracked them for it yet.
+/// `turn`: the loop turn's flush, which also sends the BCAST batch.
 fn flush_with(sh: &Shared, ks: &mut Keyspace, cur: Option<&mut Client>, turn: bool) {
     let l = &mut ks.track;
     if l.modified.is_empty() && (!turn || l.bcast.is_empty()) {
@@ -798,4 +798,38 @@ pub(crate) fn client_trackinginfo(c: &mut Client) {
         (b("redirect"), Reply::Integer(t.redir_field())),
         (b("prefixes"), Reply::Array(prefixes)),
     ]));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_overlap_when_one_starts_the_other() {
+        assert!(overlap(b"a", b"ab"));
+        assert!(overlap(b"ab", b"a"));
+        assert!(overlap(b"", b"x"));
+        assert!(overlap(b"ab", b"ab"));
+        assert!(!overlap(b"ab", b"ac"));
+    }
+
+    #[test]
+    fn key_arrays_are_resp_arrays() {
+        assert_eq!(key_array(&[b"k", b"lm"]), b"*2\r\n$1\r\nk\r\n$2\r\nlm\r\n");
+    }
+
+    #[test]
+    fn only_database_keys_are_logged_and_only_while_someone_tracks() {
+        let mut l = Local::default();
+        l.applied([&b"\0k"[..]].into_iter());
+        assert!(l.modified.is_empty());
+        l.reg.active.store(1, Ordering::SeqCst);
+        l.applied([&b"\0k"[..], &b""[..], &[PIECE, 1, 2][..]].into_iter());
+        assert_eq!(l.modified, [b"\0k".to_vec()]);
+        l.quiet = true;
+        l.applied([&b"\0j"[..]].into_iter());
+        assert_eq!(l.modified.len(), 1);
+    }
+
+    const PIECE: u8 = crate::keyspace::PIECE_PREFIX;
 }
