@@ -17,6 +17,8 @@
 //! - `optin_optout_match_redis`: CLIENT CACHING for the next command or
 //!   transaction;
 //! - `errors_match_redis`: every error reply of the tracking subcommands;
+//! - `table_is_held_to_tracking_table_max_keys`: keys dropped from a full
+//!   table are invalidated;
 //! - `expired_keys_are_invalidated`: active and lazy expiry;
 //! - `evicted_keys_are_invalidated`: cache mode's evictions;
 //! - `many_trackers_on_both_workers`: each tracker gets each key it read,
@@ -550,8 +552,35 @@ fn errors_match_redis() {
             "0 RESET",
             "0 CLIENT TRACKINGINFO",
             "0 flags",
+            "0 CONFIG GET tracking-table-max-keys",
+            "0 CONFIG SET tracking-table-max-keys -1",
+            "0 CONFIG SET tracking-table-max-keys x",
+            "0 CONFIG SET tracking-table-max-keys 0",
+            "0 CONFIG GET tracking-table-max-keys",
         ],
     );
+}
+
+#[test]
+fn table_is_held_to_tracking_table_max_keys() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &[]);
+    for port in [redis.port, ember.port] {
+        let mut t = Cx::open(port);
+        t.call(&a("HELLO 3"));
+        t.call(&a("CONFIG SET tracking-table-max-keys 2"));
+        t.call(&a("CLIENT TRACKING on"));
+        for k in 1..=5 {
+            t.call(&a(&format!("GET k{k}")));
+        }
+        // Redis drops keys before the next command, Ember as it remembers
+        // one: three of the five were dropped, each with an invalidation.
+        let p = t.settle();
+        assert_eq!(p.len(), 3, "{p:?}");
+        let info = lossy(&t.call(&a("INFO stats")));
+        assert!(info.contains("tracking_total_keys:2\r\n"), "{info}");
+    }
 }
 
 /// Waits up to `limit` for pushes on `c`.

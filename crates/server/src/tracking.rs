@@ -68,10 +68,6 @@ pub const NOLOOP: u32 = 32;
 /// The redirect client was gone when an invalidation was due (flag `R`).
 pub const BROKEN: u32 = 64;
 
-/// Redis's `tracking-table-max-keys` default: past it, keys are dropped
-/// from the table (their clients invalidated) as Redis does.
-const MAX_KEYS: usize = 1_000_000;
-
 /// A client's tracking state as every worker sees it.
 #[derive(Default)]
 pub struct ClientTrack {
@@ -493,7 +489,7 @@ pub(crate) fn before(ctx: &mut Ctx, c: &Client, i: usize, args: &[Vec<u8>], top:
         return;
     }
     let reg = ctx.ks.track.reg.clone();
-    let fresh = remember(ctx.sh, &reg, c, &keys);
+    let fresh = remember(ctx.sh, &reg, c, &keys, false);
     // Only a plain read at the top level may drop the invalidation of its
     // own expired key (see `flush_with`).
     if top {
@@ -503,9 +499,22 @@ pub(crate) fn before(ctx: &mut Ctx, c: &Client, i: usize, args: &[Vec<u8>], top:
 }
 
 /// Puts `keys` in the table for client `c`; returns those that were not
-/// there for it. Past `MAX_KEYS` keys, others are dropped from the table
-/// and their clients invalidated, as Redis's `trackingLimitUsedSlots`.
-fn remember(sh: &Shared, reg: &Tracking, c: &Client, keys: &[Vec<u8>]) -> Vec<Vec<u8>> {
+/// there for it. With `limit` (once per command, after it), past
+/// `tracking-table-max-keys` keys, keys are dropped from the table and
+/// their clients invalidated, as Redis's `trackingLimitUsedSlots` does
+/// before the next command.
+fn remember(
+    sh: &Shared,
+    reg: &Tracking,
+    c: &Client,
+    keys: &[Vec<u8>],
+    limit: bool,
+) -> Vec<Vec<u8>> {
+    let max = match sh.cfg().tracking_table_max_keys {
+        0 => usize::MAX,
+        _ if !limit => usize::MAX,
+        n => usize::try_from(n).unwrap_or(usize::MAX),
+    };
     let mut fresh = Vec::new();
     let mut evicted: Vec<(Arc<ClientMeta>, Vec<u8>)> = Vec::new();
     {
@@ -519,8 +528,8 @@ fn remember(sh: &Shared, reg: &Tracking, c: &Client, keys: &[Vec<u8>]) -> Vec<Ve
                 fresh.push(k.clone());
             }
         }
-        while inner.table.len() > MAX_KEYS {
-            let Some(k) = inner.table.keys().find(|k| !keys.contains(k)).cloned() else {
+        while inner.table.len() > max {
+            let Some(k) = inner.table.keys().next().cloned() else {
                 break;
             };
             let ids = inner.table.remove(&k).unwrap_or_default();
@@ -558,7 +567,7 @@ pub(crate) fn after_call(ctx: &mut Ctx, c: &Client) {
     }
     let keys = std::mem::take(&mut ctx.ks.track.remembered);
     let reg = ctx.ks.track.reg.clone();
-    remember(ctx.sh, &reg, c, &keys);
+    remember(ctx.sh, &reg, c, &keys, true);
 }
 
 /// After a top-level command (`cmd::execute`, after its reply): the
@@ -581,7 +590,7 @@ pub(crate) fn after(ctx: &mut Ctx, c: &mut Client, i: usize) {
     if !l.remembered.is_empty() {
         let keys = std::mem::take(&mut l.remembered);
         let reg = l.reg.clone();
-        remember(ctx.sh, &reg, c, &keys);
+        remember(ctx.sh, &reg, c, &keys, true);
     }
     let f = c.meta.track.flags();
     if f & CACHING != 0 && c.multi.is_none() && TABLE[i].name != "client" {
