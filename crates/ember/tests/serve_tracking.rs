@@ -468,6 +468,19 @@ fn optin_optout_match_redis() {
             "0 CLIENT TRACKINGINFO",
             "0 GET b",
             "0 GET c",
+            // A refused request takes it as a command does...
+            "0 CLIENT CACHING yes",
+            "0 NOSUCHCOMMAND",
+            "0 GET x1",
+            "0 CLIENT CACHING yes",
+            "0 GET",
+            "0 GET x2",
+            // ... except a CLIENT one.
+            "0 CLIENT CACHING yes",
+            "0 CLIENT CACHING",
+            "0 GET x3",
+            "1 MSET x1 1 x2 1 x3 1",
+            "settle",
             "0 CLIENT CACHING yes",
             // Another CLIENT subcommand keeps it for the next command.
             "0 CLIENT ID",

@@ -207,6 +207,9 @@ fn dest(m: &ClientMeta) -> Option<Dest> {
 struct Out {
     mine: Vec<u8>,
     others: Vec<(usize, Token, u64, Vec<u8>)>,
+    /// Redirect clients looked up so far (one lock of the client list per
+    /// redirect id and flush).
+    redirs: HashMap<u64, Option<Arc<ClientMeta>>>,
 }
 
 impl Out {
@@ -246,12 +249,17 @@ fn route(sh: &Shared, t: &ClientMeta, p: &Payload, cur: u64, out: &mut Out) {
     let redir = t.track.redir.load(Ordering::Relaxed);
     let found;
     let to: &ClientMeta = if redir != 0 {
-        found = sh
-            .clients
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&redir)
-            .cloned();
+        found = out
+            .redirs
+            .entry(redir)
+            .or_insert_with(|| {
+                sh.clients
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&redir)
+                    .cloned()
+            })
+            .clone();
         match &found {
             Some(r) => r,
             None => {
@@ -595,6 +603,20 @@ pub(crate) fn after(ctx: &mut Ctx, c: &mut Client, i: usize) {
     let f = c.meta.track.flags();
     if f & CACHING != 0 && c.multi.is_none() && TABLE[i].name != "client" {
         c.meta.track.flags.fetch_and(!CACHING, Ordering::Relaxed);
+    }
+}
+
+/// A request refused before it ran: CLIENT CACHING's flag goes as after a
+/// command (Redis's `resetClient` runs for refused requests too).
+pub(crate) fn refused(c: &Client, args: &[Vec<u8>]) {
+    let t = &c.meta.track;
+    if t.flags() & CACHING != 0
+        && c.multi.is_none()
+        && !args
+            .first()
+            .is_some_and(|a| a.eq_ignore_ascii_case(b"client"))
+    {
+        t.flags.fetch_and(!CACHING, Ordering::Relaxed);
     }
 }
 

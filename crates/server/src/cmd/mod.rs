@@ -162,6 +162,7 @@ pub fn unknown_subcommand(cmd: &'static str, sub: &[u8]) -> CmdError {
 pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stamp) {
     let t0 = *clock;
     let Some((i, queue)) = precheck(ctx.sh, ctx.ws, c, args, t0) else {
+        crate::tracking::refused(c, args);
         return;
     };
     let spec = &TABLE[i];
@@ -170,6 +171,7 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
     if let Err(e) = crate::evict::before_command(ctx, c, spec, args) {
         ctx.ws.cmds[i].rejected.add(1);
         multi::reject(c, &e);
+        crate::tracking::refused(c, args);
         return;
     }
     let mark = c.out.len();
