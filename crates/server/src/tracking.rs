@@ -15,7 +15,7 @@
 //! - Each worker's **log** ([`Local`], in its `Keyspace`): `Keyspace::apply`
 //!   adds the database keys it applied while some client tracks — one
 //!   relaxed load of [`Tracking::active`] per applied batch otherwise — and
-//!   [`flush`] turns them into invalidations: at the end of the command that
+//!   [`after`] and [`flush_turn`] turn them into invalidations: at the end of the command that
 //!   wrote them (`cmd::execute`, so that its client, the writer, is known for
 //!   NOLOOP and gets its own invalidations after its reply, as Redis 7.0
 //!   orders them) and on the worker's loop turn (writes of served blocked
@@ -38,6 +38,16 @@
 //! command the key is put there again, as Redis remembers it, so an
 //! invalidation the command itself caused (a key it found expired) or one
 //! racing with it does not leave the new value untracked.
+//!
+//! # The relaxed load
+//! The count of tracking clients is raised (under the registry's mutex,
+//! sequentially consistent) by CLIENT TRACKING ON, before the client's
+//! next command can remember a key; a writer loads it relaxed after its
+//! write. The one window this leaves is a write whose load runs ahead of
+//! its own store (a store buffer) exactly while the server's first
+//! tracking client turns tracking on and reads that key: its next write to
+//! the key is invalidated. Once any client tracks, the count stays above
+//! zero and every write looks at the table.
 //!
 //! # BCAST
 //! Modified keys matching a prefix are kept per worker, sorted and without
