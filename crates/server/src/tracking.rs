@@ -45,9 +45,10 @@
 //! next command can remember a key; a writer loads it relaxed after its
 //! write. The one window this leaves is a write whose load runs ahead of
 //! its own store (a store buffer) exactly while the server's first
-//! tracking client turns tracking on and reads that key: its next write to
-//! the key is invalidated. Once any client tracks, the count stays above
-//! zero and every write looks at the table.
+//! tracking client turns tracking on and reads that key: that write's
+//! invalidation can be missed, and the client keeps the old value until
+//! the key's next write. Once any client tracks, the count stays above zero
+//! and every write looks at the table.
 //!
 //! # BCAST
 //! Modified keys matching a prefix are kept per worker, sorted and without
