@@ -488,12 +488,10 @@ pub(crate) fn before(ctx: &mut Ctx, c: &Client, i: usize, args: &[Vec<u8>], top:
     let spec = &TABLE[i];
     if is_script(spec.name) {
         ctx.ks.track.script_keys = Some(command_keys(i, args));
-        if spec.name.ends_with("_ro") {
-            return;
-        }
+        return;
     }
     let cmd = crate::acl::cmd(crate::acl::resolve(i, args).unwrap_or(i));
-    if !cmd.flags.contains(Flags::READONLY) || is_script(spec.name) {
+    if !cmd.flags.contains(Flags::READONLY) {
         return;
     }
     if (f & OPTIN != 0 && f & CACHING == 0) || (f & OPTOUT != 0 && f & CACHING != 0) {
@@ -529,10 +527,9 @@ fn remember(
     keys: &[Vec<u8>],
     limit: bool,
 ) -> Vec<Vec<u8>> {
-    let max = match sh.cfg().tracking_table_max_keys {
-        0 => usize::MAX,
-        _ if !limit => usize::MAX,
-        n => usize::try_from(n).unwrap_or(usize::MAX),
+    let max = match limit.then(|| sh.cfg().tracking_table_max_keys) {
+        None | Some(0) => usize::MAX,
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
     };
     let mut fresh = Vec::new();
     let mut evicted: Vec<(Arc<ClientMeta>, Vec<u8>)> = Vec::new();
