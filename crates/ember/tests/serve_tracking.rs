@@ -21,6 +21,8 @@
 //!   table are invalidated;
 //! - `expired_keys_are_invalidated`: active and lazy expiry;
 //! - `evicted_keys_are_invalidated`: cache mode's evictions;
+//! - `memcached_writes_are_invalidated`: the memcached port's writes and
+//!   `flush_all` reach Redis-side trackers;
 //! - `many_trackers_on_both_workers`: each tracker gets each key it read,
 //!   once, whichever worker wrote it;
 //! - `redis_py_cache_is_invalidated`: redis-py's client-side cache.
@@ -698,6 +700,35 @@ fn evicted_keys_are_invalidated() {
     gone.sort();
     assert!(gone.len() > 100, "only {} keys evicted", gone.len());
     assert_eq!(invalidated, gone);
+}
+
+#[test]
+fn memcached_writes_are_invalidated() {
+    let dir = tempfile::tempdir().unwrap();
+    let mport = serve_common::free_port();
+    let ember = Server::start(dir.path(), &["--memcached-port", &mport.to_string()]);
+    let mut t = Cx::open(ember.port);
+    t.call(&a("HELLO 3"));
+    t.call(&a("CLIENT TRACKING on"));
+    t.call(&a("MGET mk other"));
+    let mut mc = TcpStream::connect(("127.0.0.1", mport)).unwrap();
+    mc.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut said = |req: &str, want: &str| {
+        mc.write_all(req.as_bytes()).unwrap();
+        let mut got = vec![0u8; want.len()];
+        mc.read_exact(&mut got).unwrap();
+        assert_eq!(lossy(&got), want);
+    };
+    said("set mk 0 0 1\r\nx\r\n", "STORED\r\n");
+    assert_eq!(
+        pushes_within(&mut t, Duration::from_secs(3)),
+        [">2\r\n$10\r\ninvalidate\r\n*1\r\n$2\r\nmk\r\n"]
+    );
+    said("flush_all\r\n", "OK\r\n");
+    assert_eq!(
+        pushes_within(&mut t, Duration::from_secs(3)),
+        [">2\r\n$10\r\ninvalidate\r\n_\r\n"]
+    );
 }
 
 #[test]
