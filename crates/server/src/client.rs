@@ -46,6 +46,8 @@ pub struct ClientMeta {
     pub ssub: AtomicU32,
     /// CLIENT KILL closed it: its worker drops it (see `Shared::kill_epoch`).
     pub killed: AtomicBool,
+    /// Client-side caching (CLIENT TRACKING), and where it is served.
+    pub track: crate::tracking::ClientTrack,
 }
 
 impl ClientMeta {
@@ -71,6 +73,7 @@ impl ClientMeta {
             psub: AtomicU32::new(0),
             ssub: AtomicU32::new(0),
             killed: AtomicBool::new(false),
+            track: Default::default(),
         }
     }
 }
@@ -109,11 +112,12 @@ impl ClientMeta {
         if self.blocked.load(Ordering::Relaxed) {
             flags.push('b');
         }
+        self.track.flag_chars(&mut flags);
         if flags.is_empty() {
             flags.push('N');
         }
         format!(
-            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub={} psub={} ssub={} multi={} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub={} psub={} ssub={} multi={} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir={} resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -129,6 +133,7 @@ impl ClientMeta {
             multi,
             cmd,
             self.user.lock().unwrap_or_else(|p| p.into_inner()),
+            self.track.redir_field(),
             self.resp.load(Ordering::Relaxed),
             self.lib_name.lock().unwrap_or_else(|p| p.into_inner()),
             self.lib_ver.lock().unwrap_or_else(|p| p.into_inner()),

@@ -24,7 +24,8 @@ pub struct ServeArgs {
     /// enable-debug-command, tls-port, tls-cert-file, tls-key-file,
     /// tls-ca-cert-file, tls-auth-clients, client-output-buffer-limit,
     /// maxmemory, maxmemory-policy, maxmemory-samples,
-    /// maxmemory-eviction-tenacity, lfu-log-factor, lfu-decay-time; Redis's
+    /// maxmemory-eviction-tenacity, lfu-log-factor, lfu-decay-time,
+    /// tracking-table-max-keys; Redis's
     /// snapshot/AOF/encoding directives are accepted and have no effect).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -424,6 +425,9 @@ pub struct Config {
     /// Bytes above which a sparse HyperLogLog becomes dense (Redis's
     /// `hll-sparse-max-bytes`).
     pub hll_sparse_max_bytes: u64,
+    /// Keys in the client-side caching table before some are dropped with
+    /// an invalidation (0: no limit; see [`crate::tracking`]).
+    pub tracking_table_max_keys: u64,
     /// `notify-keyspace-events` as flags (see [`crate::notify`]).
     pub notify_keyspace_events: u32,
     /// Cache mode (see [`crate::evict`]): bytes (0 = no limit), the
@@ -509,6 +513,7 @@ impl Default for Config {
                 },
             ],
             hll_sparse_max_bytes: crate::hll::SPARSE_MAX_BYTES as u64,
+            tracking_table_max_keys: 1_000_000,
             notify_keyspace_events: 0,
             maxmemory: 0,
             maxmemory_policy: crate::evict::Policy::NoEviction,
@@ -635,6 +640,7 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("raft-election-ticks", false),
     ("client-output-buffer-limit", true),
     ("hll-sparse-max-bytes", true),
+    ("tracking-table-max-keys", true),
     ("notify-keyspace-events", true),
     ("maxmemory", true),
     ("maxmemory-policy", true),
@@ -935,6 +941,9 @@ impl Config {
                 }
                 self.hll_sparse_max_bytes = n;
             }
+            "tracking-table-max-keys" => {
+                self.tracking_table_max_keys = bounded(one()?, 0, i64::MAX)?
+            }
             "notify-keyspace-events" => {
                 self.notify_keyspace_events = crate::notify::parse_flags(one()?)
                     .ok_or("Invalid event class character. Use 'Ag$lshzxeKEtmdn'.")?
@@ -1169,6 +1178,7 @@ impl Config {
                 .collect::<Vec<_>>()
                 .join(" "),
             "hll-sparse-max-bytes" => self.hll_sparse_max_bytes.to_string(),
+            "tracking-table-max-keys" => self.tracking_table_max_keys.to_string(),
             "notify-keyspace-events" => crate::notify::flags_string(self.notify_keyspace_events),
             "maxmemory" => self.maxmemory.to_string(),
             "maxmemory-policy" => self.maxmemory_policy.name().into(),

@@ -321,6 +321,9 @@ pub struct Keyspace {
     unit: Option<Unit>,
     /// Watched keys (WATCH), which applied writes touch.
     watches: Arc<crate::watch::Watches>,
+    /// Client-side caching: the keys applied writes modified (see
+    /// [`crate::tracking`]).
+    pub track: crate::tracking::Local,
     /// Set before a script when eviction could not free enough memory: its
     /// `denyoom` commands are refused until it writes (see
     /// [`crate::evict::script_refuses`]).
@@ -379,6 +382,7 @@ impl Keyspace {
             hk,
             unit: None,
             watches: Arc::default(),
+            track: Default::default(),
             pre_oom: false,
             repl: None,
             local: false,
@@ -605,6 +609,10 @@ impl Keyspace {
                     self.watches.touch(skey, matches!(op, Op::Remove));
                 }
             }
+        }
+        if r.is_ok() {
+            // One relaxed load while no client tracks.
+            self.track.applied(self.staged.iter().map(|(k, _)| k));
         }
         self.staged.clear();
         self.before.clear();

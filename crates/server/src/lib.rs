@@ -83,6 +83,7 @@ pub mod slowlog;
 pub mod stats;
 pub mod store;
 pub mod tls;
+pub mod tracking;
 pub mod watch;
 pub(crate) mod worker;
 

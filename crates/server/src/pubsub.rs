@@ -166,7 +166,7 @@ impl Registry {
 
 /// One published message, shared by its receivers.
 pub(crate) struct Published {
-    /// A MONITOR line: `payload` is the whole frame.
+    /// A MONITOR line or an invalidation: `payload` is the whole frame.
     monitor: bool,
     shard: bool,
     channel: Vec<u8>,
@@ -300,6 +300,33 @@ impl Pubsub {
                         id: t.id,
                         pattern: None,
                         m: m.clone(),
+                    },
+                )
+            })
+            .collect();
+        self.send(out);
+    }
+
+    /// Sends whole frames, each encoded for its receiver (client-side
+    /// caching's invalidations: see [`crate::tracking`]), as (worker,
+    /// token, client id, frame).
+    pub(crate) fn send_frames(&self, frames: Vec<(usize, Token, u64, Vec<u8>)>) {
+        let out = frames
+            .into_iter()
+            .map(|(worker, token, id, payload)| {
+                let m = Arc::new(Published {
+                    monitor: true,
+                    shard: false,
+                    channel: Vec::new(),
+                    payload,
+                });
+                (
+                    worker,
+                    Msg {
+                        token,
+                        id,
+                        pattern: None,
+                        m,
                     },
                 )
             })

@@ -62,6 +62,8 @@ pub struct Shared {
     pub blocking: crate::blocking::Blocking,
     /// Keys clients WATCH (see [`crate::watch`]).
     pub watches: Arc<crate::watch::Watches>,
+    /// Client-side caching: the tracking table (see [`crate::tracking`]).
+    pub tracking: Arc<crate::tracking::Tracking>,
     /// ACL users and ACL LOG (see [`crate::acl`]).
     pub acl: crate::acl::Acl,
     /// Scripts, function libraries and the running script (see
@@ -132,6 +134,7 @@ impl Shared {
             latency: crate::latency::Latency::new(latency_threshold),
             blocking: crate::blocking::Blocking::new(workers),
             watches: Arc::default(),
+            tracking: Arc::default(),
             acl,
             scripting: crate::lua::Scripting::default(),
             pubsub,
@@ -284,6 +287,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                 let mut ks = Keyspace::new(sess, counts, id, hk);
                 ks.set_watches(sh2.watches.clone());
                 ks.set_repl(sh2.cluster.get().cloned());
+                ks.track.set_registry(sh2.tracking.clone());
                 Worker {
                     id,
                     sh: sh2,

@@ -251,8 +251,10 @@ impl Worker {
             if group {
                 rewake = self.serve_arrivals(&mut events, &mut ready, &mut requesting);
             }
-            // Pub/Sub messages for this worker's clients, released with the
-            // batch's commit.
+            // Invalidations of writes made outside commands, and the BCAST
+            // batch; then Pub/Sub messages for this worker's clients,
+            // released with the batch's commit.
+            crate::tracking::flush_turn(&self.sh, &mut self.ks);
             self.deliver_pubsub(&mut ready);
             let served = self.batch_requests;
             if group {
@@ -275,6 +277,7 @@ impl Worker {
                 last_tick = Instant::now();
                 crate::clock::recalibrate();
                 self.tick();
+                crate::tracking::flush_turn(&self.sh, &mut self.ks);
             }
         }
         // Shutdown: the commits in flight complete and release their
@@ -931,6 +934,7 @@ impl Worker {
         if let Some(mut c) = self.clients.remove(&t) {
             self.forget_blocked(&mut c, t);
             self.sh.watches.unwatch_all(c.id, &mut c.watching);
+            crate::tracking::disable(&self.sh.tracking, &c.meta);
             crate::pubsub::forget(&self.sh, &mut c);
             if !c.kill {
                 c.sock.close_notify();
@@ -1064,6 +1068,7 @@ pub(crate) fn adopt(
         }
         let cid = sh.next_client_id.fetch_add(1, Ordering::Relaxed);
         let meta = Arc::new(ClientMeta::new(cid, peer.to_string(), laddr, fd));
+        let _ = meta.track.home.set((id, token));
         sh.clients
             .lock()
             .unwrap_or_else(|p| p.into_inner())

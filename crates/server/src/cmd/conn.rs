@@ -274,6 +274,7 @@ pub(crate) fn hello_with(sh: &Shared, c: &mut Client, a: &[Vec<u8>]) -> R {
 pub fn reset(ctx: &mut Ctx, c: &mut Client, _a: &[Vec<u8>]) -> R {
     super::multi::discard_transaction(ctx.sh, c);
     crate::pubsub::forget(ctx.sh, c);
+    crate::tracking::disable(&ctx.sh.tracking, &c.meta);
     c.db = 0;
     c.resp = Version::Resp2;
     c.set_user(&ctx.sh.acl, None);
@@ -435,6 +436,10 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         "help" => {
             let lines = [
                 "CLIENT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "CACHING (YES|NO)",
+                "    Enable/disable tracking of the keys for next command in OPTIN/OPTOUT modes.",
+                "GETREDIR",
+                "    Return the client ID we are redirecting to when tracking is enabled.",
                 "GETNAME",
                 "    Return the name of the current connection.",
                 "ID",
@@ -477,6 +482,11 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 "    * LIB-VER: the client lib version.",
                 "UNBLOCK <clientid> [TIMEOUT|ERROR]",
                 "    Unblock the specified blocked client.",
+                "TRACKING (ON|OFF) [REDIRECT <id>] [BCAST] [PREFIX <prefix> [...]]",
+                "         [OPTIN] [OPTOUT] [NOLOOP]",
+                "    Control server assisted client side caching.",
+                "TRACKINGINFO",
+                "    Report tracking status for the current connection.",
                 "NO-EVICT (ON|OFF)",
                 "    Accepted; Ember never evicts keys.",
                 "NO-TOUCH (ON|OFF)",
@@ -532,11 +542,23 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             super::acl::wake_workers(ctx);
             c.ok();
         }
-        "tracking" | "trackinginfo" | "caching" | "getredir" => {
-            return Err(CmdError::NotSupported {
-                what: format!("CLIENT {}", sub.to_ascii_uppercase()),
-                why: "",
-            })
+        "tracking" => {
+            if a.len() < 3 {
+                return Err(super::arity_error("client|tracking"));
+            }
+            crate::tracking::client_tracking(ctx, c, a)?
+        }
+        "caching" => {
+            arity(3)?;
+            crate::tracking::client_caching(c, a)?
+        }
+        "getredir" => {
+            arity(2)?;
+            c.int(c.meta.track.redir_field());
+        }
+        "trackinginfo" => {
+            arity(2)?;
+            crate::tracking::client_trackinginfo(c);
         }
         _ => return Err(super::unknown_subcommand("CLIENT", &a[1])),
     }

@@ -189,6 +189,33 @@ pub enum CmdError {
     AclNoCommand(Vec<u8>),
     /// An error whose text (after `ERR `) only one command gives.
     Msg(&'static str),
+    /// CLIENT TRACKING with REDIRECT twice.
+    TrackingRedirectTwice,
+    /// CLIENT TRACKING REDIRECT to a client that does not exist.
+    TrackingNoRedirectClient,
+    /// CLIENT TRACKING PREFIX without BCAST.
+    TrackingPrefixNeedsBcast,
+    /// CLIENT TRACKING ON switching BCAST while tracking.
+    TrackingBcastSwitch,
+    /// CLIENT TRACKING BCAST with OPTIN or OPTOUT.
+    TrackingOptWithBcast,
+    /// CLIENT TRACKING OPTIN with OPTOUT.
+    TrackingOptinAndOptout,
+    /// CLIENT TRACKING ON switching between OPTIN and OPTOUT while tracking.
+    TrackingOptSwitch,
+    /// CLIENT TRACKING BCAST prefixes that would match one key; `existing`:
+    /// `other` is one the client already has.
+    TrackingPrefixOverlap {
+        prefix: Vec<u8>,
+        other: Vec<u8>,
+        existing: bool,
+    },
+    /// CLIENT CACHING without tracking.
+    TrackingCachingOff,
+    /// CLIENT CACHING YES outside OPTIN mode.
+    TrackingCachingYes,
+    /// CLIENT CACHING NO outside OPTOUT mode.
+    TrackingCachingNo,
     /// EXEC of a transaction that a refused request made fail.
     ExecAbort,
     /// An error whose whole text (its code included, such as `NOGROUP ...`)
@@ -401,6 +428,22 @@ impl CmdError {
             E::AclNoUser(u) => format!("ERR User '{}' not found", lossy(until_nul(u))),
             E::AclNoCommand(c) => format!("ERR Command '{}' not found", lossy(until_nul(c))),
             E::Msg(text) => format!("ERR {text}"),
+            E::TrackingRedirectTwice => return "ERR A client can only redirect to a single other client".into(),
+            E::TrackingNoRedirectClient => return "ERR The client ID you want redirect to does not exist".into(),
+            E::TrackingPrefixNeedsBcast => return "ERR PREFIX option requires BCAST mode to be enabled".into(),
+            E::TrackingBcastSwitch => return "ERR You can't switch BCAST mode on/off before disabling tracking for this client, and then re-enabling it with a different mode.".into(),
+            E::TrackingOptWithBcast => return "ERR OPTIN and OPTOUT are not compatible with BCAST".into(),
+            E::TrackingOptinAndOptout => return "ERR You can't specify both OPTIN mode and OPTOUT mode".into(),
+            E::TrackingOptSwitch => return "ERR You can't switch OPTIN/OPTOUT mode before disabling tracking for this client, and then re-enabling it with a different mode.".into(),
+            E::TrackingPrefixOverlap { prefix, other, existing } => format!(
+                "ERR Prefix '{}' overlaps with {} prefix '{}'. Prefixes for a single client must not overlap.",
+                lossy(until_nul(prefix)),
+                if *existing { "an existing" } else { "another provided" },
+                lossy(until_nul(other)),
+            ),
+            E::TrackingCachingOff => return "ERR CLIENT CACHING can be called only when the client is in tracking mode with OPTIN or OPTOUT mode enabled".into(),
+            E::TrackingCachingYes => return "ERR CLIENT CACHING YES is only valid when tracking is enabled in OPTIN mode.".into(),
+            E::TrackingCachingNo => return "ERR CLIENT CACHING NO is only valid when tracking is enabled in OPTOUT mode.".into(),
             E::Text(t) => return t.clone().into(),
             E::ExecAbort => {
                 return "EXECABORT Transaction discarded because of previous errors.".into()

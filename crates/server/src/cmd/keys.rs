@@ -228,7 +228,11 @@ pub(crate) fn flush_dbs(ctx: &mut Ctx, dbs: &[u8]) -> R {
         }
     };
     mark(ctx.ks)?;
-    delete_all(ctx.sh, ctx.ks, dbs, &mut mark)?;
+    // Tracking clients get one null for the flush, not one key at a time.
+    crate::tracking::flushing(ctx, true);
+    let r = delete_all(ctx.sh, ctx.ks, dbs, &mut mark);
+    crate::tracking::flushing(ctx, false);
+    r?;
     for &db in dbs {
         ctx.sh.counts.reset_avg_ttl(db);
     }

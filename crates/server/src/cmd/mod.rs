@@ -162,6 +162,7 @@ pub fn unknown_subcommand(cmd: &'static str, sub: &[u8]) -> CmdError {
 pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stamp) {
     let t0 = *clock;
     let Some((i, queue)) = precheck(ctx.sh, ctx.ws, c, args, t0) else {
+        crate::tracking::refused(c, args);
         return;
     };
     let spec = &TABLE[i];
@@ -170,6 +171,7 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
     if let Err(e) = crate::evict::before_command(ctx, c, spec, args) {
         ctx.ws.cmds[i].rejected.add(1);
         multi::reject(c, &e);
+        crate::tracking::refused(c, args);
         return;
     }
     let mark = c.out.len();
@@ -179,6 +181,7 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
         return;
     }
     crate::monitor::feed_script_call(ctx.sh, c, spec, args);
+    crate::tracking::before(ctx, c, i, args, true);
     // A cluster's follower sends writes (and reads, unless READONLY) to
     // the leader (see `crate::cluster`).
     let failed = match crate::cluster::forwarded(ctx.sh, c, spec) {
@@ -200,6 +203,7 @@ pub fn execute(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>], clock: &mut Stam
         },
     };
     crate::pubsub::after_command(ctx.sh, ctx.ks, c, mark);
+    crate::tracking::after(ctx, c, i);
     let t1 = Stamp::now();
     *clock = t1;
     let us = t1.micros_since(t0);

@@ -186,7 +186,9 @@ pub fn call(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
             return;
         }
     }
+    crate::tracking::before(ctx, c, i, args, false);
     let failed = run_spec(ctx, c, spec, args);
+    crate::tracking::after_call(ctx, c);
     if global {
         ctx.ks.set_hold(true);
     }
