@@ -391,10 +391,27 @@ fn writer(id: usize, ports: Vec<u16>, stop: Arc<AtomicBool>) -> Known {
 
 #[test]
 fn sigkill_of_the_leader_under_load_loses_no_acknowledged_write() {
+    kill_under_load(true);
+}
+
+/// The same with a follower killed: the leader keeps its quorum with the
+/// other follower, and the killed one catches up after its restart.
+#[test]
+fn sigkill_of_a_follower_under_load_loses_no_acknowledged_write() {
+    kill_under_load(false);
+}
+
+fn kill_under_load(kill_leader: bool) {
     let dir = tempfile::tempdir().unwrap();
     let mut nodes = cluster(dir.path());
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     let lp = leader_port(&ports);
+    // The node killed: the leader, or a follower.
+    let victim = if kill_leader {
+        lp
+    } else {
+        *ports.iter().find(|&&p| p != lp).unwrap()
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = (0..3)
         .map(|id| {
@@ -403,12 +420,12 @@ fn sigkill_of_the_leader_under_load_loses_no_acknowledged_write() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(1500));
-    let li = nodes.iter().position(|n| n.port == lp).unwrap();
+    let li = nodes.iter().position(|n| n.port == victim).unwrap();
     nodes[li].kill9();
     let t_kill = Instant::now();
-    let others: Vec<u16> = ports.iter().copied().filter(|&p| p != lp).collect();
+    let others: Vec<u16> = ports.iter().copied().filter(|&p| p != victim).collect();
     let new_lp = leader_port(&others);
-    eprintln!("new leader after {:?}", t_kill.elapsed());
+    eprintln!("leader after {:?}", t_kill.elapsed());
     std::thread::sleep(Duration::from_millis(1500));
     stop.store(true, Ordering::Relaxed);
     let known: Vec<Known> = writers.into_iter().map(|w| w.join().unwrap()).collect();
@@ -437,7 +454,7 @@ fn sigkill_of_the_leader_under_load_loses_no_acknowledged_write() {
         }
     };
     let ni = nodes.iter().position(|n| n.port == new_lp).unwrap();
-    check(&mut nodes[ni].con(), "new leader");
+    check(&mut nodes[ni].con(), "leader");
     // The killed node restarts, catches up, and agrees.
     nodes[li].launch();
     let mut lc = nodes[ni].con();
@@ -461,9 +478,14 @@ fn sigkill_of_the_leader_under_load_loses_no_acknowledged_write() {
         }
         check(&mut c, &format!("node {}", n.id));
     }
+    // Each node's own key count (READONLY: served locally).
     let sizes: Vec<i64> = nodes
         .iter()
-        .map(|n| redis::cmd("DBSIZE").query(&mut n.con()).unwrap())
+        .map(|n| {
+            let mut c = n.con();
+            let _: () = redis::cmd("READONLY").query(&mut c).unwrap();
+            redis::cmd("DBSIZE").query(&mut c).unwrap()
+        })
         .collect();
     assert!(sizes.windows(2).all(|w| w[0] == w[1]), "{sizes:?}");
 }

@@ -523,6 +523,10 @@ impl<T: Send + 'static> Driver<T> {
         let voters: Vec<u64> = cfg.peers.iter().map(|p| p.id).collect();
         let mut store = HeapStorage::open(sess, &voters).map_err(|e| e.to_string())?;
         let applied = read_applied(store.session()).map_err(|e| e.to_string())?;
+        // Entries are applied only once committed, so a commit index
+        // persisted behind the applied one (a heap written before the hard
+        // state was persisted first) is raised to it.
+        store.raise_commit(applied).map_err(|e| e.to_string())?;
         let rc = Config {
             id: cfg.id,
             election_tick: cfg.election_ticks,
@@ -687,6 +691,14 @@ impl<T: Send + 'static> Driver<T> {
                 self.reads_ready.push((rs.index, seqs));
             }
         }
+        // The hard state (its commit index) is persisted before the
+        // committed entries go to the apply thread: an entry's applied
+        // index must never be durable ahead of the commit index that
+        // covers it (raft-rs refuses to start with applied > commit).
+        self.node
+            .mut_store()
+            .persist(rd.entries(), rd.hs())
+            .map_err(|e| e.to_string())?;
         let committed = rd.take_committed_entries();
         self.note_compactions(&committed);
         if !committed.is_empty() {
@@ -694,10 +706,6 @@ impl<T: Send + 'static> Driver<T> {
                 .send(committed)
                 .map_err(|_| "apply thread ended")?;
         }
-        self.node
-            .mut_store()
-            .persist(rd.entries(), rd.hs())
-            .map_err(|e| e.to_string())?;
         for m in rd.take_persisted_messages() {
             self.net.send(m);
         }

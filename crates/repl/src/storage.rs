@@ -257,6 +257,16 @@ impl HeapStorage {
         Ok(())
     }
 
+    /// Raises the persisted commit index to `index` (within the log) if it
+    /// is lower.
+    pub fn raise_commit(&mut self, index: u64) -> Result<(), LogError> {
+        let commit = self.mem.rl().hard_state().commit;
+        if index > commit && index <= self.last {
+            self.commit_to(index)?;
+        }
+        Ok(())
+    }
+
     fn before_term(&self) -> Result<u64, LogError> {
         if self.first <= 1 {
             return Ok(0);

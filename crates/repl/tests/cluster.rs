@@ -64,12 +64,17 @@ fn the_log_survives_a_reopen_a_conflicting_suffix_is_replaced_and_compaction_dro
     }
     let rec = Heap::open(&path, &heap_opts()).unwrap();
     let (st, _) = DirectStore::open(rec).unwrap();
-    let log = HeapStorage::open(Box::new(st.session().unwrap()), &[9]).unwrap();
+    let mut log = HeapStorage::open(Box::new(st.session().unwrap()), &[9]).unwrap();
     assert_eq!(log.range(), (3, 4));
+    // An applied index found ahead of the commit index raises it (never
+    // past the log's end).
+    log.raise_commit(9).unwrap();
+    assert_eq!(log.initial_state().unwrap().hard_state.commit, 3);
+    log.raise_commit(4).unwrap();
+    assert_eq!(log.initial_state().unwrap().hard_state.commit, 4);
     let rs = log.initial_state().unwrap();
     assert_eq!(rs.hard_state.term, 1);
     assert_eq!(rs.hard_state.vote, 2);
-    assert_eq!(rs.hard_state.commit, 3);
     // The configuration is the one the log was started with.
     assert_eq!(rs.conf_state.voters, vec![1, 2, 3]);
     assert_eq!(log.term(4).unwrap(), 2);
