@@ -108,7 +108,7 @@ pub struct ServeArgs {
     pub log_size: Option<String>,
     /// Bullet: most bytes of log not yet applied to the heap's index, which a
     /// restart after a crash replays; writers wait for the gleaners beyond it
-    /// (0: the logs' size) [default: 8mb].
+    /// (0: the logs' size) [default: 4mb].
     #[arg(long)]
     pub log_backlog: Option<String>,
     /// Emulated extra latency per fence in ns (always reported in INFO) [default: 0].
@@ -448,7 +448,7 @@ impl Default for Config {
             metrics_port: None,
             logs: 8,
             log_size: 32 * MB,
-            log_backlog: 8 * MB,
+            log_backlog: 4 * MB,
             fence_ns: 0,
             busy_poll_us: 50,
             busy_reply_threshold: 5000,
