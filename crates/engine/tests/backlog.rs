@@ -75,14 +75,17 @@ fn the_backlog_stays_within_its_bound() {
             if n % 7 == 0 {
                 let c = format!("c{}", n % COUNTERS).into_bytes();
                 s.apply(&c, Op::Incr(1)).unwrap();
-                let old = model
-                    .get(&c)
-                    .map_or(0, |v| std::str::from_utf8(v).unwrap().parse::<i64>().unwrap());
+                let old = model.get(&c).map_or(0, |v| {
+                    std::str::from_utf8(v).unwrap().parse::<i64>().unwrap()
+                });
                 model.insert(c, (old + 1).to_string().into_bytes());
             }
             let (used, _) = st.log_occupancy_bytes();
             most = most.max(used);
-            assert!(used <= LIMIT, "write {n}: {used} bytes of log, bound {LIMIT}");
+            assert!(
+                used <= LIMIT,
+                "write {n}: {used} bytes of log, bound {LIMIT}"
+            );
         }
         assert!(most > LIMIT / 2, "the bound was never approached: {most}");
         drop(s);
@@ -98,7 +101,11 @@ fn the_backlog_stays_within_its_bound() {
     let mut s = st.session().unwrap();
     let mut out = Vec::new();
     for (k, v) in &model {
-        assert!(s.get(k, &mut out).unwrap(), "{:?} lost", String::from_utf8_lossy(k));
+        assert!(
+            s.get(k, &mut out).unwrap(),
+            "{:?} lost",
+            String::from_utf8_lossy(k)
+        );
         assert_eq!(&out, v, "{:?}", String::from_utf8_lossy(k));
     }
     drop(s);
@@ -112,7 +119,10 @@ fn the_backlog_stays_within_its_bound() {
 fn open_store(path: &Path) -> (BulletStore, engine::bullet::BulletRecovery, Heap) {
     if !path.exists() {
         let heap = Heap::create(path, &heap_opts_()).unwrap();
-        BulletStore::create(&heap, &opts(1)).unwrap().close().unwrap();
+        BulletStore::create(&heap, &opts(1))
+            .unwrap()
+            .close()
+            .unwrap();
     }
     let t0 = std::time::Instant::now();
     loop {
@@ -155,7 +165,8 @@ fn child_backlog_writer() {
                         let k = r % KEYS;
                         let v = value(round, n);
                         say(&format!("@@ do {t} put {k} {}", head_of(&v)));
-                        s.apply(format!("t{t}k{k}").as_bytes(), Op::Put(&v)).unwrap();
+                        s.apply(format!("t{t}k{k}").as_bytes(), Op::Put(&v))
+                            .unwrap();
                         format!("@@ ack {t} put {k} {}", head_of(&v))
                     };
                     say(&line);

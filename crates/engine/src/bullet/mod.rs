@@ -128,7 +128,7 @@ const READER_SLOTS: usize = 512;
 const IDLE: u64 = u64::MAX;
 const SIDE_ROOT: u64 = 32;
 /// The least share of `BulletOptions::backlog_limit` a log gets.
-const MIN_BACKLOG_SHARE: u64 = 64 << 10;
+const MIN_BACKLOG_SHARE: u64 = 4 << 10;
 
 #[repr(align(64))]
 struct Padded(AtomicU64);

@@ -107,8 +107,7 @@ pub(super) fn replay(
     order.sort_unstable();
     // One entry per run of a hash (a collision adds one more, harmless).
     let runs = order.windows(2).filter(|w| w[0].0 != w[1].0).count() + 1;
-    let frontend: Table<FVal, FMeta> =
-        Table::new(frontend_buckets.max(runs.next_power_of_two()));
+    let frontend: Table<FVal, FMeta> = Table::new(frontend_buckets.max(runs.next_power_of_two()));
     // Two halves on two threads (split at a run of one hash) when there is
     // enough to share: each key's fold is independent of the others'.
     let collide = collide_now();
