@@ -120,6 +120,8 @@ struct Cfg {
     torn: bool,
     /// Images to collect (at least).
     images: u64,
+    /// `BulletOptions::backlog_limit` (0: none).
+    backlog: u64,
 }
 
 const BASE: Cfg = Cfg {
@@ -147,6 +149,7 @@ const BASE: Cfg = Cfg {
     second: (3, 6),
     torn: false,
     images: 400,
+    backlog: 0,
 };
 
 fn store_o(c: &Cfg) -> BulletOptions {
@@ -155,6 +158,7 @@ fn store_o(c: &Cfg) -> BulletOptions {
         group_commit: true,
         // As `ember serve --durability msync` runs it.
         role_threads: 1,
+        backlog_limit: c.backlog,
         ..bullet_opts(c.variant, c.backend, c.log_size)
     }
 }
@@ -707,6 +711,21 @@ fn log_handover_small_logs() {
         variant: Variant::Opt,
         log_size: 8 << 10,
         images: 300,
+        ..BASE
+    });
+}
+
+#[test]
+fn writers_wait_at_a_backlog_bound() {
+    // A 16 KiB backlog bound over 4 logs of 64 KiB (4 KiB each): writers
+    // keep finding their log at its share, hop to others, and wait for the
+    // gleaner role or glean themselves (syncing every log first, their own
+    // uncommitted records included); power fails anywhere in that.
+    run(Cfg {
+        name: "full-logfree backlog bound",
+        detached: true,
+        backlog: 16 << 10,
+        images: 500,
         ..BASE
     });
 }

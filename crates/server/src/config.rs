@@ -19,7 +19,7 @@ pub struct ServeArgs {
     /// A configuration file in redis.conf syntax (port, bind, requirepass,
     /// user, aclfile, maxclients, timeout, hz, protected-mode, databases, proto-max-bulk-len,
     /// client-query-buffer-limit, heap, heap-size, heap-max-size, engine,
-    /// durability, commit-pipeline, threads, metrics-port, logs, log-size, fence-ns,
+    /// durability, commit-pipeline, threads, metrics-port, logs, log-size, log-backlog, fence-ns,
     /// tcp-backlog, busy-poll-us, shutdown-worker-timeout,
     /// enable-debug-command, tls-port, tls-cert-file, tls-key-file,
     /// tls-ca-cert-file, tls-auth-clients, client-output-buffer-limit,
@@ -107,6 +107,11 @@ pub struct ServeArgs {
     /// Bullet: size of each log, e.g. 32mb (a value must fit in one) [default: 32mb].
     #[arg(long)]
     pub log_size: Option<String>,
+    /// Bullet: most bytes of log not yet applied to the heap's index, which a
+    /// restart after a crash replays; writers wait for the gleaners beyond it
+    /// (0: the logs' size) [default: 4mb].
+    #[arg(long)]
+    pub log_backlog: Option<String>,
     /// Emulated extra latency per fence in ns (always reported in INFO) [default: 0].
     #[arg(long)]
     pub fence_ns: Option<u64>,
@@ -381,6 +386,8 @@ pub struct Config {
     pub metrics_port: Option<u16>,
     pub logs: usize,
     pub log_size: u64,
+    /// Bullet's backlog bound (`BulletOptions::backlog_limit`; 0: none).
+    pub log_backlog: u64,
     pub fence_ns: u64,
     pub tcp_backlog: u32,
     /// Microseconds a worker polls without sleeping after finding work.
@@ -473,6 +480,7 @@ impl Default for Config {
             metrics_port: None,
             logs: 8,
             log_size: 32 * MB,
+            log_backlog: 4 * MB,
             fence_ns: 0,
             busy_poll_us: 50,
             busy_reply_threshold: 5000,
@@ -616,6 +624,7 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("metrics-port", false),
     ("logs", false),
     ("log-size", false),
+    ("log-backlog", false),
     ("fence-ns", false),
     ("tcp-backlog", false),
     ("busy-poll-us", true),
@@ -836,6 +845,7 @@ impl Config {
                 self.logs = n as usize;
             }
             "log-size" => self.log_size = parse_size(one()?)?,
+            "log-backlog" => self.log_backlog = parse_size(one()?)?,
             "fence-ns" => self.fence_ns = parse_u64(one()?)?,
             "busy-poll-us" => {
                 let n = parse_u64(one()?)?;
@@ -1082,6 +1092,7 @@ impl Config {
         set("metrics-port", a.metrics_port.map(|v| v.to_string()))?;
         set("logs", a.logs.map(|v| v.to_string()))?;
         set("log-size", a.log_size.clone())?;
+        set("log-backlog", a.log_backlog.clone())?;
         set("fence-ns", a.fence_ns.map(|v| v.to_string()))?;
         set("busy-poll-us", a.busy_poll_us.map(|v| v.to_string()))?;
         set("tcp-backlog", a.tcp_backlog.map(|v| v.to_string()))?;
@@ -1154,6 +1165,7 @@ impl Config {
             "metrics-port" => self.metrics_port.unwrap_or(0).to_string(),
             "logs" => self.logs.to_string(),
             "log-size" => self.log_size.to_string(),
+            "log-backlog" => self.log_backlog.to_string(),
             "fence-ns" => self.fence_ns.to_string(),
             "busy-poll-us" => self.busy_poll_us.to_string(),
             "tcp-backlog" => self.tcp_backlog.to_string(),

@@ -243,6 +243,8 @@ fn bullet_options(cfg: &Config, variant: engine::bullet::Variant) -> BulletOptio
         // with a single worker, which could never take the role (one session
         // always serves).
         role_threads: usize::from(cfg.durability == DurabilityMode::Msync || cfg.threads == 1),
+        // A restart after a crash replays at most this much log.
+        backlog_limit: cfg.log_backlog,
         ..Default::default()
     }
 }

@@ -127,6 +127,8 @@ const VERSION_SHIFT: u32 = 24;
 const READER_SLOTS: usize = 512;
 const IDLE: u64 = u64::MAX;
 const SIDE_ROOT: u64 = 32;
+/// The least share of `BulletOptions::backlog_limit` a log gets.
+const MIN_BACKLOG_SHARE: u64 = 4 << 10;
 
 #[repr(align(64))]
 struct Padded(AtomicU64);
@@ -531,6 +533,25 @@ impl Shared {
         }
         l.remove(key);
         true
+    }
+
+    /// Each log's share of `BulletOptions::backlog_limit` (`u64::MAX`: no
+    /// bound). At least a few records' worth, so that a small bound over
+    /// many logs still lets writers append.
+    fn backlog_share(&self) -> u64 {
+        match self.opts.backlog_limit {
+            0 => u64::MAX,
+            b => (b / self.pool.logs.len() as u64).max(MIN_BACKLOG_SHARE),
+        }
+    }
+
+    /// The bytes the gleaner roles measure the logs' occupancy against: the
+    /// logs' capacity, or the backlog bound when it is smaller.
+    fn backlog_capacity(&self, cap: u64) -> u64 {
+        match self.opts.backlog_limit {
+            0 => cap,
+            b => cap.min(b).max(1),
+        }
     }
 
     /// The heap-full error writes get while the backend has no room for a

@@ -4,12 +4,12 @@
 use super::replay::replay;
 use super::roles::{advancer, role_keeper, static_gleaner, RoleSlot};
 use super::{
-    BulletOptions, BulletStore, Counters, FMeta, Life, Padded, Shared, Stuck, GLOCKS, IDLE,
+    BulletOptions, BulletStore, Counters, FMeta, FVal, Life, Padded, Shared, Stuck, GLOCKS, IDLE,
     READER_SLOTS, SIDE_ROOT,
 };
 use crate::crl::{self, Pool, RecPtr, OPC_PAD};
 use crate::direct::{backend_kind, create_backend, BackendKind};
-use crate::table::{Blob, Table};
+use crate::table::Table;
 use crate::{known_opcode, Error, Result};
 use index::any::{attach_any, AnyIndex};
 use index::{Index, KeyHasher, PHash, PHashOptions, RecoverStats, Recoverable};
@@ -181,7 +181,8 @@ impl BulletStore {
             pool.preallocate()?;
         }
         heap.set_root(PPtr::from_raw(desc))?;
-        let st = Self::assemble(heap.clone(), pool, backend, opts, true, 1)?;
+        let table = Table::new(opts.frontend_buckets);
+        let st = Self::assemble(heap.clone(), pool, backend, table, opts, true, 1)?;
         Ok(st)
     }
 
@@ -211,37 +212,29 @@ impl BulletStore {
             ..Default::default()
         };
         let hasher = backend_hasher(&backend)?;
+        // The logs are replayed into the frontend, sized for the keys found
+        // (a table doubling under the replay would copy every node it holds,
+        // again and again).
         let replay = replay(
             &pool,
             &backend,
             &hasher,
             opts.parallel_replay_from,
+            opts.frontend_buckets,
             &mut stats,
         )?;
         // After a restart the frontend holds only what the logs replayed: a miss
         // must read the backend (its key count is not exact after a crash, so it
         // cannot tell us the backend is empty).
-        // A frontend big enough for the replayed entries from the start: a
-        // table doubling under the replay copies every node it holds, again
-        // and again.
-        let sized = BulletOptions {
-            frontend_buckets: opts
-                .frontend_buckets
-                .max(replay.entries.len().next_power_of_two()),
-            ..opts.clone()
-        };
-        let st = Self::assemble(heap, pool, backend, &sized, false, replay.next_epoch)?;
-        for (hash, k, v, lentry, version) in replay.entries {
-            let mut l = st.sh.table.lock(hash);
-            if l.find(&k).is_none() {
-                l.insert(
-                    hash,
-                    &k,
-                    Blob::new_opt(v.as_deref()),
-                    FMeta::new(lentry, version),
-                );
-            }
-        }
+        let st = Self::assemble(
+            heap,
+            pool,
+            backend,
+            replay.table,
+            opts,
+            false,
+            replay.next_epoch,
+        )?;
         stats.replay_micros = t.elapsed().as_micros() as u64;
         Ok((st, stats))
     }
@@ -250,6 +243,7 @@ impl BulletStore {
         heap: Heap,
         pool: Pool,
         backend: AnyIndex,
+        table: Table<FVal, FMeta>,
         opts: &BulletOptions,
         complete: bool,
         epoch: u64,
@@ -285,7 +279,7 @@ impl BulletStore {
             pool,
             backend,
             side,
-            table: Table::new(opts.frontend_buckets),
+            table,
             hasher,
             opts: opts.clone(),
             epoch: AtomicU64::new(1),

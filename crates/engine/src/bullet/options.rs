@@ -95,6 +95,15 @@ pub struct BulletOptions {
     /// Recovery folds the logs' records on two threads from this many records
     /// on (fewer: on the opening thread alone).
     pub parallel_replay_from: usize,
+    /// Most bytes of log between heads and tails (the backlog that a restart
+    /// after a crash reads and replays), 0 for no bound but the logs' size.
+    /// Each log gets an equal share: a writer appends to a log only while
+    /// the record keeps it within its share (or the log is empty: a record
+    /// larger than a share still goes in), otherwise it takes another log or
+    /// gleans and waits as for a full log; and the gleaner roles follow the
+    /// occupancy of the bound instead of the logs' capacity. Removes pass
+    /// while the backend is full (they free its space).
+    pub backlog_limit: u64,
 }
 
 impl Default for BulletOptions {
@@ -112,6 +121,7 @@ impl Default for BulletOptions {
             role_threads: 0,
             preallocate_logs: true,
             parallel_replay_from: 20_000,
+            backlog_limit: 0,
         }
     }
 }

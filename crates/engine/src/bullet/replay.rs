@@ -1,19 +1,18 @@
 //! Recovery's replay of the logs into the frontend (§5).
 
-use super::{fold, BulletRecovery, VERSION_SHIFT};
+use super::{fold, BulletRecovery, FMeta, FVal, VERSION_SHIFT};
 use crate::crl::{Header, Pool, RecPtr, OPC_PAD};
-use crate::{idempotent_opcode, known_opcode, value, Error, Result};
+use crate::table::{Blob, Table};
+use crate::{idempotent_opcode, known_opcode, value, Error, Result, OPC_PUT};
 use index::any::{AnyHandle, AnyIndex};
 use index::{Index, KeyHasher, Ops};
 use std::sync::atomic::Ordering;
 
-/// A frontend entry rebuilt from the logs: key hash, key, value (None:
-/// tombstone), lentry, version.
-type ReplayEntry = (u64, Vec<u8>, Option<Box<[u8]>>, u64, u64);
-
 /// The outcome of reading the logs at recovery.
 pub(super) struct Replay {
-    pub(super) entries: Vec<ReplayEntry>,
+    /// The frontend, holding an entry for each key the logs hold records of
+    /// that are not yet in the backend.
+    pub(super) table: Table<FVal, FMeta>,
     pub(super) next_epoch: u64,
 }
 
@@ -42,11 +41,18 @@ struct Found {
 /// is every record's key (the map held each key once): recovery's memory is
 /// the logs' key bytes plus about 90 bytes a record, at most about the logs'
 /// size.
+///
+/// Each key's fold goes straight into the frontend (a table of at least
+/// `frontend_buckets`, sized up front for one entry per key found, so that no
+/// doubling runs meanwhile), from both halves' threads under its bucket lock:
+/// no list of entries in between, whose keys and values would be allocated,
+/// copied again into the table and freed.
 pub(super) fn replay(
     pool: &Pool,
     backend: &AnyIndex,
     hasher: &KeyHasher,
     parallel_from: usize,
+    frontend_buckets: usize,
     st: &mut BulletRecovery,
 ) -> Result<Replay> {
     let mut recs: Vec<Found> = Vec::new();
@@ -99,6 +105,9 @@ pub(super) fn replay(
         }
     }
     order.sort_unstable();
+    // One entry per run of a hash (a collision adds one more, harmless).
+    let runs = order.windows(2).filter(|w| w[0].0 != w[1].0).count() + 1;
+    let frontend: Table<FVal, FMeta> = Table::new(frontend_buckets.max(runs.next_power_of_two()));
     // Two halves on two threads (split at a run of one hash) when there is
     // enough to share: each key's fold is independent of the others'.
     let collide = collide_now();
@@ -111,8 +120,10 @@ pub(super) fn replay(
     } else {
         vec![&order[..]]
     };
-    let run =
-        |part: &[(u64, u64, u32)]| replay_part(pool, backend, hasher, &recs, &keys, part, collide);
+    let table = &frontend;
+    let run = |part: &[(u64, u64, u32)]| {
+        replay_part(pool, backend, hasher, table, &recs, &keys, part, collide)
+    };
     let mut done: Vec<Result<PartOut>> = Vec::new();
     std::thread::scope(|sc| {
         let mut handles = Vec::new();
@@ -134,20 +145,18 @@ pub(super) fn replay(
     });
     if parts.len() > 1 && done.iter().any(Result::is_err) {
         // Run in parallel, a part can fail for want of a second heap thread
-        // slot (a backend handle takes one): again one after the other, each
-        // handle dropped before the next. Parts have no effect until merged.
+        // slot (a backend handle takes one; it is taken before anything is
+        // inserted): again one after the other, each handle dropped before
+        // the next. A part that did run inserted its keys already; run again
+        // it finds them there and leaves them (the same fold from the same
+        // records).
         done = parts.iter().map(|part| run(part)).collect();
     }
-    let mut entries = Vec::new();
     let mut to_flag = Vec::new();
     for r in done {
-        let (e, f, replayed) = r?;
+        let (n, f, replayed) = r?;
         st.replayed += replayed;
-        if entries.is_empty() {
-            entries = e;
-        } else {
-            entries.extend(e);
-        }
+        st.keys += n;
         to_flag.extend(f);
     }
     if !to_flag.is_empty() {
@@ -155,23 +164,24 @@ pub(super) fn replay(
         pool.mark_applied_all(&to_flag);
         pool.fence();
     }
-    st.keys = entries.len() as u64;
     Ok(Replay {
-        entries,
+        table: frontend,
         next_epoch: (max_version >> VERSION_SHIFT) + 1,
     })
 }
 
-/// What `replay_part` found: frontend entries, records to flag, and how many
-/// records it replayed.
-type PartOut = (Vec<ReplayEntry>, Vec<RecPtr>, u64);
+/// What `replay_part` did: keys put into the frontend, records to flag, and
+/// how many records it replayed.
+type PartOut = (u64, Vec<RecPtr>, u64);
 
 /// `replay`'s work on one part of the records in (hash, version) order (a part
 /// begins and ends at hash runs' boundaries).
+#[allow(clippy::too_many_arguments)]
 fn replay_part(
     pool: &Pool,
     backend: &AnyIndex,
     hasher: &KeyHasher,
+    table: &Table<FVal, FMeta>,
     recs: &[Found],
     keys: &[u8],
     order: &[(u64, u64, u32)],
@@ -180,9 +190,10 @@ fn replay_part(
     let mut r = Replayer {
         pool,
         bh: backend.handle()?,
+        table,
         buf: Vec::new(),
         payload: Vec::new(),
-        entries: Vec::new(),
+        keys: 0,
         to_flag: Vec::new(),
         replayed: 0,
     };
@@ -223,7 +234,7 @@ fn replay_part(
         r.key(entry_hash(hasher, hash, key, collide), key, &group)?;
         a = b;
     }
-    Ok((r.entries, r.to_flag, r.replayed))
+    Ok((r.keys, r.to_flag, r.replayed))
 }
 #[cfg(test)]
 thread_local! {
@@ -263,9 +274,11 @@ fn entry_hash(hasher: &KeyHasher, hash: u64, key: &[u8], collide: bool) -> u64 {
 struct Replayer<'a> {
     pool: &'a Pool,
     bh: AnyHandle,
+    table: &'a Table<FVal, FMeta>,
     buf: Vec<u8>,
     payload: Vec<u8>,
-    entries: Vec<ReplayEntry>,
+    /// Keys given a frontend entry.
+    keys: u64,
     to_flag: Vec<RecPtr>,
     /// Records not yet in the backend, replayed.
     replayed: u64,
@@ -302,10 +315,16 @@ impl Replayer<'_> {
             self.to_flag
                 .extend(recs[..split].iter().filter(|r| !r.h.applied).map(|r| r.p));
             self.replayed += unflagged.len() as u64;
-            let val = self.fold(None, &unflagged[k..])?;
             let newest = unflagged.last().expect("non-empty");
-            self.entries
-                .push((hash, key.to_vec(), val, newest.p.0, newest.h.version));
+            let blob = if k + 1 == unflagged.len() && newest.h.opcode == OPC_PUT {
+                // The newest record is a put (the common case): its payload is
+                // the value, copied once, into the frontend's blob.
+                self.pool.payload(newest.p, &newest.h, &mut self.payload);
+                Blob::new(&self.payload)
+            } else {
+                Blob::new_opt(self.fold(None, &unflagged[k..])?.as_deref())
+            };
+            self.insert(hash, key, blob, newest);
             return Ok(());
         }
         let found = self.bh.get(key, &mut self.buf)?;
@@ -338,18 +357,34 @@ impl Replayer<'_> {
         };
         let val = self.fold(base, pending)?;
         let newest = pending.last().expect("non-empty");
-        self.entries
-            .push((hash, key.to_vec(), val, newest.p.0, newest.h.version));
+        self.insert(hash, key, Blob::new_opt(val.as_deref()), newest);
         Ok(())
     }
 
+    /// Puts `key`'s entry into the frontend, with `lentry` = its newest record
+    /// `newest`. A key already there (a part run again, see `replay`) is left
+    /// as it is (and counted: the count is of keys with an entry).
+    fn insert(
+        &mut self,
+        hash: u64,
+        key: &[u8],
+        blob: crossbeam_epoch::Owned<FVal>,
+        newest: &Found,
+    ) {
+        let mut l = self.table.lock(hash);
+        if l.find(key).is_none() {
+            l.insert(hash, key, blob, FMeta::new(newest.p.0, newest.h.version));
+        }
+        self.keys += 1;
+    }
+
     /// Folds `recs` (in version order) onto `val`.
-    fn fold(&mut self, mut val: Option<Vec<u8>>, recs: &[Found]) -> Result<Option<Box<[u8]>>> {
+    fn fold(&mut self, mut val: Option<Vec<u8>>, recs: &[Found]) -> Result<Option<Vec<u8>>> {
         for r in recs {
             self.pool.payload(r.p, &r.h, &mut self.payload);
             val = fold(val, r.h.opcode, &self.payload)?;
         }
-        Ok(val.map(Vec::into_boxed_slice))
+        Ok(val)
     }
 }
 

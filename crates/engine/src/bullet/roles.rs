@@ -260,7 +260,9 @@ pub(super) fn advancer(sh: Arc<Shared>) {
         }
         sh.pool.populate_ahead(POPULATE_AHEAD);
         let (used, cap) = sh.pool.occupancy();
-        let occ = used as f64 / cap as f64;
+        // Against the backlog bound when there is one: gleaners are wanted
+        // before writers reach it and wait.
+        let occ = used as f64 / sh.backlog_capacity(cap) as f64;
         // Written this epoch: a record appended, or a writer found its log
         // full (and so appended nothing).
         let tails = sh.pool.appended_bytes();

@@ -172,8 +172,14 @@ impl BulletSession {
         let mut waited = false;
         let mut stalled: Option<Instant> = None;
         loop {
+            // Read each round: the backend may fill (or empty) while we wait.
+            let share = if remove && self.sh.full.load(Ordering::Acquire) {
+                u64::MAX
+            } else {
+                self.sh.backlog_share()
+            };
             if let Some(i) = self.wlog {
-                if pool.fits_keeping(i, len, keep) {
+                if pool.fits_within(i, len, keep, share) {
                     return Ok(i);
                 }
                 pool.logs[i].writer.store(false, Ordering::Release);
@@ -183,14 +189,14 @@ impl BulletSession {
             for k in 0..n {
                 let j = (self.g.slot + k) % n;
                 let l = &pool.logs[j];
-                if l.writer.load(Ordering::Relaxed) || !pool.fits_keeping(j, len, keep) {
+                if l.writer.load(Ordering::Relaxed) || !pool.fits_within(j, len, keep, share) {
                     continue;
                 }
                 if l.writer
                     .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
-                    if pool.fits_keeping(j, len, keep) {
+                    if pool.fits_within(j, len, keep, share) {
                         if pool.group_commit.load(Ordering::Relaxed) {
                             // The log's earlier records (a previous writer's batch
                             // may not have committed yet) are durable before this

@@ -1084,6 +1084,14 @@ impl Pool {
     /// Whether log `i` has room for a record of `len` bytes and `keep` bytes
     /// more after it (puts keep a share of each log for removes).
     pub fn fits_keeping(&self, i: usize, len: u64, keep: u64) -> bool {
+        self.fits_within(i, len, keep, u64::MAX)
+    }
+
+    /// [`Pool::fits_keeping`], and the record keeps log `i`'s bytes between
+    /// its freed head and its tail within `share` (a bound on what recovery
+    /// reads), unless the log holds none: a record larger than a share goes
+    /// into an empty log.
+    pub fn fits_within(&self, i: usize, len: u64, keep: u64, share: u64) -> bool {
         let l = &self.logs[i];
         let free_to = l.free_to.load(Ordering::Acquire);
         let tail = l.tail.load(Ordering::Acquire);
@@ -1093,7 +1101,8 @@ impl Pool {
         } else {
             0
         };
-        tail + pad + len + keep - free_to <= self.size
+        let used = tail - free_to;
+        used + pad + len + keep <= self.size && (used == 0 || used + pad + len <= share)
     }
 
     pub fn fence(&self) {

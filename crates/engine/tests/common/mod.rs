@@ -63,6 +63,7 @@ pub fn bullet_opts(v: Variant, b: BackendKind, log_size: u64) -> BulletOptions {
         // Recovery on two threads whenever there are records to share: every
         // crash and restart test runs that path.
         parallel_replay_from: 2,
+        backlog_limit: 0,
     }
 }
 
