@@ -156,7 +156,7 @@ fn child_backlog_writer() {
                 let mut x = round.wrapping_mul(0x9e37_79b9) ^ (t + 1);
                 for n in 0.. {
                     let r = xorshift(&mut x);
-                    let line = if r % 8 == 0 {
+                    let line = if r.is_multiple_of(8) {
                         let c = r % COUNTERS;
                         say(&format!("@@ do {t} incr {c}"));
                         s.apply(format!("c{c}").as_bytes(), Op::Incr(1)).unwrap();
