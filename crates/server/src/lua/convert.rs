@@ -317,6 +317,51 @@ fn table_reply(t: &Table, resp3: bool, depth: usize) -> Reply {
 mod tests {
     use super::*;
 
+    /// The conversion straight from a reply's bytes gives what parsing it
+    /// first gives, for the replies it takes a shortcut on and the others.
+    #[test]
+    fn reply_bytes_convert_as_parsed_replies() {
+        let lua = Lua::new();
+        let cases: &[&[u8]] = &[
+            b"+OK\r\n",
+            b"+\r\n",
+            b":42\r\n",
+            b":-7\r\n",
+            b"$3\r\nabc\r\n",
+            b"$0\r\n\r\n",
+            b"$4\r\na\r\nb\r\n",
+            b"$-1\r\n",
+            b"-ERR bad\r\n",
+            b"*2\r\n:1\r\n$1\r\nx\r\n",
+        ];
+        let show = |v: &Value| -> String {
+            match v {
+                Value::Table(t) => {
+                    let mut kv: Vec<String> = t
+                        .clone()
+                        .pairs::<Value, Value>()
+                        .map(|p| {
+                            let (k, v) = p.unwrap();
+                            format!("{k:?}={v:?}")
+                        })
+                        .collect();
+                    kv.sort();
+                    kv.join(",")
+                }
+                other => format!("{other:?}"),
+            }
+        };
+        for &bytes in cases {
+            for resp3 in [false, true] {
+                let (fast, err) = reply_bytes_to_lua(&lua, bytes, resp3).unwrap();
+                let (r, _) = proto::parse_reply(bytes).unwrap().unwrap();
+                let slow = reply_to_lua(&lua, &r, resp3).unwrap();
+                assert_eq!(show(&fast), show(&slow), "{bytes:?}");
+                assert_eq!(err, matches!(r, Reply::Error(_)), "{bytes:?}");
+            }
+        }
+    }
+
     #[test]
     fn g_formatting_matches_c() {
         assert_eq!(fmt_g(1.0, 17), "1");
