@@ -35,8 +35,10 @@
 // Unsafe code lives where the server calls the C library directly: socket
 // and file-descriptor calls (`accept`, `rlimit`), the time-stamp counter
 // (`clock`), the CPU a thread runs on (`commit`) and resource usage (`info`);
-// and `busy`, where a busy script's thread borrows its worker's connections
-// through a pointer the worker lends for the command's duration.
+// `busy`, where a busy script's thread borrows its worker's connections
+// through a pointer the worker lends for the command's duration; and
+// `lua::bind`, where the `redis` API's functions borrow the running
+// script's context through a pointer lent for the script's run.
 #![deny(unsafe_code)]
 
 #[allow(unsafe_code)]

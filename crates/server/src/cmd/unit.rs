@@ -85,11 +85,14 @@ pub fn run(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
         });
-        let (guard, keys) = match &locks {
+        let (guard, keys) = match &mut locks {
             Locks::All => (sh.stripes.lock_all(), HashSet::new()),
             Locks::Keys(k) => {
-                let refs: Vec<&[u8]> = k.iter().map(|k| k.as_slice()).collect();
-                (sh.stripes.lock_set(&refs), k.iter().cloned().collect())
+                // Moved into the unit's set: a run that escapes goes on
+                // under `Locks::All`.
+                let keys: HashSet<Vec<u8>> = std::mem::take(k).into_iter().collect();
+                let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+                (sh.stripes.lock_set(&refs), keys)
             }
         };
         ctx.ks.begin_unit(all, keys);

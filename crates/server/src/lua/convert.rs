@@ -56,12 +56,73 @@ fn strip_zeros(s: &str) -> &str {
 /// `%.17g` (Redis does not use Lua's own `%.14g`, which loses precision);
 /// None for any other type.
 pub fn arg_bytes(v: &Value) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    arg_bytes_into(v, &mut out).then_some(out)
+}
+
+/// [`arg_bytes`] appended to `out`; false for a type that is not an
+/// argument.
+pub fn arg_bytes_into(v: &Value, out: &mut Vec<u8>) -> bool {
+    use std::io::Write;
     match v {
-        Value::String(s) => Some(s.as_bytes().to_vec()),
-        Value::Integer(i) => Some(i.to_string().into_bytes()),
-        Value::Number(n) => Some(fmt_g(*n, 17).into_bytes()),
-        _ => None,
+        Value::String(s) => out.extend_from_slice(&s.as_bytes()),
+        Value::Integer(i) => {
+            let _ = write!(out, "{i}");
+        }
+        Value::Number(n) => out.extend_from_slice(fmt_g(*n, 17).as_bytes()),
+        _ => return false,
     }
+    true
+}
+
+/// A command's reply, as RESP bytes in `buf`, converted to Lua as
+/// [`reply_to_lua`] does, and whether it is an error. The common replies
+/// (a status, an integer, a bulk string) are converted straight from the
+/// bytes; the others are parsed first.
+pub fn reply_bytes_to_lua(lua: &Lua, buf: &[u8], resp3: bool) -> mlua::Result<(Value, bool)> {
+    if let Some(v) = simple_reply(lua, buf)? {
+        return Ok((v, false));
+    }
+    let reply = match proto::parse_reply(buf) {
+        Ok(Some((r, _))) => r,
+        _ => Reply::Error("ERR the command gave no reply".into()),
+    };
+    let is_err = matches!(reply, Reply::Error(_));
+    Ok((reply_to_lua(lua, &reply, resp3)?, is_err))
+}
+
+/// The conversion of a reply that is one status line, integer or bulk
+/// string filling `buf` exactly; None for any other reply.
+fn simple_reply(lua: &Lua, buf: &[u8]) -> mlua::Result<Option<Value>> {
+    let Some(body) = buf.strip_suffix(b"\r\n") else {
+        return Ok(None);
+    };
+    let Some((&tag, rest)) = body.split_first() else {
+        return Ok(None);
+    };
+    let single_line = || !rest.contains(&b'\r');
+    Ok(match tag {
+        b'+' if single_line() => {
+            let t = lua.create_table_with_capacity(0, 1)?;
+            t.raw_set("ok", lua.create_string(rest)?)?;
+            Some(Value::Table(t))
+        }
+        b':' if single_line() => proto::int::parse_i64(rest).map(|n| Value::Number(n as f64)),
+        b'$' => {
+            let Some(nl) = rest.iter().position(|&b| b == b'\r') else {
+                return Ok(None);
+            };
+            let (Some(len), Some(data)) = (proto::int::parse_i64(&rest[..nl]), rest.get(nl + 2..))
+            else {
+                return Ok(None);
+            };
+            if len < 0 || rest.get(nl + 1) != Some(&b'\n') || data.len() as i64 != len {
+                return Ok(None);
+            }
+            Some(Value::String(lua.create_string(data)?))
+        }
+        _ => None,
+    })
 }
 
 /// The `{err=...}` table Redis's `luaPushErrorBuff` makes of an error text:
@@ -255,6 +316,51 @@ fn table_reply(t: &Table, resp3: bool, depth: usize) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The conversion straight from a reply's bytes gives what parsing it
+    /// first gives, for the replies it takes a shortcut on and the others.
+    #[test]
+    fn reply_bytes_convert_as_parsed_replies() {
+        let lua = Lua::new();
+        let cases: &[&[u8]] = &[
+            b"+OK\r\n",
+            b"+\r\n",
+            b":42\r\n",
+            b":-7\r\n",
+            b"$3\r\nabc\r\n",
+            b"$0\r\n\r\n",
+            b"$4\r\na\r\nb\r\n",
+            b"$-1\r\n",
+            b"-ERR bad\r\n",
+            b"*2\r\n:1\r\n$1\r\nx\r\n",
+        ];
+        let show = |v: &Value| -> String {
+            match v {
+                Value::Table(t) => {
+                    let mut kv: Vec<String> = t
+                        .clone()
+                        .pairs::<Value, Value>()
+                        .map(|p| {
+                            let (k, v) = p.unwrap();
+                            format!("{k:?}={v:?}")
+                        })
+                        .collect();
+                    kv.sort();
+                    kv.join(",")
+                }
+                other => format!("{other:?}"),
+            }
+        };
+        for &bytes in cases {
+            for resp3 in [false, true] {
+                let (fast, err) = reply_bytes_to_lua(&lua, bytes, resp3).unwrap();
+                let (r, _) = proto::parse_reply(bytes).unwrap().unwrap();
+                let slow = reply_to_lua(&lua, &r, resp3).unwrap();
+                assert_eq!(show(&fast), show(&slow), "{bytes:?}");
+                assert_eq!(err, matches!(r, Reply::Error(_)), "{bytes:?}");
+            }
+        }
+    }
 
     #[test]
     fn g_formatting_matches_c() {

@@ -30,6 +30,8 @@
 //! running the script serves nothing else meanwhile (its other connections
 //! wait, as Redis's event loop would have them wait for the reply).
 
+#[allow(unsafe_code)]
+mod bind;
 pub mod convert;
 mod libs;
 mod structlib;
@@ -531,43 +533,60 @@ fn to_int(lua: &Lua, v: Option<&Value>) -> i64 {
         .unwrap_or(0)
 }
 
-/// Registers the redis API functions that need no run (they raise through
+/// A `redis` API function's value, or, when it must raise (`redis.call`'s
+/// error reply), the error raising its table.
+fn raised((v, raise): (Value, bool)) -> mlua::Result<Value> {
+    if raise {
+        let text = match &v {
+            Value::Table(t) => t.raw_get::<String>("err").unwrap_or_default(),
+            _ => String::new(),
+        };
+        return Err(mlua::Error::external(Raise::Table(text)));
+    }
+    Ok(v)
+}
+
+/// Registers the redis API functions, once per state (they raise through
 /// [`Raise`], so they are C functions to Lua and a script's tail call of
-/// one keeps the script's frame for the error position).
+/// one keeps the script's frame for the error position). Those that need
+/// the run (`call`, `pcall`, `acl`, `setresp`) borrow it from [`bind`].
 fn register_api(lua: &Lua, raw: &Table, sc: &Scripting) -> mlua::Result<()> {
-    for op in ["call", "pcall", "acl"] {
-        let r2 = raw.clone();
+    for (name, raise) in [("call", true), ("pcall", false)] {
         raw.raw_set(
-            op,
+            name,
             lua.create_function(move |lua, mv: MultiValue| -> mlua::Result<Value> {
-                let Some(f) = r2.raw_get::<Option<Function>>("ctx")? else {
+                let r = bind::with(|run| {
+                    check_time(run.rs, run.start, run.job.threshold);
+                    redis_call(lua, run, raise, &mv)
+                });
+                let Some(r) = r else {
                     return Err(raise_table(
                         "redis.call/pcall can only be called inside a script invocation",
                     ));
                 };
-                let mut args = vec![Value::String(lua.create_string(op)?)];
-                args.extend(mv);
-                let (v, raise): (Value, bool) = f.call(MultiValue::from_vec(args))?;
-                if raise {
-                    let text = match &v {
-                        Value::Table(t) => t.raw_get::<String>("err").unwrap_or_default(),
-                        _ => String::new(),
-                    };
-                    return Err(mlua::Error::external(Raise::Table(text)));
-                }
-                Ok(v)
+                raised(r?)
             })?,
         )?;
     }
-    let r2 = raw.clone();
+    raw.raw_set(
+        "acl",
+        lua.create_function(move |lua, mv: MultiValue| -> mlua::Result<Value> {
+            let Some(r) = bind::with(|run| acl_check(lua, run.c, &mv)) else {
+                return Err(raise_table(
+                    "redis.call/pcall can only be called inside a script invocation",
+                ));
+            };
+            raised(r?)
+        })?,
+    )?;
     raw.raw_set(
         "setresp",
         lua.create_function(move |lua, args: Variadic<Value>| {
-            let Some(f) = r2.raw_get::<Option<Function>>("ctx")? else {
+            if bind::with(|_| ()).is_none() {
                 return Err(raise_table(
                     "redis.setresp can only be called inside a script invocation",
                 ));
-            };
+            }
             if args.len() != 1 {
                 return Err(raise_table("redis.setresp() requires one argument."));
             }
@@ -575,7 +594,8 @@ fn register_api(lua: &Lua, raw: &Table, sc: &Scripting) -> mlua::Result<()> {
             if v != 2 && v != 3 {
                 return Err(raise_table("RESP version must be 2 or 3."));
             }
-            f.call::<()>(("setresp", v))
+            bind::with(|run| run.resp3 = v == 3);
+            Ok(())
         })?,
     )?;
     raw.raw_set(
@@ -760,16 +780,14 @@ struct Registered {
 /// One Lua state with the sandbox.
 struct State {
     lua: Lua,
-    raw: Table,
     env: Table,
-    globals: Table,
     run: Function,
     load_lib: Function,
     /// Compiled scripts (eval: by SHA1) or functions (by name).
     compiled: HashMap<String, Function>,
     registering: Rc<RefCell<Option<Vec<Registered>>>>,
-    /// Runs since the last garbage-collection step.
-    runs: Cell<u32>,
+    /// `redis.call`'s argument buffers, kept between runs.
+    argv: RefCell<Vec<Vec<u8>>>,
 }
 
 const PRELUDE: &str = include_str!("prelude.lua");
@@ -830,21 +848,19 @@ impl State {
                 })
             })?,
         )?;
-        let (env, globals, run, load_lib): (Table, Table, Function, Function) = lua
+        let (env, run, load_lib): (Table, Function, Function) = lua
             .load(PRELUDE)
             .set_name("=ember")
             .set_mode(ChunkMode::Text)
             .call((raw.clone(), mode))?;
         Ok(State {
             lua,
-            raw,
             env,
-            globals,
             run,
             load_lib,
             compiled: HashMap::new(),
             registering,
-            runs: Cell::new(0),
+            argv: RefCell::new(Vec::new()),
         })
     }
 
@@ -1324,7 +1340,7 @@ pub fn run(
     rs.wrote.store(false, Ordering::Release);
     rs.discard.store(false, Ordering::Release);
     rs.eval.store(eval, Ordering::Release);
-    *lock(&rs.info) = Some((name.clone(), request.to_vec(), Instant::now()));
+    set_info(&rs, &name, request);
     rs.active.store(true, Ordering::Release);
     IN_SCRIPT.with(|f| f.set(true));
     let (db, resp) = (c.db, c.resp);
@@ -1386,12 +1402,50 @@ pub fn run(
     IN_SCRIPT.with(|f| f.set(false));
     rs.active.store(false, Ordering::Release);
     rs.busy.store(false, Ordering::Release);
-    *lock(&rs.info) = None;
+    {
+        // The buffers stay for the next script unless they are large.
+        let mut info = lock(&rs.info);
+        if info
+            .as_ref()
+            .is_some_and(|(_, a, _)| a.iter().map(|x| x.capacity()).sum::<usize>() > INFO_KEEP)
+        {
+            *info = None;
+        }
+    }
     c.deny_blocking = false;
     c.db = db;
     c.meta.db.store(db, Ordering::Relaxed);
     c.resp = resp;
     r?
+}
+
+/// The request bytes [`RunState`]'s `info` keeps after a script ends (to
+/// reuse its buffers for the next).
+const INFO_KEEP: usize = 64 << 10;
+
+/// Records the running script's name and request for FUNCTION STATS,
+/// reusing the previous script's buffers (read only while `active`).
+fn set_info(rs: &RunState, name: &str, request: &[Vec<u8>]) {
+    let mut info = lock(&rs.info);
+    let now = Instant::now();
+    match info.as_mut() {
+        Some((n, a, t)) => {
+            n.clear();
+            n.push_str(name);
+            a.truncate(request.len());
+            for (i, r) in request.iter().enumerate() {
+                match a.get_mut(i) {
+                    Some(x) => {
+                        x.clear();
+                        x.extend_from_slice(r);
+                    }
+                    None => a.push(r.clone()),
+                }
+            }
+            *t = now;
+        }
+        None => *info = Some((name.to_string(), request.to_vec(), now)),
+    }
 }
 
 /// A thread's function state for the current libraries.
@@ -1423,7 +1477,6 @@ fn exec(st: &State, f: &Function, job: &Job, ctx: &mut Ctx, c: &mut Client) -> R
     c.db = job.db;
     let rs = ctx.sh.scripting.run.clone();
     rs.abort.store(false, Ordering::Release);
-    let resp3 = Cell::new(false);
     let lua = &st.lua;
     let start = Instant::now();
     let (hook_rs, threshold) = (rs.clone(), job.threshold);
@@ -1443,53 +1496,23 @@ fn exec(st: &State, f: &Function, job: &Job, ctx: &mut Ctx, c: &mut Client) -> R
             Ok(VmState::Continue)
         },
     );
-    let out: mlua::Result<(bool, Value)> = lua.scope(|s| {
-        let op = s.create_function_mut(|lua, mv: MultiValue| -> mlua::Result<(Value, bool)> {
-            let mut it = mv.into_iter();
-            let op = match it.next() {
-                Some(Value::String(s)) => s.to_string_lossy().to_string(),
-                _ => String::new(),
-            };
-            let rest: Vec<Value> = it.collect();
-            match op.as_str() {
-                "call" | "pcall" => {
-                    check_time(&rs, start, threshold);
-                    redis_call(lua, ctx, c, job, &rs, resp3.get(), op == "call", &rest)
-                }
-                "acl" => acl_check(lua, ctx, c, &rest),
-                "setresp" => {
-                    resp3.set(
-                        matches!(rest.first(), Some(Value::Number(n)) if *n == 3.0)
-                            || matches!(rest.first(), Some(Value::Integer(3))),
-                    );
-                    Ok((Value::Nil, false))
-                }
-                _ => Ok((Value::Nil, false)),
-            }
-        })?;
-        st.raw.raw_set("ctx", op)?;
-        let kt = lua.create_sequence_from(
-            job.keys
-                .iter()
-                .map(|k| lua.create_string(k))
-                .collect::<mlua::Result<Vec<_>>>()?,
-        )?;
-        let at = lua.create_sequence_from(
-            job.args
-                .iter()
-                .map(|k| lua.create_string(k))
-                .collect::<mlua::Result<Vec<_>>>()?,
-        )?;
-        if job.eval {
-            st.globals.raw_set("KEYS", kt)?;
-            st.globals.raw_set("ARGV", at)?;
-            st.run.call::<(bool, Value)>(f.clone())
-        } else {
-            st.run.call::<(bool, Value)>((f.clone(), kt, at))
-        }
+    let mut run = bind::Run {
+        ctx,
+        c,
+        job,
+        rs: &rs,
+        start,
+        resp3: false,
+        argv: std::mem::take(&mut *st.argv.borrow_mut()),
+    };
+    let out: mlua::Result<(bool, Value)> = bind::lend(&mut run, || {
+        let kt = sequence(lua, job.keys)?;
+        let at = sequence(lua, job.args)?;
+        st.run.call::<(bool, Value)>((f, kt, at, job.eval))
     });
+    let resp3 = run.resp3;
+    *st.argv.borrow_mut() = std::mem::take(&mut run.argv);
     lua.remove_hook();
-    let _ = st.raw.raw_set("ctx", Value::Nil);
     if rs.discard.load(Ordering::Acquire) {
         // SHUTDOWN NOSAVE: nothing of the script (or of the transaction it
         // runs in) is applied, and the connection closes with the server.
@@ -1502,7 +1525,7 @@ fn exec(st: &State, f: &Function, job: &Job, ctx: &mut Ctx, c: &mut Client) -> R
         return Ok(());
     }
     let reply = match out {
-        Ok((true, v)) => convert::lua_to_reply(&v, resp3.get()),
+        Ok((true, v)) => convert::lua_to_reply(&v, resp3),
         Ok((false, v)) => Reply::Error(run_error(&rs, job.name, &v)),
         Err(e) if rs.kill.load(Ordering::Acquire) => {
             let _ = e;
@@ -1513,13 +1536,11 @@ fn exec(st: &State, f: &Function, job: &Job, ctx: &mut Ctx, c: &mut Client) -> R
         }
         Err(e) => Reply::Error(format!("ERR Error running script {}, {e}", job.name)),
     };
-    // Lua garbage (reply tables, strings) is collected in steps every 50
-    // runs, as Redis does, besides Lua's own incremental collector.
-    st.runs.set(st.runs.get() + 1);
-    if st.runs.get() >= 50 {
-        st.runs.set(0);
-        let _ = lua.gc_step_kbytes(50);
-    }
+    // Lua garbage (KEYS, ARGV, reply tables, strings) is left to Lua's
+    // incremental collector (a cycle each time the heap doubles). Redis
+    // also runs a 50 KB step every 50 scripts; here that forced a marking
+    // of the whole sandbox far more often than its garbage needs (6% of a
+    // short script's time).
     c.reply(&reply);
     Ok(())
 }
@@ -1558,32 +1579,67 @@ fn run_error(rs: &RunState, name: &str, v: &Value) -> String {
     }
 }
 
+/// A Lua sequence of byte strings (KEYS, ARGV).
+fn sequence(lua: &Lua, items: &[Vec<u8>]) -> mlua::Result<Table> {
+    let t = lua.create_table_with_capacity(items.len(), 0)?;
+    for (i, item) in items.iter().enumerate() {
+        t.raw_seti(i + 1, lua.create_string(item)?)?;
+    }
+    Ok(t)
+}
+
 /// `redis.call` / `redis.pcall`: checks the command as Redis's `scriptCall`
 /// does, runs it inside the script's unit, converts its reply. Returns the
 /// value and whether `redis.call` must raise it.
-#[allow(clippy::too_many_arguments)]
 fn redis_call(
     lua: &Lua,
-    ctx: &mut Ctx,
-    c: &mut Client,
-    job: &Job,
-    rs: &RunState,
-    resp3: bool,
+    run: &mut bind::Run<'_, '_>,
     raise: bool,
-    args: &[Value],
+    args: &MultiValue,
 ) -> mlua::Result<(Value, bool)> {
     let fail = |text: &str| -> mlua::Result<(Value, bool)> {
         let t = convert::error_table(lua, text)?;
         t.raw_set("ignore_error_stats_update", true)?;
         Ok((Value::Table(t), raise))
     };
+    let rs = run.rs;
     if rs.stopping() {
         return fail("Script killed by user with SCRIPT KILL...");
     }
-    let argv = match command_args(args) {
-        Ok(a) => a,
-        Err(e) => return fail(e),
+    let mut argv = std::mem::take(&mut run.argv);
+    let r = match command_args(args, &mut argv) {
+        Ok(()) => call_checked(lua, run, raise, &argv),
+        Err(e) => fail(e),
     };
+    run.argv = argv;
+    r
+}
+
+/// Whether command `i` of the table has subcommands (looked up once: the
+/// subcommand table is searched only for those).
+fn container(i: usize) -> bool {
+    static CONTAINERS: std::sync::OnceLock<Vec<bool>> = std::sync::OnceLock::new();
+    CONTAINERS.get_or_init(|| {
+        TABLE
+            .iter()
+            .map(|spec| SUBCOMMANDS.iter().any(|s| s.parent == spec.name))
+            .collect()
+    })[i]
+}
+
+/// The rest of [`redis_call`] once the arguments are bytes.
+fn call_checked(
+    lua: &Lua,
+    run: &mut bind::Run<'_, '_>,
+    raise: bool,
+    argv: &[Vec<u8>],
+) -> mlua::Result<(Value, bool)> {
+    let fail = |text: &str| -> mlua::Result<(Value, bool)> {
+        let t = convert::error_table(lua, text)?;
+        t.raw_set("ignore_error_stats_update", true)?;
+        Ok((Value::Table(t), raise))
+    };
+    let (ctx, c, job, rs) = (&mut *run.ctx, &mut *run.c, run.job, run.rs);
     let Some(i) = crate::cmd::lookup(&argv[0]) else {
         return fail("Unknown Redis command called from script");
     };
@@ -1593,19 +1649,23 @@ fn redis_call(
     }
     // A container's subcommand has its own flags (FUNCTION LOAD, SCRIPT
     // KILL... are noscript, FUNCTION and SCRIPT are not).
-    let sub_flags = argv.get(1).and_then(|sub| {
-        SUBCOMMANDS
-            .iter()
-            .find(|s| s.parent == spec.name && sub.eq_ignore_ascii_case(s.name.as_bytes()))
-            .map(|s| s.flags)
-    });
+    let sub_flags = if container(i) {
+        argv.get(1).and_then(|sub| {
+            SUBCOMMANDS
+                .iter()
+                .find(|s| s.parent == spec.name && sub.eq_ignore_ascii_case(s.name.as_bytes()))
+                .map(|s| s.flags)
+        })
+    } else {
+        None
+    };
     let flags = sub_flags.map_or(spec.flags, |f| spec.flags.with(f));
     if flags.contains(Flags::NOSCRIPT) {
         return fail("This Redis command is not allowed from script");
     }
     if !c.user.unrestricted() {
-        if let Some(id) = crate::acl::resolve(i, &argv) {
-            match c.user.check_id(id, &argv) {
+        if let Some(id) = crate::acl::resolve(i, argv) {
+            match c.user.check_id(id, argv) {
                 Ok(()) => {}
                 Err(crate::acl::Denied::Command(id)) => {
                     let name = crate::acl::cmd(id).name.clone();
@@ -1637,55 +1697,54 @@ fn redis_call(
         rs.wrote.store(true, Ordering::Release);
     }
     let saved = c.resp;
-    c.resp = if resp3 {
+    c.resp = if run.resp3 {
         Version::Resp3
     } else {
         Version::Resp2
     };
     let mark = c.out.len();
-    unit::call(ctx, c, &argv);
+    unit::call(ctx, c, argv);
     c.resp = saved;
-    let bytes = c.out.split_off(mark);
     if unit::escaped(ctx) {
+        c.out.truncate(mark);
         rs.abort.store(true, Ordering::Release);
         return fail("script touched keys it did not declare; it runs again");
     }
-    let reply = match proto::parse_reply(&bytes) {
-        Ok(Some((r, _))) => r,
-        _ => Reply::Error("ERR the command gave no reply".into()),
-    };
-    let is_err = matches!(reply, Reply::Error(_));
-    Ok((convert::reply_to_lua(lua, &reply, resp3)?, raise && is_err))
+    let r = convert::reply_bytes_to_lua(lua, &c.out[mark..], run.resp3);
+    c.out.truncate(mark);
+    let (v, is_err) = r?;
+    Ok((v, raise && is_err))
 }
 
 /// A command's arguments from `redis.call`'s Lua values (Redis's
-/// `luaArgsToRedisArgv`).
-fn command_args(args: &[Value]) -> Result<Vec<Vec<u8>>, &'static str> {
+/// `luaArgsToRedisArgv`) into `argv`, whose buffers are reused.
+fn command_args(args: &MultiValue, argv: &mut Vec<Vec<u8>>) -> Result<(), &'static str> {
     if args.is_empty() {
         return Err("Please specify at least one argument for this redis lib call");
     }
-    args.iter()
-        .map(|a| {
-            convert::arg_bytes(a)
-                .ok_or("Lua redis lib command arguments must be strings or integers")
-        })
-        .collect()
+    argv.truncate(args.len());
+    for (i, a) in args.iter().enumerate() {
+        if i == argv.len() {
+            argv.push(Vec::new());
+        }
+        let out = &mut argv[i];
+        out.clear();
+        if !convert::arg_bytes_into(a, out) {
+            return Err("Lua redis lib command arguments must be strings or integers");
+        }
+    }
+    Ok(())
 }
 
 /// `redis.acl_check_cmd`: whether the script's user may run the command.
-fn acl_check(
-    lua: &Lua,
-    _ctx: &mut Ctx,
-    c: &mut Client,
-    args: &[Value],
-) -> mlua::Result<(Value, bool)> {
+fn acl_check(lua: &Lua, c: &mut Client, args: &MultiValue) -> mlua::Result<(Value, bool)> {
     let fail = |text: &str| -> mlua::Result<(Value, bool)> {
         Ok((Value::Table(convert::error_table(lua, text)?), true))
     };
-    let argv = match command_args(args) {
-        Ok(a) => a,
-        Err(e) => return fail(e),
-    };
+    let mut argv = Vec::new();
+    if let Err(e) = command_args(args, &mut argv) {
+        return fail(e);
+    }
     let Some(i) = crate::cmd::lookup(&argv[0]) else {
         return fail("Invalid command passed to redis.acl_check_cmd()");
     };

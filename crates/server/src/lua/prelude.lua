@@ -224,12 +224,15 @@ end
 
 if mode == 'eval' then B.__redis__err__handler = handler end
 
--- Runs a compiled script (eval: no arguments; function: keys and args).
-local function run(f, keys, args)
-  if keys then
-    return xpcall_(function() return f(keys, args) end, handler)
+-- Runs a compiled script: an EVAL script sees KEYS and ARGV as globals
+-- (set here, in Lua, which costs less than from Rust), a function gets
+-- them as its arguments.
+local function run(f, keys, args, eval)
+  if eval then
+    B.KEYS, B.ARGV = keys, args
+    return xpcall_(f, handler)
   end
-  return xpcall_(f, handler)
+  return xpcall_(function() return f(keys, args) end, handler)
 end
 
 -- Runs a library's body with the load API (no handler: Redis reports
@@ -241,4 +244,4 @@ local function load_library(f)
   return ok, e
 end
 
-return env, B, run, load_library
+return env, run, load_library
