@@ -742,7 +742,9 @@ fn edge_cases_match_redis() {
         "OBJECT FREQ k",
         "OBJECT FREQ nokey",
         "OBJECT IDLETIME nokey",
-        "OBJECT IDLETIME k2",
+        // OBJECT IDLETIME of a live key is left out: Redis's is the seconds
+        // since the last access, 1 instead of 0 when a loaded machine makes
+        // the test take a second.
         "OBJECT HELP",
     ];
     for w in writes {
