@@ -427,17 +427,40 @@ fn failover_writer(
     }
 }
 
+/// Three nodes whose leader [`failovers`] kills and restores.
+trait Group {
+    fn nodes(&mut self) -> &mut [Option<Server>];
+    /// Restarts node `i` and waits until the group is whole again.
+    fn restore(&mut self, i: usize, stop: &AtomicBool) -> BenchResult<()>;
+}
+
+impl Group for EmberCluster {
+    fn nodes(&mut self) -> &mut [Option<Server>] {
+        &mut self.nodes
+    }
+    fn restore(&mut self, i: usize, stop: &AtomicBool) -> BenchResult<()> {
+        EmberCluster::restore(self, i, stop)
+    }
+}
+
+impl Group for RedisGroup {
+    fn nodes(&mut self) -> &mut [Option<Server>] {
+        &mut self.nodes
+    }
+    fn restore(&mut self, i: usize, stop: &AtomicBool) -> BenchResult<()> {
+        RedisGroup::restore(self, i, stop)
+    }
+}
+
 /// `rounds` kills of the leader under the failover client; the failover
-/// times in ms. `leader` names the leader's node index, `kill` kills a node,
-/// `restore` restarts it and waits until the group is whole.
+/// times in ms. `discover` names the leader's port (one of `ports`).
 fn failovers(
     ctx: &mut Ctx,
     what: &str,
     rounds: usize,
     discover: &(dyn Fn() -> Option<u16> + Sync),
     ports: &[u16],
-    kill: &mut dyn FnMut(usize) -> BenchResult<()>,
-    restore: &mut dyn FnMut(usize, &AtomicBool) -> BenchResult<()>,
+    group: &mut dyn Group,
 ) -> BenchResult<Vec<f64>> {
     let killed = Mutex::new(None);
     let done = AtomicBool::new(false);
@@ -458,7 +481,10 @@ fn failovers(
                     .position(|&p| p == lp)
                     .ok_or_else(|| format!("{what}: leader port {lp} is not a node's"))?;
                 *killed.lock().unwrap_or_else(|e| e.into_inner()) = Some((lp, Instant::now()));
-                kill(i)?;
+                group.nodes()[i]
+                    .take()
+                    .ok_or_else(|| format!("{what}: the leader is not running"))?
+                    .kill()?;
                 let d = rx.recv_timeout(Duration::from_secs(30)).map_err(|_| {
                     format!("{what}: no write acknowledged within 30 s of the kill")
                 })?;
@@ -467,7 +493,7 @@ fn failovers(
                     "{what} kill {round}: {:.1} ms",
                     d.as_secs_f64() * 1e3
                 ));
-                restore(i, stop)?;
+                group.restore(i, stop)?;
             }
             Ok(())
         })();
@@ -843,20 +869,13 @@ pub fn run(ctx: &mut Ctx) -> BenchResult<Report> {
         lab.variant = format!("{}, 3-node Raft", lab.variant);
         lab
     };
-    let ember_cell = std::cell::RefCell::new(&mut ember);
     let ember_ms = failovers(
         ctx,
         "ember",
         kills,
         &|| ember_leader(&eports),
         &eports,
-        &mut |i| {
-            let s = ember_cell.borrow_mut().nodes[i]
-                .take()
-                .ok_or("the leader is not running")?;
-            s.kill()
-        },
-        &mut |i, stop| ember_cell.borrow_mut().restore(i, stop),
+        &mut ember,
     )?;
     drop(ember);
     ctx.progress
@@ -864,20 +883,13 @@ pub fn run(ctx: &mut Ctx) -> BenchResult<Report> {
     let mut redis = RedisGroup::start(ctx, "redis-sentinel", true)?;
     let rports = redis.ports.clone();
     let sports = redis.sentinel_ports();
-    let redis_cell = std::cell::RefCell::new(&mut redis);
     let redis_ms = failovers(
         ctx,
         "redis sentinel",
         kills,
         &|| sentinel_master(&sports),
         &rports,
-        &mut |i| {
-            let s = redis_cell.borrow_mut().nodes[i]
-                .take()
-                .ok_or("the master is not running")?;
-            s.kill()
-        },
-        &mut |i, stop| redis_cell.borrow_mut().restore(i, stop),
+        &mut redis,
     )?;
     drop(redis);
     let sentinel_labels = Labels {
