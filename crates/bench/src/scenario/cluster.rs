@@ -659,7 +659,7 @@ impl Etcd {
         stop: &AtomicBool,
     ) -> BenchResult<respload::Outcome> {
         let port = self.members[0].1;
-        let value = base64(&vec![b'x'; VALUE_SIZE]);
+        let value = base64(&[b'x'; VALUE_SIZE]);
         let t0 = Instant::now();
         let results: Vec<Result<Vec<u64>, String>> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..clients)
