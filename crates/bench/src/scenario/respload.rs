@@ -46,8 +46,8 @@ pub struct Outcome {
     pub commands: u64,
     /// Messages received by the subscribers (fan-out only).
     pub deliveries: u64,
-    /// Writes sent again after a `-TRYAGAIN` reply (a leader change under
-    /// the replicated-writes load).
+    /// Writes sent again after a `-TRYAGAIN` or `-READONLY` reply (a leader
+    /// change under the replicated-writes load).
     pub retried: u64,
     /// From the first send to the last reply (fan-out: and the last delivery).
     pub seconds: f64,
@@ -521,12 +521,14 @@ pub fn writes(load: &WriteLoad, stop: &AtomicBool) -> Result<Outcome, String> {
             let now = Instant::now();
             while let Some((r, n)) = parse_reply(wc.c.unparsed())? {
                 wc.c.at += n;
-                // A leader change failed the write before its commit: a
-                // client sends it again (to the same node, which forwards
-                // it to the new leader). With WAIT there is no Raft leader.
+                // A leader change failed the write before its commit
+                // (TRYAGAIN), or the node has just lost its leadership and
+                // knows no leader yet (READONLY): a client sends it again
+                // (to the same node, which forwards it once it knows the new
+                // leader). With WAIT there is no Raft leader.
                 if load.wait.is_none()
                     && wc.due == 1
-                    && matches!(&r, Reply::Error(e) if e.starts_with("TRYAGAIN"))
+                    && matches!(&r, Reply::Error(e) if e.starts_with("TRYAGAIN") || e.starts_with("READONLY"))
                 {
                     o.retried += 1;
                     let bytes = std::mem::take(&mut wc.last);
