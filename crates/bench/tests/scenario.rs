@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
-const SCENARIOS: [&str; 14] = [
+const SCENARIOS: [&str; 15] = [
     "bullet-fig5",
     "bullet-fig6",
     "bullet-fig7",
@@ -29,6 +29,7 @@ const SCENARIOS: [&str; 14] = [
     "udorn-coll-restart",
     "serve-recovery",
     "scripts-txn-pubsub",
+    "cluster",
 ];
 
 /// Columns every row must carry, non-empty.
@@ -610,6 +611,63 @@ fn scripts_txn_pubsub() {
         .map(|r| r[col_of(&h, "unit")].as_str())
         .collect();
     assert!(units.iter().all(|u| *u == "messages"), "{units:?}");
+}
+
+#[test]
+fn cluster() {
+    need("redis-server", "redis-server");
+    need("redis-benchmark", "redis-tools");
+    let (h, rows) = run(
+        "cluster",
+        &[],
+        &["test", "rps", "p50_ms", "p99_ms", "failover_ms", "ratio"],
+    );
+    let of = |engine: &str, test: &str, round: &dyn Fn(&str) -> bool| {
+        rows.iter()
+            .filter(|r| {
+                r[col_of(&h, "engine")] == engine
+                    && r[col_of(&h, "test")] == test
+                    && round(&r[col_of(&h, "round")])
+            })
+            .collect::<Vec<_>>()
+    };
+    // Every write ran on Ember with 1 and 2 workers and on Redis + WAIT,
+    // measured and as a median; Ember's medians carry the ratio.
+    for t in ["SET", "INCR", "LPUSH"] {
+        let ember = of("ember", t, &|r| r.parse::<u32>().is_ok());
+        assert_eq!(ember.len(), 2, "{t}: {ember:?}");
+        let threads: Vec<_> = ember
+            .iter()
+            .map(|r| r[col_of(&h, "threads")].as_str())
+            .collect();
+        assert!(
+            threads.contains(&"1") && threads.contains(&"2"),
+            "{t}: {threads:?}"
+        );
+        let redis = of("redis", t, &|r| r.parse::<u32>().is_ok());
+        assert_eq!(redis.len(), 1, "{t}");
+        for r in ember.iter().chain(&redis) {
+            assert!(r[col_of(&h, "rps")].parse::<f64>().unwrap() > 0.0, "{r:?}");
+            assert!(
+                r[col_of(&h, "p99_ms")].parse::<f64>().unwrap() > 0.0,
+                "{r:?}"
+            );
+        }
+        for m in of("ember", t, &|r| r == "median") {
+            assert!(
+                m[col_of(&h, "ratio")].parse::<f64>().unwrap() > 0.0,
+                "{m:?}"
+            );
+        }
+    }
+    // One kill of each, with its failover time, p50 and max.
+    for engine in ["ember", "redis"] {
+        let kills = of(engine, "failover", &|r| r == "1");
+        assert_eq!(kills.len(), 1, "{engine}");
+        let t: f64 = kills[0][col_of(&h, "failover_ms")].parse().unwrap();
+        assert!(t > 0.0 && t < 30_000.0, "{engine}: {t} ms");
+        assert_eq!(of(engine, "failover", &|r| r == "max").len(), 1);
+    }
 }
 
 #[test]

@@ -15,6 +15,7 @@ mod apps;
 mod bullet;
 mod chart;
 mod child;
+mod cluster;
 mod coll;
 mod logfree;
 mod mcload;
@@ -212,6 +213,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "scripts-txn-pubsub",
         about: "What Redis applications call: EVAL and EVALSHA (redis-benchmark), MULTI/EXEC and PUBLISH fan-out to 50 subscribers (own load generator) at -P 1 and 16, Ember (pmem) against redis-server (AOF everysec); --strategy msync: Ember msync against AOF always",
         run: apps::run,
+    },
+    Scenario {
+        name: "cluster",
+        about: "Replication: SET/INCR/LPUSH from 50 clients on a 3-node Ember cluster (pmem; msync with --strategy msync, then also against etcd if installed) against Redis + 2 replicas with WAIT 2 0, Ember --threads 1 and N; failover time after SIGKILL of the leader, Ember against Redis Sentinel",
+        run: cluster::run,
     },
 ];
 

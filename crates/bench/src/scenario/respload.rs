@@ -1,6 +1,7 @@
 //! A RESP load generator for the workloads `redis-benchmark` cannot express:
-//! MULTI/EXEC blocks ([`transactions`]) and PUBLISH fanned out to subscribers
-//! that must receive every message ([`fanout`]).
+//! MULTI/EXEC blocks ([`transactions`]), PUBLISH fanned out to subscribers
+//! that must receive every message ([`fanout`]), and writes each followed by
+//! `WAIT` ([`writes`]).
 //!
 //! Like `redis-benchmark`, one client thread drives every connection from one
 //! event loop (mio, edge-triggered, non-blocking sockets): a connection sends
@@ -39,12 +40,15 @@ fn record(h: &mut Histogram<u64>, since: Instant, now: Instant) {
 /// Throughput and latency of a run.
 #[derive(Clone, Debug, Default)]
 pub struct Outcome {
-    /// Units done: transactions, or messages published.
+    /// Units done: transactions, messages published, or writes.
     pub units: u64,
     /// Commands answered (MULTI, EXEC and those between count one each).
     pub commands: u64,
     /// Messages received by the subscribers (fan-out only).
     pub deliveries: u64,
+    /// Writes sent again after a `-TRYAGAIN` or `-READONLY` reply (a leader
+    /// change under the replicated-writes load).
+    pub retried: u64,
     /// From the first send to the last reply (fan-out: and the last delivery).
     pub seconds: f64,
     /// Latency in ms: of a transaction from its MULTI's send to its EXEC's
@@ -373,6 +377,196 @@ pub fn transactions(load: &TxLoad, stop: &AtomicBool) -> Result<Outcome, String>
                 end = now;
                 if tc.left > 0 {
                     tc.send_batch(load.pipeline, load.keyspace, &value, &mut rng, &mut out)?;
+                } else {
+                    busy -= 1;
+                }
+            }
+        }
+    }
+    Ok(o.finish(t0, end, &hist))
+}
+
+/// A single-key write of the replicated-writes workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteCmd {
+    /// `SET key:R VALUE`: +OK.
+    Set,
+    /// `INCR counter:R`: an integer.
+    Incr,
+    /// `LPUSH list:R VALUE`: an integer (the list's length).
+    Lpush,
+}
+
+impl WriteCmd {
+    pub fn name(self) -> &'static str {
+        match self {
+            WriteCmd::Set => "SET",
+            WriteCmd::Incr => "INCR",
+            WriteCmd::Lpush => "LPUSH",
+        }
+    }
+
+    fn encode(self, r: u64, value: &[u8], out: &mut Vec<u8>) {
+        let (cmd, prefix): (&[u8], &str) = match self {
+            WriteCmd::Set => (b"SET", "key"),
+            WriteCmd::Incr => (b"INCR", "counter"),
+            WriteCmd::Lpush => (b"LPUSH", "list"),
+        };
+        let key = format!("{prefix}:{r:012}");
+        if self == WriteCmd::Incr {
+            encode(out, &[cmd, key.as_bytes()]);
+        } else {
+            encode(out, &[cmd, key.as_bytes(), value]);
+        }
+    }
+
+    fn accepts(self, r: &Reply) -> bool {
+        match (self, r) {
+            (WriteCmd::Set, Reply::Simple(s)) => s == "OK",
+            (WriteCmd::Incr | WriteCmd::Lpush, Reply::Int(n)) => *n >= 1,
+            _ => false,
+        }
+    }
+}
+
+/// The replicated-writes workload: `clients` connections send `requests`
+/// writes between them, one at a time per connection (pipeline 1), each to a
+/// key `R` uniform in `0..keyspace`. With `wait = Some(n)`, each write is
+/// followed by `WAIT n 0` in the same send (a client that wants its write on
+/// `n` replicas pipelines the two), and the write counts once WAIT answers
+/// `n` or more; latency runs from the send to the last reply.
+#[derive(Clone, Debug)]
+pub struct WriteLoad {
+    pub port: u16,
+    pub clients: usize,
+    pub requests: u64,
+    pub write: WriteCmd,
+    pub wait: Option<u32>,
+    pub keyspace: u64,
+    pub value_size: usize,
+    pub seed: u64,
+}
+
+/// One connection of the replicated-writes workload.
+struct WriteConn {
+    c: Client,
+    left: u64,
+    /// Replies still due for the write in flight (1, or 2 with WAIT).
+    due: usize,
+    sent: Instant,
+    /// The bytes of the write in flight (sent again after -TRYAGAIN).
+    last: Vec<u8>,
+}
+
+/// Runs the replicated-writes workload (see [`WriteLoad`]).
+pub fn writes(load: &WriteLoad, stop: &AtomicBool) -> Result<Outcome, String> {
+    if load.clients == 0 || load.requests == 0 || load.keyspace == 0 {
+        return Err("clients, requests and keyspace must be at least 1".into());
+    }
+    let mut poll = Poll::new().map_err(|e| format!("poll: {e}"))?;
+    let mut conns = Vec::with_capacity(load.clients);
+    for (i, c) in connect(load.port, load.clients)?.into_iter().enumerate() {
+        let n = load.requests / load.clients as u64
+            + u64::from((i as u64) < load.requests % load.clients as u64);
+        conns.push(WriteConn {
+            c: Client::new(c, &poll, i)?,
+            left: n,
+            due: 0,
+            sent: Instant::now(),
+            last: Vec::new(),
+        });
+    }
+    let value = vec![b'x'; load.value_size];
+    let wait_n = load.wait.map(|n| n.to_string());
+    let mut rng = SmallRng::seed_from_u64(load.seed);
+    let send = |wc: &mut WriteConn, rng: &mut SmallRng| -> Result<(), String> {
+        wc.last.clear();
+        load.write
+            .encode(rng.random_range(0..load.keyspace), &value, &mut wc.last);
+        wc.due = 1;
+        if let Some(n) = &wait_n {
+            encode(&mut wc.last, &[b"WAIT", n.as_bytes(), b"0"]);
+            wc.due = 2;
+        }
+        wc.left -= 1;
+        wc.sent = Instant::now();
+        let bytes = std::mem::take(&mut wc.last);
+        let r = wc.c.send(&bytes);
+        wc.last = bytes;
+        r
+    };
+    let mut hist = histogram();
+    let mut o = Outcome::default();
+    let t0 = Instant::now();
+    let mut end = t0;
+    let mut busy = 0;
+    for wc in &mut conns {
+        if wc.left > 0 {
+            send(wc, &mut rng)?;
+            busy += 1;
+        }
+    }
+    let mut events = Events::with_capacity(1024);
+    let mut last = Instant::now();
+    while busy > 0 {
+        let done = o.units;
+        wait(&mut poll, &mut events, &mut last, stop, &|| {
+            format!("{done} of {} writes done", load.requests)
+        })?;
+        for ev in events.iter() {
+            let wc = &mut conns[ev.token().0];
+            if !wc.c.on_event(ev)? {
+                continue;
+            }
+            let now = Instant::now();
+            while let Some((r, n)) = parse_reply(wc.c.unparsed())? {
+                wc.c.at += n;
+                // A leader change failed the write before its commit
+                // (TRYAGAIN), or the node has just lost its leadership and
+                // knows no leader yet (READONLY): a client sends it again
+                // (to the same node, which forwards it once it knows the new
+                // leader). With WAIT there is no Raft leader.
+                if load.wait.is_none()
+                    && wc.due == 1
+                    && matches!(&r, Reply::Error(e) if e.starts_with("TRYAGAIN") || e.starts_with("READONLY"))
+                {
+                    o.retried += 1;
+                    let bytes = std::mem::take(&mut wc.last);
+                    let sent = wc.c.send(&bytes);
+                    wc.last = bytes;
+                    sent?;
+                    continue;
+                }
+                match wc.due {
+                    0 => return Err(format!("a reply nothing asked for: {r:?}")),
+                    2 => {
+                        if !load.write.accepts(&r) {
+                            return Err(format!("{} answered {r:?}", load.write.name()));
+                        }
+                    }
+                    _ if load.wait.is_some() => {
+                        let want = i64::from(load.wait.unwrap_or(0));
+                        if !matches!(r, Reply::Int(k) if k >= want) {
+                            return Err(format!("WAIT {want} 0 answered {r:?}"));
+                        }
+                    }
+                    _ => {
+                        if !load.write.accepts(&r) {
+                            return Err(format!("{} answered {r:?}", load.write.name()));
+                        }
+                    }
+                }
+                o.commands += 1;
+                wc.due -= 1;
+                if wc.due == 0 {
+                    record(&mut hist, wc.sent, now);
+                    o.units += 1;
+                }
+            }
+            if wc.due == 0 {
+                end = now;
+                if wc.left > 0 {
+                    send(wc, &mut rng)?;
                 } else {
                     busy -= 1;
                 }

@@ -82,7 +82,8 @@ pub struct Spec<'a> {
     pub fence_ns: u64,
     /// Ember only: size of a new heap, MiB.
     pub heap_mib: u64,
-    /// Ember only: more `ember serve` options (e.g. `--logs 8 --log-size 4mb`).
+    /// More options: of `ember serve` (e.g. `--logs 8 --log-size 4mb`) or of
+    /// `redis-server` (e.g. `--replicaof 127.0.0.1 PORT`).
     pub extra: Vec<String>,
 }
 
@@ -140,7 +141,8 @@ impl Spec<'_> {
                 let mut c = Command::new("redis-server");
                 c.args(["--port", &port, "--bind", "127.0.0.1", "--dir"])
                     .arg(self.dir)
-                    .args(["--daemonize", "no", "--save", ""]);
+                    .args(["--daemonize", "no", "--save", ""])
+                    .args(&self.extra);
                 match mode {
                     RedisMode::Rdb => {
                         c.args(["--appendonly", "no"]);
