@@ -419,8 +419,13 @@ fn fail_all<T>(sh: &Shared<T>, e: &ReplError) {
         .drain()
         .map(|(_, w)| w)
         .collect();
+    // A read did nothing: for it a lost leadership is "not the leader".
+    let re = match e {
+        ReplError::LeaderChanged => ReplError::NotLeader(None),
+        e => e.clone(),
+    };
     for w in reads {
-        let _ = w.send(Err(e.clone()));
+        let _ = w.send(Err(re.clone()));
     }
     let all: Vec<Waiter<T>> = sh
         .waiters

@@ -525,26 +525,34 @@ impl Keyspace {
         let counts = &*self.counts;
         let log_new =
             self.notify.load(std::sync::atomic::Ordering::Relaxed) & crate::notify::NEW != 0;
-        // While a recount runs, the writes and their counts exclude a
-        // recount step.
-        let guard = counts.write_guard();
         let now = now_ms();
         self.outcomes.clear();
-        let r = match &self.repl {
+        let (r, guard) = match &self.repl {
             // A cluster's write: committed by a quorum and applied by the
-            // apply thread before this returns (see `crate::cluster`).
-            Some(c) if !self.local => match c.replicate(&self.staged, &mut self.outcomes) {
-                Ok(index) => {
-                    self.repl_index = index;
-                    Ok(())
-                }
-                Err(crate::cluster::ReplFailure::Store(e)) => Err(KsError::Store(e)),
-                Err(crate::cluster::ReplFailure::Repl(e)) => Err(KsError::Repl(e)),
-            },
-            _ => self
-                .sess
-                .apply_batch(&self.staged, &mut self.outcomes)
-                .map_err(KsError::Store),
+            // apply thread before this returns (see `crate::cluster`). The
+            // recount's guard is not held across that wait (the apply
+            // thread may need it): taken after, for the counts only.
+            Some(c) if !self.local => {
+                let r = match c.replicate(&self.staged, &mut self.outcomes) {
+                    Ok(index) => {
+                        self.repl_index = index;
+                        Ok(())
+                    }
+                    Err(crate::cluster::ReplFailure::Store(e)) => Err(KsError::Store(e)),
+                    Err(crate::cluster::ReplFailure::Repl(e)) => Err(KsError::Repl(e)),
+                };
+                (r, counts.write_guard())
+            }
+            // While a recount runs, the writes and their counts exclude a
+            // recount step.
+            _ => {
+                let guard = counts.write_guard();
+                let r = self
+                    .sess
+                    .apply_batch(&self.staged, &mut self.outcomes)
+                    .map_err(KsError::Store);
+                (r, guard)
+            }
         };
         if matches!(&r, Err(KsError::Store(e)) if matches!(e.kind(), engine::ErrorKind::NoRoom { .. }))
             && self.has_lazy_free()
