@@ -558,8 +558,8 @@ pub fn forwarded<'a>(
 /// when the read arrived (Raft's ReadIndex, batched: see
 /// [`repl::Handle::read_barrier`]). A leader cut off from its majority then
 /// answers no stale read: the read fails when it steps down. Nothing to do
-/// on a lone server, on a follower (its reads were forwarded, or the client
-/// asked for local ones with READONLY), or for a pure write (its entry
+/// on a lone server, on a follower (its reads were forwarded), for a
+/// client that asked for local reads with READONLY, or for a pure write (its entry
 /// commits through the same quorum).
 pub fn read_barrier(
     sh: &Shared,
@@ -571,7 +571,8 @@ pub fn read_barrier(
     };
     let reads = spec.flags.contains(crate::cmd::Flags::READONLY)
         || matches!(spec.name, "exec" | "eval" | "evalsha" | "fcall");
-    if !reads || c.mc.is_some() || !cl.is_leader() {
+    // READONLY asked for this node's own state, wherever it stands.
+    if !reads || c.mc.is_some() || c.readonly || !cl.is_leader() {
         return Ok(());
     }
     match cl.node.read_barrier().recv_timeout(cl.write_timeout) {
