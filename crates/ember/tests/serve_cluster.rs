@@ -178,6 +178,22 @@ impl Link {
     }
 }
 
+/// Cuts every link to and from node `i`.
+fn isolate(links: &[Vec<Option<Link>>], i: usize) {
+    for (j, row) in links.iter().enumerate() {
+        for l in [&links[i][j], &row[i]].into_iter().flatten() {
+            l.cut.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Restores every link.
+fn heal(links: &[Vec<Option<Link>>]) {
+    for l in links.iter().flatten().flatten() {
+        l.cut.store(false, Ordering::Relaxed);
+    }
+}
+
 /// Three nodes whose Raft traffic from node i to node j goes through
 /// `links[i][j]`, so that the test can partition them.
 fn proxied_cluster(dir: &Path) -> (Vec<Node>, Vec<Vec<Option<Link>>>) {
@@ -686,11 +702,7 @@ fn a_partitioned_leader_serves_no_stale_read_and_the_majority_moves_on() {
     let mut old = nodes[li].con();
     let _: () = old.set("k", "1").unwrap();
     // Cut the leader off, both ways.
-    for (j, row) in links.iter().enumerate() {
-        for l in [&links[li][j], &row[li]].into_iter().flatten() {
-            l.cut.store(true, Ordering::Relaxed);
-        }
-    }
+    isolate(&links, li);
     let others: Vec<u16> = ports.iter().copied().filter(|&p| p != lp).collect();
     let np = leader_port(&others);
     let mut new = nodes.iter().find(|n| n.port == np).unwrap().con();
@@ -705,11 +717,7 @@ fn a_partitioned_leader_serves_no_stale_read_and_the_majority_moves_on() {
         "a cut-off leader acknowledged a write"
     );
     // Heal: everyone agrees on the majority's history.
-    for row in &links {
-        for l in row.iter().flatten() {
-            l.cut.store(false, Ordering::Relaxed);
-        }
-    }
+    heal(&links);
     let t = Instant::now();
     for n in &nodes {
         let mut c = n.con();
@@ -883,17 +891,9 @@ fn histories_under_partitions_and_kills_are_linearizable() {
     // A partition of the leader, then healed.
     let lp = leader_port(&ports);
     let li = ports.iter().position(|&p| p == lp).unwrap();
-    for (j, row) in links.iter().enumerate() {
-        for l in [&links[li][j], &row[li]].into_iter().flatten() {
-            l.cut.store(true, Ordering::Relaxed);
-        }
-    }
+    isolate(&links, li);
     std::thread::sleep(Duration::from_millis(1000));
-    for row in &links {
-        for l in row.iter().flatten() {
-            l.cut.store(false, Ordering::Relaxed);
-        }
-    }
+    heal(&links);
     std::thread::sleep(Duration::from_millis(600));
     // SIGKILL of the leader, restarted after a while.
     eprintln!("healed at {:?}", t0.elapsed());
