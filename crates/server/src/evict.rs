@@ -12,8 +12,10 @@
 //! must be freed, estimates what each evicted key frees (MEMORY USAGE's
 //! estimate) and stops when the estimates add up. What it freed is kept as a
 //! *credit*: room made that the used memory does not show. Each write
-//! spends its size from it (it fills the room, or grows the heap; either
-//! way the room is gone), and the credit never exceeds the current excess
+//! spends its size from it, less what the used memory grew since the last
+//! look (a write that reused freed room filled it; one that grew the heap
+//! while the frees were not visible yet left it, and its growth is already
+//! in the excess), and the credit never exceeds the current excess
 //! (so it shrinks as the frees become visible). A round evicts only what
 //! the excess is beyond the credit. So once at the limit about as much is
 //! evicted as is written, and the heap settles near the limit instead of
@@ -334,6 +336,8 @@ pub struct Evictor {
     /// Estimated bytes evicted that the used memory may not show yet and
     /// that writes have not filled.
     credit: AtomicU64,
+    /// The used memory at the last [`make_room_for`] over the limit.
+    last_used: AtomicU64,
     /// The running average of evicted keys' estimates: the size assumed for
     /// a write whose size is not given ([`make_room`]).
     avg_key: AtomicU64,
@@ -360,6 +364,7 @@ impl Evictor {
             heap_max: heap_max.unwrap_or(u64::MAX),
             oom_seen: AtomicU64::new(0),
             credit: AtomicU64::new(0),
+            last_used: AtomicU64::new(0),
             avg_key: AtomicU64::new(1024),
             round: Mutex::new(Round::default()),
             evicted: AtomicU64::new(0),
@@ -535,6 +540,7 @@ pub fn make_room_for(ctx: &mut Ctx, bytes: u64) -> Result<(), CmdError> {
         }
     }
     let used = used_memory(sh);
+    let grown = used.saturating_sub(ev.last_used.swap(used, Ordering::Relaxed));
     if used <= limit {
         if ev.credit.load(Ordering::Relaxed) != 0 {
             ev.credit.store(0, Ordering::Relaxed);
@@ -543,7 +549,14 @@ pub fn make_room_for(ctx: &mut Ctx, bytes: u64) -> Result<(), CmdError> {
     }
     let excess = used - limit;
     // This write spends its size from the room earlier rounds made (which
-    // may exceed the excess by a round's last key).
+    // may exceed the excess by a round's last key), less what the used
+    // memory grew since the last look: a write that grew the heap (its
+    // room's frees not visible yet) left that room unfilled, and counting
+    // it both in the excess and against the credit would evict twice what
+    // is written for as long as the frees lag (the cache emptied by a
+    // starved gleaner or a slow msync).
+    let write = bytes;
+    let bytes = bytes.saturating_sub(grown);
     let cap = excess + 2 * ev.avg_key.load(Ordering::Relaxed);
     let spend = |c: u64| c.min(cap).saturating_sub(bytes);
     let before = ev
@@ -569,7 +582,19 @@ pub fn make_room_for(ctx: &mut Ctx, bytes: u64) -> Result<(), CmdError> {
     let excess = used.saturating_sub(limit);
     let cap = excess + 2 * ev.avg_key.load(Ordering::Relaxed);
     let credit = ev.credit.load(Ordering::Relaxed).min(cap);
-    let need = excess.saturating_sub(credit);
+    let mut need = excess.saturating_sub(credit);
+    // While earlier rounds' frees are in flight (a credit), a jump of the
+    // used memory is mostly transient: a gleaner's batch allocates its
+    // records' values before it frees what they replace or delete, and with
+    // msync a batch is thousands of records. Evicting the whole jump at once
+    // would empty a cache as small as a batch; at most twice the write per
+    // round still brings the memory down (each write evicts more than it
+    // adds) and leaves the transient to pass. Without a credit (the limit
+    // just crossed, or CONFIG SET lowered it) the whole excess is evicted,
+    // as Redis does.
+    if credit > 0 {
+        need = need.min(2 * write.max(ev.avg_key.load(Ordering::Relaxed)));
+    }
     if need == 0 {
         ev.credit.store(credit, Ordering::Relaxed);
         return Ok(());
