@@ -26,7 +26,13 @@ struct Known {
     acked_ops: u64,
 }
 
-fn client_loop(port: u16, id: usize, seed: u64, stop: Arc<AtomicBool>) -> Known {
+fn client_loop(
+    port: u16,
+    id: usize,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+    acks: Arc<std::sync::atomic::AtomicU64>,
+) -> Known {
     let mut k = Known::default();
     let Ok(c) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) else {
         return k;
@@ -84,6 +90,7 @@ fn client_loop(port: u16, id: usize, seed: u64, stop: Arc<AtomicBool>) -> Known 
         }
         k.inflight = None;
         k.acked_ops += 1;
+        acks.fetch_add(1, Ordering::Relaxed);
     }
     k.counter_inflight = false;
     k
@@ -129,15 +136,22 @@ fn kill_cycles(extra: &[&str], cycles: usize, seed: u64) {
     let mut knowns: Vec<Known> = Vec::new();
     for cycle in 0..cycles {
         let stop = Arc::new(AtomicBool::new(false));
+        let acks = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let port = srv.port;
         let handles: Vec<_> = (0..2)
             .map(|id| {
-                let stop = stop.clone();
+                let (stop, acks) = (stop.clone(), acks.clone());
                 let s = seed * 100 + cycle as u64 * 10 + id as u64;
-                std::thread::spawn(move || client_loop(port, id + 2 * cycle, s, stop))
+                std::thread::spawn(move || client_loop(port, id + 2 * cycle, s, stop, acks))
             })
             .collect();
         std::thread::sleep(Duration::from_millis(rng.random_range(200..800u64)));
+        // A loaded machine (msync is a device flush per batch) may have
+        // acknowledged little by then: the kill waits for some writes.
+        let t = std::time::Instant::now();
+        while acks.load(Ordering::Relaxed) < 60 && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         srv.kill9();
         stop.store(true, Ordering::Relaxed);
         for h in handles {
