@@ -93,6 +93,11 @@ impl Drop for Node {
 }
 
 fn cluster(dir: &Path) -> Vec<Node> {
+    cluster_with(dir, &[])
+}
+
+/// Three nodes started with `extra` flags.
+fn cluster_with(dir: &Path, extra: &[&str]) -> Vec<Node> {
     let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
     let peers = ports
         .iter()
@@ -111,7 +116,7 @@ fn cluster(dir: &Path) -> Vec<Node> {
                 peers: peers.clone(),
                 child: None,
                 starts: 0,
-                extra: Vec::new(),
+                extra: extra.iter().map(|s| s.to_string()).collect(),
             };
             n.launch();
             n
@@ -484,11 +489,37 @@ fn kill_under_load(kill_leader: bool) {
         .unwrap();
     let t = Instant::now();
     for n in &nodes {
-        // Each node's own state: reads served locally.
-        let mut c = n.con();
-        let _: () = redis::cmd("READONLY").query(&mut c).unwrap();
+        // Each node's own state: reads served locally. A node sent a
+        // snapshot (it fell further behind than the log keeps) restarts
+        // itself once it installed it: connect again.
+        let local = || -> redis::RedisResult<redis::Connection> {
+            let mut c = redis::Client::open(n.url())?
+                .get_connection_with_timeout(Duration::from_secs(2))?;
+            let () = redis::cmd("READONLY").query(&mut c)?;
+            Ok(c)
+        };
+        let mut c = loop {
+            match local() {
+                Ok(c) => break c,
+                Err(e) => assert!(t.elapsed() < Duration::from_secs(30), "node {}: {e}", n.id),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         loop {
-            let applied: u64 = info(&mut c, "raft_applied_index").parse().unwrap();
+            let applied: u64 = match redis::cmd("INFO")
+                .arg("replication")
+                .query::<String>(&mut c)
+            {
+                Ok(_) => info(&mut c, "raft_applied_index").parse().unwrap(),
+                Err(e) if e.is_io_error() || e.is_connection_dropped() => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    if let Ok(c2) = local() {
+                        c = c2;
+                    }
+                    0
+                }
+                Err(e) => panic!("node {}: {e}", n.id),
+            };
             if applied >= want {
                 break;
             }
@@ -953,4 +984,169 @@ fn histories_under_partitions_and_kills_are_linearizable() {
         "the history of {} operations is not linearizable ({sets} sets, {gets} gets)",
         ops.len()
     );
+}
+
+/// Runs `cmd` at the leader among `ports`, again at the new leader when
+/// the leadership changes meanwhile (a loaded machine may see elections).
+fn at_leader<T: redis::FromRedisValue>(ports: &[u16], cmd: &redis::Cmd) -> T {
+    let t = Instant::now();
+    loop {
+        let p = leader_port(ports);
+        let r = redis::Client::open(format!("redis://127.0.0.1:{p}/"))
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+            .and_then(|mut c| cmd.query(&mut c));
+        match r {
+            Ok(v) => return v,
+            Err(e)
+                if e.is_io_error()
+                    || matches!(e.code(), Some("TRYAGAIN" | "READONLY" | "CLUSTERDOWN")) =>
+            {
+                assert!(t.elapsed() < Duration::from_secs(60), "{e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// Waits until node `n` (read with READONLY: its own state) has the
+/// leader's keyspace: the same DBSIZE and the same values of `keys`.
+fn caught_up(n: &Node, ports: &[u16], keys: &[String]) {
+    let t = Instant::now();
+    loop {
+        let want: i64 = at_leader(ports, &redis::cmd("DBSIZE"));
+        let vals: Vec<Option<String>> = at_leader(ports, redis::cmd("MGET").arg(keys));
+        let got = redis::Client::open(n.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+            .and_then(|mut c| {
+                let () = redis::cmd("READONLY").query(&mut c)?;
+                let size: i64 = redis::cmd("DBSIZE").query(&mut c)?;
+                let v: Vec<Option<String>> = redis::cmd("MGET").arg(keys).query(&mut c)?;
+                Ok((size, v))
+            });
+        if let Ok((size, v)) = &got {
+            if *size == want && *v == vals {
+                return;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "node {} did not catch up: {got:?} vs {want}\n{}",
+            n.id,
+            n.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn set_cmd(k: &str, v: impl redis::ToRedisArgs) -> redis::Cmd {
+    let mut c = redis::cmd("SET");
+    c.arg(k).arg(v);
+    c
+}
+
+/// A follower that was down while the log was compacted past it is sent a
+/// snapshot (the leader's keyspace) and then entries; a node started with
+/// --join is added with RAFT ADD (sent from a follower: forwarded) and
+/// catches up the same way; RAFT REMOVE takes a member out, and the
+/// cluster goes on with the new majority.
+#[test]
+fn snapshots_and_membership_changes_bring_nodes_up_to_date() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = cluster_with(dir.path(), &["--raft-log-keep", "20"]);
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let mut keys = Vec::new();
+    for i in 0..100 {
+        let k = format!("s{i}");
+        let () = at_leader(&ports, &set_cmd(&k, i));
+        keys.push(k);
+    }
+    // A follower goes down; the log moves on and is compacted past it
+    // (non-idempotent writes among them: a snapshot must not replay them).
+    let lp = leader_port(&ports);
+    let fi = nodes.iter().position(|n| n.port != lp).unwrap();
+    nodes[fi].kill9();
+    for i in 0..200 {
+        let _: i64 = at_leader(&ports, redis::cmd("INCR").arg("counter"));
+        let _: i64 = at_leader(&ports, redis::cmd("RPUSH").arg("list").arg(i));
+        let k = format!("t{i}");
+        let () = at_leader(&ports, &set_cmd(&k, i));
+        keys.push(k);
+    }
+    keys.push("counter".into());
+    let info_all: String = at_leader(&ports, redis::cmd("INFO").arg("replication"));
+    let first: u64 = info_all
+        .lines()
+        .find_map(|l| l.strip_prefix("raft_first_index:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(first > 100, "log not compacted: first index {first}");
+    nodes[fi].launch();
+    caught_up(&nodes[fi], &ports, &keys);
+    let len: i64 = at_leader(&ports, redis::cmd("LLEN").arg("list"));
+    assert!(len >= 200, "{len}");
+    // A fourth node joins.
+    let (raft4, port4) = (free_port(), free_port());
+    let peers4 = format!("{},4=127.0.0.1:{raft4}:{port4}", nodes[0].peers);
+    let d4 = dir.path().join("n4");
+    std::fs::create_dir_all(&d4).unwrap();
+    let mut n4 = Node {
+        id: 4,
+        port: port4,
+        dir: d4,
+        peers: peers4,
+        child: None,
+        starts: 0,
+        extra: vec!["--join".into(), "--raft-log-keep".into(), "20".into()],
+    };
+    n4.launch();
+    // Sent to a follower: forwarded to the leader.
+    let lp = leader_port(&ports);
+    let other = nodes.iter().position(|n| n.port != lp).unwrap();
+    let mut oc = nodes[other].con();
+    let add = || {
+        let mut c = redis::cmd("RAFT");
+        c.arg("ADD")
+            .arg(4)
+            .arg(format!("127.0.0.1:{raft4}:{port4}"));
+        c
+    };
+    let r: String = add().query(&mut oc).unwrap();
+    assert_eq!(r, "OK");
+    let e = add().query::<String>(&mut oc).unwrap_err();
+    assert!(e.to_string().contains("already a member"), "{e}");
+    let () = at_leader(&ports, &set_cmd("after-join", "yes"));
+    keys.push("after-join".into());
+    caught_up(&n4, &ports, &keys);
+    let members: Vec<(String, String)> = at_leader(&ports, redis::cmd("RAFT").arg("MEMBERS"));
+    assert_eq!(members.len(), 4, "{members:?}");
+    assert!(members
+        .iter()
+        .any(|(m, _)| m == &format!("4=127.0.0.1:{raft4}:{port4}")));
+    assert_eq!(members.iter().filter(|(_, r)| r == "leader").count(), 1);
+    // A follower among the first three leaves; the other three go on.
+    let lp = leader_port(&ports);
+    let gone = nodes.iter().position(|n| n.port != lp).unwrap();
+    let r: String = at_leader(&ports, redis::cmd("RAFT").arg("REMOVE").arg(nodes[gone].id));
+    assert_eq!(r, "OK");
+    nodes[gone].kill9();
+    let members: Vec<(String, String)> = at_leader(&ports, redis::cmd("RAFT").arg("MEMBERS"));
+    assert_eq!(members.len(), 3, "{members:?}");
+    let mut live: Vec<u16> = ports
+        .iter()
+        .copied()
+        .filter(|&p| p != nodes[gone].port)
+        .collect();
+    live.push(port4);
+    let () = at_leader(&live, &set_cmd("after-remove", "yes"));
+    keys.push("after-remove".into());
+    caught_up(&n4, &live, &keys);
+    // Node 4 restarts on its own heap as a member (no snapshot needed).
+    n4.kill9();
+    n4.launch();
+    let () = at_leader(&live, &set_cmd("after-restart", "yes"));
+    keys.push("after-restart".into());
+    caught_up(&n4, &live, &keys);
 }

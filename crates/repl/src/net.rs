@@ -26,24 +26,39 @@ const MAX_FRAME: usize = 256 << 20;
 /// Outgoing queues, one per peer.
 pub struct Transport {
     peers: HashMap<u64, Sender<Message>>,
+    stop: Arc<AtomicBool>,
 }
 
 impl Transport {
     /// Starts a sender thread per peer (`id` → raft address).
     pub fn start(peers: &[(u64, String)], stop: Arc<AtomicBool>) -> Transport {
-        let mut map = HashMap::new();
+        let mut t = Transport {
+            peers: HashMap::new(),
+            stop,
+        };
         for (id, addr) in peers {
-            let (tx, rx) = std::sync::mpsc::channel();
-            let addr = addr.clone();
-            let stop = stop.clone();
-            let id = *id;
-            std::thread::Builder::new()
-                .name(format!("raft-send-{id}"))
-                .spawn(move || send_loop(&addr, &rx, &stop))
-                .expect("spawn a raft sender thread");
-            map.insert(id, tx);
+            t.add(*id, addr);
         }
-        Transport { peers: map }
+        t
+    }
+
+    /// Starts sending to peer `id` at `addr` (a member added; a new
+    /// address replaces the old).
+    pub fn add(&mut self, id: u64, addr: &str) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let addr = addr.to_string();
+        let stop = self.stop.clone();
+        std::thread::Builder::new()
+            .name(format!("raft-send-{id}"))
+            .spawn(move || send_loop(&addr, &rx, &stop))
+            .expect("spawn a raft sender thread");
+        self.peers.insert(id, tx);
+    }
+
+    /// Stops sending to peer `id` (a member removed): its sender thread
+    /// ends when it sees its queue closed.
+    pub fn remove(&mut self, id: u64) {
+        self.peers.remove(&id);
     }
 
     /// Queues `m` for its recipient (dropped when it is not a peer).
@@ -62,8 +77,10 @@ fn send_loop(addr: &str, rx: &Receiver<Message>, stop: &AtomicBool) {
     let mut conn: Option<BufWriter<TcpStream>> = None;
     let mut buf = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        let Ok(first) = rx.recv_timeout(Duration::from_millis(100)) else {
-            continue;
+        let first = match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(m) => m,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
         };
         if conn.is_none() {
             conn = resolve(addr).and_then(|a| {

@@ -24,8 +24,9 @@
 //! client, as after a timeout).
 
 use crate::storage::{read_applied, HeapStorage};
-use raft::eraftpb::{Entry, EntryType, Message};
-use raft::{Config, RawNode, StateRole};
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChange, ConfChangeType, Entry, EntryType, Message, MessageType, Snapshot};
+use raft::{Config, RawNode, SnapshotStatus, StateRole};
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -41,6 +42,19 @@ pub struct Peer {
     pub raft_addr: String,
     /// host:port where it serves clients (ROLE, INFO, Sentinel answers).
     pub client_addr: String,
+}
+
+impl Peer {
+    /// `ID=HOST:RAFTPORT:PORT`, as `--peers` spells a member.
+    pub fn spec(&self) -> String {
+        let port = self.client_addr.rsplit_once(':').map_or("", |(_, p)| p);
+        format!("{}={}:{port}", self.id, self.raft_addr)
+    }
+}
+
+/// `--peers`' text for `peers`.
+pub fn peers_spec(peers: &[Peer]) -> String {
+    peers.iter().map(Peer::spec).collect::<Vec<_>>().join(",")
 }
 
 /// Parses `--peers`: `ID=HOST:RAFTPORT:PORT` separated by commas.
@@ -90,9 +104,14 @@ pub struct NodeConfig {
     /// Election timeout, in ticks (randomised by raft-rs in [n, 2n)).
     pub election_ticks: usize,
     pub heartbeat_ticks: usize,
-    /// The leader proposes a compaction once this many entries below
-    /// every member's matched and applied index can go.
+    /// The leader proposes a compaction once this many applied entries
+    /// can go (kept for members up to this far behind; a member further
+    /// behind is sent a snapshot).
     pub compact_after: u64,
+    /// A node joining a running cluster: a new log starts with no
+    /// configuration (the leader's snapshot brings it) instead of every
+    /// member in `peers` as voters.
+    pub join: bool,
 }
 
 /// Why a proposal did not apply.
@@ -121,6 +140,9 @@ pub trait StateMachine<T> {
     /// Persists `index` as applied for an entry without data (a new term's
     /// empty entry, a configuration change).
     fn skip(&mut self, index: u64);
+    /// The keyspace as a snapshot's data ([`crate::storage::dump`]), at the
+    /// last applied index (called between entries).
+    fn dump(&mut self) -> Result<Vec<u8>, String>;
     /// Makes what was applied durable (a store with group commit); called
     /// after each run of entries, before their proposers are answered.
     fn sync(&mut self) {}
@@ -159,6 +181,16 @@ pub enum Event {
     Applied(u64),
     /// A linearizable read's barrier (see [`Handle::read_barrier`]).
     Read(u64),
+    /// A membership change to propose (see [`Handle::change`]).
+    Change {
+        seq: u64,
+        cc: ConfChange,
+    },
+    /// The apply thread's dump of the keyspace at applied index `index`.
+    Dumped {
+        index: u64,
+        data: Result<Vec<u8>, String>,
+    },
     Campaign,
     Stop,
 }
@@ -172,11 +204,24 @@ const TAG_DATA: u8 = 0;
 const TAG_COMPACT: u8 = 1;
 type ReadWaiter = SyncSender<Result<(), ReplError>>;
 
+/// What the apply thread is handed.
+enum ApplyMsg {
+    Entries(Vec<Entry>),
+    /// Dump the keyspace for a snapshot (answered with `Event::Dumped`).
+    Dump,
+}
+
 struct Shared<T> {
     id: u64,
     status: Mutex<Status>,
     waiters: Mutex<HashMap<u64, Waiter<T>>>,
     reads: Mutex<HashMap<u64, ReadWaiter>>,
+    changes: Mutex<HashMap<u64, ReadWaiter>>,
+    /// Every member, this node included (changes with the configuration).
+    peers: Mutex<Vec<Peer>>,
+    /// Held by the apply thread while it applies a run of entries: a
+    /// snapshot's install takes it to keep the apply thread out.
+    apply_lock: Mutex<()>,
     next_seq: AtomicU64,
     stop: Arc<AtomicBool>,
     applied: AtomicU64,
@@ -189,7 +234,6 @@ struct Shared<T> {
 pub struct Handle<T> {
     sh: Arc<Shared<T>>,
     inbox: Mutex<Sender<Event>>,
-    peers: Vec<Peer>,
 }
 
 impl<T> Clone for Handle<T> {
@@ -197,7 +241,6 @@ impl<T> Clone for Handle<T> {
         Handle {
             sh: self.sh.clone(),
             inbox: Mutex::new(self.inbox.lock().unwrap_or_else(|p| p.into_inner()).clone()),
-            peers: self.peers.clone(),
         }
     }
 }
@@ -239,6 +282,9 @@ impl<T: Send + 'static> Handle<T> {
             }),
             waiters: Mutex::new(HashMap::new()),
             reads: Mutex::new(HashMap::new()),
+            changes: Mutex::new(HashMap::new()),
+            peers: Mutex::new(cfg.peers.clone()),
+            apply_lock: Mutex::new(()),
             next_seq: AtomicU64::new(1),
             stop: stop.clone(),
             applied: AtomicU64::new(0),
@@ -247,7 +293,7 @@ impl<T: Send + 'static> Handle<T> {
         let (tx, rx) = std::sync::mpsc::channel();
         crate::net::serve(listener, tx.clone(), stop.clone());
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<(), String>>(1);
-        let (apply_tx, apply_rx) = std::sync::mpsc::channel::<Vec<Entry>>();
+        let (apply_tx, apply_rx) = std::sync::mpsc::channel::<ApplyMsg>();
         {
             let sh = sh.clone();
             let cfg = cfg.clone();
@@ -284,7 +330,6 @@ impl<T: Send + 'static> Handle<T> {
         Ok(Handle {
             sh,
             inbox: Mutex::new(tx),
-            peers: cfg.peers,
         })
     }
 
@@ -372,8 +417,55 @@ impl<T: Send + 'static> Handle<T> {
     }
 
     /// Every member, this node included.
-    pub fn peers(&self) -> &[Peer] {
-        &self.peers
+    pub fn peers(&self) -> Vec<Peer> {
+        self.sh
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Proposes a membership change: `add` a member (a node started with
+    /// `join`, which the leader then sends a snapshot), or remove member
+    /// `remove`. The receiver yields once the change is committed and in
+    /// force here. One change at a time (raft-rs refuses a second while
+    /// one is pending).
+    pub fn change(
+        &self,
+        add: Option<Peer>,
+        remove: Option<u64>,
+    ) -> Receiver<Result<(), ReplError>> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        if !self.is_leader() {
+            let _ = tx.send(Err(ReplError::NotLeader(self.status().leader)));
+            return rx;
+        }
+        let mut cc = ConfChange::default();
+        match (add, remove) {
+            (Some(p), _) => {
+                cc.set_change_type(ConfChangeType::AddNode);
+                cc.node_id = p.id;
+                cc.context = p.spec().into_bytes().into();
+            }
+            (None, Some(id)) => {
+                cc.set_change_type(ConfChangeType::RemoveNode);
+                cc.node_id = id;
+            }
+            (None, None) => {
+                let _ = tx.send(Ok(()));
+                return rx;
+            }
+        }
+        let seq = self.sh.next_seq.fetch_add(1, Ordering::Relaxed);
+        self.sh
+            .changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(seq, tx);
+        if !self.send(Event::Change { seq, cc }) {
+            fail_change(&self.sh, seq, ReplError::Stopped("node stopped".into()));
+        }
+        rx
     }
 
     /// Asks this node to start an election now (tests, leader transfer).
@@ -391,6 +483,17 @@ impl<T: Send + 'static> Handle<T> {
 fn fail<T>(sh: &Shared<T>, seq: u64, e: ReplError) {
     if let Some(w) = sh
         .waiters
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&seq)
+    {
+        let _ = w.send(Err(e));
+    }
+}
+
+fn fail_change<T>(sh: &Shared<T>, seq: u64, e: ReplError) {
+    if let Some(w) = sh
+        .changes
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&seq)
@@ -424,7 +527,14 @@ fn fail_all<T>(sh: &Shared<T>, e: &ReplError) {
         ReplError::LeaderChanged => ReplError::NotLeader(None),
         e => e.clone(),
     };
-    for w in reads {
+    let changes: Vec<ReadWaiter> = sh
+        .changes
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain()
+        .map(|(_, w)| w)
+        .collect();
+    for w in reads.into_iter().chain(changes) {
         let _ = w.send(Err(re.clone()));
     }
     let all: Vec<Waiter<T>> = sh
@@ -442,11 +552,23 @@ fn fail_all<T>(sh: &Shared<T>, e: &ReplError) {
 fn apply_loop<T>(
     sh: &Shared<T>,
     mut sm: Box<dyn StateMachine<T>>,
-    rx: &Receiver<Vec<Entry>>,
+    rx: &Receiver<ApplyMsg>,
     inbox: &Sender<Event>,
 ) {
     let mut done = Vec::new();
-    while let Ok(ents) = rx.recv() {
+    while let Ok(msg) = rx.recv() {
+        let ents = match msg {
+            ApplyMsg::Entries(ents) => ents,
+            ApplyMsg::Dump => {
+                let index = sh.applied.load(Ordering::Acquire);
+                let data = sm.dump();
+                if inbox.send(Event::Dumped { index, data }).is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        let _run = sh.apply_lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut last = 0;
         for e in ents {
             // A proposal of this node whose proposer still waits: it gets
@@ -494,7 +616,13 @@ struct Driver<T> {
     node: RawNode<HeapStorage>,
     sh: Arc<Shared<T>>,
     net: crate::net::Transport,
-    apply: Sender<Vec<Entry>>,
+    apply: Sender<ApplyMsg>,
+    /// A dump asked of the apply thread and not answered yet.
+    dumping: bool,
+    /// Snapshots sent, and when raft-rs is told they were delivered (it
+    /// then probes the member again: entries if it installed it, another
+    /// snapshot if not).
+    snaps_sent: Vec<(u64, Instant)>,
     tick: Duration,
     /// The index of this leader's first entry of its term: proposals wait
     /// until it is applied.
@@ -522,11 +650,38 @@ impl<T: Send + 'static> Driver<T> {
         cfg: NodeConfig,
         log_session: Box<dyn FnOnce() -> engine::Result<Box<dyn engine::Session>> + Send>,
         sh: Arc<Shared<T>>,
-        apply: Sender<Vec<Entry>>,
+        apply: Sender<ApplyMsg>,
     ) -> Result<Driver<T>, String> {
         let sess = log_session().map_err(|e| e.to_string())?;
-        let voters: Vec<u64> = cfg.peers.iter().map(|p| p.id).collect();
+        let voters: Vec<u64> = if cfg.join {
+            Vec::new()
+        } else {
+            cfg.peers.iter().map(|p| p.id).collect()
+        };
         let mut store = HeapStorage::open(sess, &voters).map_err(|e| e.to_string())?;
+        // Members added or removed online are known from the log's own
+        // record; `--peers` names this node's address and the first ones.
+        let mut peers = cfg.peers.clone();
+        if let Some(saved) = store.peers().map_err(|e| e.to_string())? {
+            let saved = parse_peers(&saved)?;
+            for p in &mut peers {
+                if let Some(s) = saved.iter().find(|s| s.id == p.id) {
+                    *p = s.clone();
+                }
+            }
+            for s in saved {
+                if !peers.iter().any(|p| p.id == s.id) {
+                    peers.push(s);
+                }
+            }
+        }
+        let cs = store.conf_state();
+        if !cs.voters.is_empty() || !cs.learners.is_empty() {
+            peers.retain(|p| {
+                p.id == cfg.id || cs.voters.contains(&p.id) || cs.learners.contains(&p.id)
+            });
+        }
+        *sh.peers.lock().unwrap_or_else(|p| p.into_inner()) = peers.clone();
         let applied = read_applied(store.session()).map_err(|e| e.to_string())?;
         // Entries are applied only once committed, so a commit index
         // persisted behind the applied one (a heap written before the hard
@@ -546,8 +701,7 @@ impl<T: Send + 'static> Driver<T> {
         rc.validate().map_err(|e| e.to_string())?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let node = RawNode::new(&rc, store, &logger).map_err(|e| e.to_string())?;
-        let others: Vec<(u64, String)> = cfg
-            .peers
+        let others: Vec<(u64, String)> = peers
             .iter()
             .filter(|p| p.id != cfg.id)
             .map(|p| (p.id, p.raft_addr.clone()))
@@ -559,6 +713,8 @@ impl<T: Send + 'static> Driver<T> {
             sh,
             net,
             apply,
+            dumping: false,
+            snaps_sent: Vec::new(),
             tick: cfg.tick,
             term_start: None,
             held: Vec::new(),
@@ -596,6 +752,7 @@ impl<T: Send + 'static> Driver<T> {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
+            self.snapshot_work();
             if Instant::now() >= next_tick {
                 self.maybe_propose_compaction();
                 self.node.tick();
@@ -661,6 +818,41 @@ impl<T: Send + 'static> Driver<T> {
             Event::Campaign => {
                 let _ = self.node.campaign();
             }
+            Event::Change { seq, cc } => {
+                let first = self.node.store().range().0;
+                if self.node.raft.state != StateRole::Leader {
+                    fail_change(&self.sh, seq, ReplError::NotLeader(self.leader()));
+                } else if cc.get_change_type() == ConfChangeType::AddNode && first <= 1 {
+                    // A new member must start from a snapshot (the log's
+                    // start holds no record of the first configuration).
+                    fail_change(
+                        &self.sh,
+                        seq,
+                        ReplError::Stopped(
+                            "the log is not compacted yet; try again shortly".into(),
+                        ),
+                    );
+                } else if let Err(e) = self
+                    .node
+                    .propose_conf_change(ctx_bytes(self.sh.id, seq), cc)
+                {
+                    fail_change(
+                        &self.sh,
+                        seq,
+                        ReplError::Stopped(format!("membership change refused: {e}")),
+                    );
+                }
+            }
+            Event::Dumped { index, data } => {
+                self.dumping = false;
+                match data {
+                    Ok(data) => self.offer_snapshot(index, data),
+                    Err(e) => {
+                        self.halt(format!("making a snapshot: {e}"));
+                        return false;
+                    }
+                }
+            }
             Event::Stop => return false,
         }
         true
@@ -682,7 +874,20 @@ impl<T: Send + 'static> Driver<T> {
             return Ok(());
         }
         let mut rd = self.node.ready();
+        if !rd.snapshot().is_empty() {
+            // The leader's snapshot: this node's keyspace and log are
+            // replaced, then the process starts again on them (its DRAM
+            // state, key counts and TTL index, is rebuilt by the restart).
+            let _hold = self.sh.apply_lock.lock().unwrap_or_else(|p| p.into_inner());
+            let snap = rd.snapshot().clone();
+            self.node
+                .mut_store()
+                .install(&snap, rd.hs())
+                .map_err(|e| format!("installing a snapshot: {e}"))?;
+            return Err(restart_process());
+        }
         for m in rd.take_messages() {
+            self.note_sent(&m);
             self.net.send(m);
         }
         for rs in rd.take_read_states() {
@@ -705,13 +910,14 @@ impl<T: Send + 'static> Driver<T> {
             .persist(rd.entries(), rd.hs())
             .map_err(|e| e.to_string())?;
         let committed = rd.take_committed_entries();
-        self.note_compactions(&committed);
+        self.on_committed(&committed)?;
         if !committed.is_empty() {
             self.apply
-                .send(committed)
+                .send(ApplyMsg::Entries(committed))
                 .map_err(|_| "apply thread ended")?;
         }
         for m in rd.take_persisted_messages() {
+            self.note_sent(&m);
             self.net.send(m);
         }
         // The apply thread reports what it applied (Event::Applied):
@@ -724,14 +930,142 @@ impl<T: Send + 'static> Driver<T> {
                 .map_err(|e| e.to_string())?;
         }
         for m in light.take_messages() {
+            self.note_sent(&m);
             self.net.send(m);
         }
         let committed = light.take_committed_entries();
-        self.note_compactions(&committed);
+        self.on_committed(&committed)?;
         if !committed.is_empty() {
             self.apply
-                .send(committed)
+                .send(ApplyMsg::Entries(committed))
                 .map_err(|_| "apply thread ended")?;
+        }
+        Ok(())
+    }
+
+    /// Notes a snapshot sent: raft-rs waits for its delivery report.
+    fn note_sent(&mut self, m: &Message) {
+        if m.get_msg_type() == MessageType::MsgSnapshot {
+            // Time to send it and for the member to install and restart.
+            let secs = 1 + m.get_snapshot().data.len() as u64 / (20 << 20);
+            self.snaps_sent
+                .push((m.to, Instant::now() + Duration::from_secs(secs)));
+        }
+    }
+
+    /// Snapshot chores: asks the apply thread for a dump when a member
+    /// needs a snapshot, and reports sent snapshots as delivered once their
+    /// time is up.
+    fn snapshot_work(&mut self) {
+        if !self.dumping
+            && self.node.raft.state == StateRole::Leader
+            && self.node.store().snapshot_wanted() > 0
+            && self.apply.send(ApplyMsg::Dump).is_ok()
+        {
+            self.dumping = true;
+        }
+        if self.snaps_sent.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut due = Vec::new();
+        self.snaps_sent.retain(|&(to, at)| {
+            if at <= now {
+                due.push(to);
+                false
+            } else {
+                true
+            }
+        });
+        for to in due {
+            self.node.report_snapshot(to, SnapshotStatus::Finish);
+        }
+    }
+
+    /// Offers a snapshot of the dump made at applied index `index`, with
+    /// its term and the configuration (when the log still knows the term;
+    /// otherwise the next request makes another).
+    fn offer_snapshot(&mut self, index: u64, data: Vec<u8>) {
+        let Some(term) = self.node.store().term_of(index).filter(|_| index > 0) else {
+            return;
+        };
+        // The members' addresses travel with the keyspace.
+        let peers = peers_spec(&self.sh.peers.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut all = Vec::with_capacity(data.len() + peers.len() + 16);
+        crate::storage::push_record(&mut all, crate::storage::PEERS_KEY, peers.as_bytes());
+        all.extend_from_slice(&data);
+        let mut snap = Snapshot {
+            data: all.into(),
+            ..Default::default()
+        };
+        let meta = snap.mut_metadata();
+        meta.index = index;
+        meta.term = term;
+        meta.set_conf_state(self.node.store().conf_state());
+        self.node.mut_store().offer_snapshot(snap);
+    }
+
+    /// Committed entries' effects on the node itself: compaction points,
+    /// and membership changes, put in force here (the configuration and
+    /// the members' addresses persisted, the transport told).
+    fn on_committed(&mut self, ents: &[Entry]) -> Result<(), String> {
+        self.note_compactions(ents);
+        for e in ents {
+            if e.get_entry_type() != EntryType::EntryConfChange {
+                continue;
+            }
+            let Ok(cc) = ConfChange::parse_from_bytes(&e.data) else {
+                return Err(format!("entry {} is not a configuration change", e.index));
+            };
+            let cs = self
+                .node
+                .apply_conf_change(&cc)
+                .map_err(|err| format!("configuration change {}: {err}", e.index))?;
+            let mut peers = self
+                .sh
+                .peers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            match cc.get_change_type() {
+                ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
+                    let spec = String::from_utf8_lossy(&cc.context).into_owned();
+                    if let Ok(p) = parse_peers(&spec) {
+                        for p in p {
+                            peers.retain(|o| o.id != p.id);
+                            if p.id != self.sh.id {
+                                self.net.add(p.id, &p.raft_addr);
+                            }
+                            peers.push(p);
+                        }
+                    }
+                }
+                ConfChangeType::RemoveNode => {
+                    if cc.node_id != self.sh.id {
+                        peers.retain(|o| o.id != cc.node_id);
+                        self.net.remove(cc.node_id);
+                    }
+                }
+            }
+            peers.sort_by_key(|p| p.id);
+            self.node
+                .mut_store()
+                .set_conf(&cs, &peers_spec(&peers))
+                .map_err(|err| err.to_string())?;
+            *self.sh.peers.lock().unwrap_or_else(|p| p.into_inner()) = peers;
+            if let Some((id, seq)) = parse_ctx(&e.context) {
+                if id == self.sh.id {
+                    if let Some(w) = self
+                        .sh
+                        .changes
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&seq)
+                    {
+                        let _ = w.send(Ok(()));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -818,18 +1152,28 @@ impl<T: Send + 'static> Driver<T> {
         Ok(())
     }
 
-    /// At the leader: proposes a compaction when `compact_after` entries
-    /// lie below every member's matched index and this node's applied
-    /// index (so no member will need them: there are no snapshots yet).
+    /// At the leader: proposes a compaction when `compact_after` applied
+    /// entries lie below every member's matched index, or below this
+    /// node's applied index less `compact_after` (a member further behind
+    /// is sent a snapshot). The log's first entries go as soon as they are
+    /// applied: a member joining later must start from a snapshot, which
+    /// carries the configuration (the log does not record the first one).
     fn maybe_propose_compaction(&mut self) {
         let r = &self.node.raft;
         if r.state != StateRole::Leader || self.term_start.is_some_and(|s| self.applied < s) {
             return;
         }
         let matched = r.prs().iter().map(|(_, p)| p.matched).min().unwrap_or(0);
-        let point = matched.min(self.applied);
+        let keep = self.applied.saturating_sub(self.compact_after);
         let first = self.node.store().range().0;
-        if point < first + self.compact_after || point <= self.compaction_proposed {
+        let (point, due) = if first <= 1 {
+            let p = self.applied.min(2);
+            (p, p >= 2)
+        } else {
+            let p = matched.max(keep).min(self.applied);
+            (p, p >= first + self.compact_after)
+        };
+        if !due || point <= self.compaction_proposed {
             return;
         }
         let mut data = vec![TAG_COMPACT];
@@ -879,4 +1223,19 @@ impl<T: Send + 'static> Driver<T> {
             .failed = Some(why.clone());
         fail_all(&self.sh, &ReplError::Stopped(why));
     }
+}
+
+/// Starts this process again with the same arguments (after a snapshot's
+/// install: the server's DRAM state is rebuilt from the heap, as after any
+/// restart). Returns only on failure, with why.
+fn restart_process() -> String {
+    use std::os::unix::process::CommandExt;
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return format!("restarting after a snapshot: {e}"),
+    };
+    let err = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    format!("restarting after a snapshot: {err}")
 }

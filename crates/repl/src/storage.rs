@@ -12,10 +12,20 @@
 //!
 //! Reads (raft-rs asks for entries to send, terms, the range) are served by a
 //! [`MemStorage`] kept equal to what is persisted: loaded once at open and
-//! then written through. Compaction ([`HeapStorage::compact`]) drops the
-//! entries every member already has (the leader decides the point through
-//! a log entry: see `node`); there are no snapshots yet, so a lagging or
-//! restarted follower always catches up from entries.
+//! then written through. Compaction ([`HeapStorage::compact`]) drops
+//! applied entries (the leader decides the point through a log entry: see
+//! `node`); a member that needs entries no longer kept gets a snapshot.
+//!
+//! # Snapshots
+//! A snapshot is the leader's keyspace as it stands at an applied index:
+//! every store key and its stored bytes (the heap's own value encoding, not
+//! a serialisation), produced by [`dump`] while the apply thread is held
+//! between entries. The receiver installs it with [`HeapStorage::install`]:
+//! it marks the store ([`SNAP_MARK`]), replaces every non-Raft key, then in
+//! one batch resets its log to begin after the snapshot, records the
+//! snapshot's index as applied and drops the mark. A store opened with the
+//! mark still there (a crash mid-install) is wiped to an empty log and
+//! keyspace, so that the leader sends the snapshot again.
 
 use engine::{Session, WriteBatch};
 use protobuf::Message as _;
@@ -28,6 +38,13 @@ pub const RAFT_PREFIX: &[u8] = &[0xFF, 0xFF, b'r', b'a', b'f', b't', b'/'];
 /// The last applied index (u64 little-endian), written by the state machine
 /// in the batch of each entry it applies.
 pub const APPLIED_KEY: &[u8] = &[0xFF, 0xFF, b'r', b'a', b'f', b't', b'/', b'a'];
+
+/// Set while a snapshot is being installed (see the module docs).
+pub const SNAP_MARK: &[u8] = &[0xFF, 0xFF, b'r', b'a', b'f', b't', b'/', b's'];
+
+/// The members' addresses (`ID=HOST:RAFTPORT:PORT,...`), kept with the
+/// configuration so that members added online are known after a restart.
+pub const PEERS_KEY: &[u8] = &[0xFF, 0xFF, b'r', b'a', b'f', b't', b'/', b'p'];
 
 fn meta_key(tag: u8) -> Vec<u8> {
     let mut k = RAFT_PREFIX.to_vec();
@@ -68,6 +85,9 @@ pub enum LogError {
 pub struct HeapStorage {
     mem: MemStorage,
     sess: Box<dyn Session>,
+    /// The snapshot on offer and the requests for one (raft-rs asks through
+    /// `&self`).
+    snap: std::sync::Mutex<SnapState>,
     /// The persisted range: entries `first..=last` (none when last < first).
     first: u64,
     last: u64,
@@ -84,6 +104,9 @@ impl HeapStorage {
     /// started with the same list, as raft-rs's bootstrap expects).
     pub fn open(mut sess: Box<dyn Session>, voters: &[u64]) -> Result<HeapStorage, LogError> {
         let mut v = Vec::new();
+        if sess.get(SNAP_MARK, &mut v)? {
+            reset_after_torn_install(&mut *sess)?;
+        }
         let mem = MemStorage::new();
         let (first, last);
         if sess.get(&meta_key(b'r'), &mut v)? {
@@ -145,6 +168,7 @@ impl HeapStorage {
         Ok(HeapStorage {
             mem,
             sess,
+            snap: std::sync::Mutex::new(SnapState::default()),
             first,
             last,
             batch: WriteBatch::new(),
@@ -276,6 +300,121 @@ impl HeapStorage {
             .map_err(|e| LogError::Corrupt(e.to_string()))
     }
 
+    /// Installs snapshot `snap` received from the leader, with the hard
+    /// state `hs` of its Ready: the keyspace becomes the snapshot's (see the
+    /// module docs for the crash-safe order), the log begins after it, and
+    /// its index is the applied index. The caller holds the apply thread.
+    pub fn install(&mut self, snap: &Snapshot, hs: Option<&HardState>) -> Result<(), LogError> {
+        let meta = snap.get_metadata();
+        let (index, term) = (meta.index, meta.term);
+        // Checked before anything changes.
+        for r in records(&snap.data) {
+            r?;
+        }
+        let mut b = WriteBatch::new();
+        b.put(SNAP_MARK, &index.to_le_bytes());
+        self.sess.apply_batch(&b, &mut Vec::new())?;
+        wipe_data(&mut *self.sess)?;
+        b.clear();
+        let mut bytes = 0;
+        for r in records(&snap.data) {
+            let (k, v) = r?;
+            b.put(k, v);
+            bytes += k.len() + v.len();
+            if bytes >= 1 << 20 || b.len() >= 1024 {
+                self.sess.apply_batch(&b, &mut Vec::new())?;
+                b.clear();
+                bytes = 0;
+            }
+        }
+        for i in self.first..=self.last {
+            b.remove(&entry_key(i));
+        }
+        b.put(&meta_key(b'r'), &range_bytes(index + 1, index, term));
+        b.put(
+            &meta_key(b'c'),
+            &meta
+                .get_conf_state()
+                .write_to_bytes()
+                .map_err(|_| corrupt("conf"))?,
+        );
+        let mut hs = hs
+            .cloned()
+            .unwrap_or_else(|| self.mem.rl().hard_state().clone());
+        hs.commit = hs.commit.max(index);
+        hs.term = hs.term.max(term);
+        b.put(
+            &meta_key(b'h'),
+            &hs.write_to_bytes().map_err(|_| corrupt("hard state"))?,
+        );
+        b.put(APPLIED_KEY, &index.to_le_bytes());
+        b.remove(SNAP_MARK);
+        self.sess.apply_batch(&b, &mut Vec::new())?;
+        self.sess.commit()?;
+        self.first = index + 1;
+        self.last = index;
+        let mut core = self.mem.wl();
+        core.apply_snapshot(snap.clone())
+            .map_err(|e| LogError::Corrupt(e.to_string()))?;
+        core.set_hardstate(hs);
+        Ok(())
+    }
+
+    /// Persists a new configuration (a committed membership change) and
+    /// the members' addresses.
+    pub fn set_conf(&mut self, cs: &ConfState, peers: &str) -> Result<(), LogError> {
+        let mut b = WriteBatch::new();
+        b.put(
+            &meta_key(b'c'),
+            &cs.write_to_bytes().map_err(|_| corrupt("conf"))?,
+        );
+        b.put(PEERS_KEY, peers.as_bytes());
+        self.sess.apply_batch(&b, &mut Vec::new())?;
+        self.sess.commit()?;
+        self.mem.wl().set_conf_state(cs.clone());
+        // A snapshot on offer carries the old configuration: a member just
+        // added is not in it and would refuse it.
+        self.snap.lock().unwrap_or_else(|p| p.into_inner()).ready = None;
+        Ok(())
+    }
+
+    /// The configuration now.
+    pub fn conf_state(&self) -> ConfState {
+        self.mem
+            .initial_state()
+            .map(|s| s.conf_state)
+            .unwrap_or_default()
+    }
+
+    /// The members' addresses persisted with the configuration, if any.
+    pub fn peers(&mut self) -> Result<Option<String>, LogError> {
+        let mut v = Vec::new();
+        if !self.sess.get(PEERS_KEY, &mut v)? {
+            return Ok(None);
+        }
+        String::from_utf8(v).map(Some).map_err(|_| corrupt("peers"))
+    }
+
+    /// Offers the snapshot the leader sends to members that need entries
+    /// no longer kept (see [`Storage::snapshot`]).
+    pub fn offer_snapshot(&mut self, snap: Snapshot) {
+        *self.snap.lock().unwrap_or_else(|p| p.into_inner()) = SnapState {
+            ready: Some(snap),
+            wanted: 0,
+        };
+    }
+
+    /// The lowest index a member asked a snapshot for since the last
+    /// offer (0: none asked).
+    pub fn snapshot_wanted(&self) -> u64 {
+        self.snap.lock().unwrap_or_else(|p| p.into_inner()).wanted
+    }
+
+    /// The term of entry `index` when the log still knows it.
+    pub fn term_of(&self, index: u64) -> Option<u64> {
+        self.mem.term(index).ok()
+    }
+
     /// The persisted entries' range.
     pub fn range(&self) -> (u64, u64) {
         (self.first, self.last)
@@ -286,6 +425,127 @@ impl HeapStorage {
     pub fn session(&mut self) -> &mut dyn Session {
         &mut *self.sess
     }
+}
+
+/// Every store key outside the Raft state, in `sess`'s store (a scan may
+/// return a key twice; callers tolerate it).
+fn for_each_data_key(
+    sess: &mut dyn Session,
+    mut f: impl FnMut(&mut dyn Session, Vec<u8>) -> Result<(), LogError>,
+) -> Result<(), LogError> {
+    let mut cursor = 0u64;
+    let mut page = Vec::new();
+    loop {
+        page.clear();
+        let next = sess.scan(cursor, 256, &mut page)?;
+        for k in page.drain(..) {
+            if !k.starts_with(RAFT_PREFIX) {
+                f(sess, k)?;
+            }
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+/// Removes every non-Raft key, in batches of a few hundred.
+fn wipe_data(sess: &mut dyn Session) -> Result<(), LogError> {
+    let mut b = WriteBatch::new();
+    for_each_data_key(sess, |sess, k| {
+        b.remove(&k);
+        if b.len() >= 512 {
+            sess.apply_batch(&b, &mut Vec::new())?;
+            b.clear();
+        }
+        Ok(())
+    })?;
+    if !b.is_empty() {
+        sess.apply_batch(&b, &mut Vec::new())?;
+    }
+    Ok(())
+}
+
+/// A crash interrupted a snapshot's install: the keyspace is neither the
+/// old one nor the snapshot's. Wipes it and the log (keeping the term, the
+/// vote and the configuration) so that the node starts empty and is sent
+/// the snapshot again.
+fn reset_after_torn_install(sess: &mut dyn Session) -> Result<(), LogError> {
+    wipe_data(sess)?;
+    let mut v = Vec::new();
+    let mut b = WriteBatch::new();
+    if sess.get(&meta_key(b'r'), &mut v)? {
+        let r: [u8; 24] = v.as_slice().try_into().map_err(|_| corrupt("range"))?;
+        let first = u64::from_le_bytes(r[0..8].try_into().unwrap_or_default());
+        let last = u64::from_le_bytes(r[8..16].try_into().unwrap_or_default());
+        for i in first..=last {
+            b.remove(&entry_key(i));
+        }
+    }
+    b.put(&meta_key(b'r'), &range_bytes(1, 0, 0));
+    let mut hs = HardState::default();
+    if sess.get(&meta_key(b'h'), &mut v)? {
+        hs = HardState::parse_from_bytes(&v).map_err(|_| corrupt("hard state"))?;
+    }
+    hs.commit = 0;
+    b.put(
+        &meta_key(b'h'),
+        &hs.write_to_bytes().map_err(|_| corrupt("hard state"))?,
+    );
+    b.remove(APPLIED_KEY);
+    b.remove(SNAP_MARK);
+    sess.apply_batch(&b, &mut Vec::new())?;
+    sess.commit()?;
+    Ok(())
+}
+
+/// The keyspace in `sess`'s store as a snapshot's data: every non-Raft
+/// key and its stored bytes, as `u32 LE length, key, u32 LE length,
+/// value` records. The caller holds the apply thread between entries, so
+/// that it is the state at one applied index.
+pub fn dump(sess: &mut dyn Session) -> Result<Vec<u8>, LogError> {
+    let mut out = Vec::new();
+    let mut v = Vec::new();
+    for_each_data_key(sess, |sess, k| {
+        if sess.get(&k, &mut v)? {
+            push_record(&mut out, &k, &v);
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Appends one of [`dump`]'s records (the leader adds the members'
+/// addresses under [`PEERS_KEY`] this way).
+pub fn push_record(out: &mut Vec<u8>, k: &[u8], v: &[u8]) {
+    out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+    out.extend_from_slice(k);
+    out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    out.extend_from_slice(v);
+}
+
+/// Splits [`dump`]'s records.
+fn records(mut data: &[u8]) -> impl Iterator<Item = Result<(&[u8], &[u8]), LogError>> {
+    std::iter::from_fn(move || {
+        if data.is_empty() {
+            return None;
+        }
+        let mut take = || -> Option<&[u8]> {
+            let n = u32::from_le_bytes(data.get(..4)?.try_into().ok()?) as usize;
+            let field = data.get(4..4 + n)?;
+            data = &data[4 + n..];
+            Some(field)
+        };
+        let r = match (take(), take()) {
+            (Some(k), Some(v)) => Ok((k, v)),
+            _ => {
+                data = &[];
+                Err(corrupt("snapshot data"))
+            }
+        };
+        Some(r)
+    })
 }
 
 fn range_bytes(first: u64, last: u64, before_term: u64) -> Vec<u8> {
@@ -323,14 +583,31 @@ impl Storage for HeapStorage {
         self.mem.last_index()
     }
 
-    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
-        // The log is compacted only below every member's matched index,
-        // so raft-rs never needs one: a follower is always sent entries. Refusing (rather than handing
-        // out MemStorage's empty snapshot) keeps a follower from ever
-        // believing it has state it was not sent.
-        let _ = (request_index, to);
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        // The snapshot on offer when it is recent enough; otherwise the
+        // request is noted (the node has one made off this thread: a dump
+        // of the keyspace) and raft-rs asks again later.
+        let mut st = self.snap.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = &st.ready {
+            let i = s.get_metadata().index;
+            if i >= request_index && i + 1 >= self.first {
+                return Ok(s.clone());
+            }
+        }
+        st.wanted = if st.wanted == 0 {
+            request_index.max(1)
+        } else {
+            st.wanted.min(request_index.max(1))
+        };
         Err(raft::Error::Store(
             raft::StorageError::SnapshotTemporarilyUnavailable,
         ))
     }
+}
+
+/// The snapshot a leader offers, and what was asked for since.
+#[derive(Default)]
+struct SnapState {
+    ready: Option<Snapshot>,
+    wanted: u64,
 }

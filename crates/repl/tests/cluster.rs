@@ -94,6 +94,86 @@ fn the_log_survives_a_reopen_a_conflicting_suffix_is_replaced_and_compaction_dro
     assert_eq!(Entry::parse_from_bytes(&raw).unwrap().term, 2);
 }
 
+/// A snapshot's install replaces the keyspace and the log in a crash-safe
+/// order: a store opened with the install's mark still set (a crash in the
+/// middle) is wiped to an empty keyspace and log, keeping term, vote and
+/// configuration, so that the leader sends the snapshot again.
+#[test]
+fn a_snapshot_installs_and_a_torn_install_is_wiped_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h");
+    let heap = Heap::create(&path, &heap_opts()).unwrap();
+    let st = DirectStore::create(&heap, &Default::default()).unwrap();
+    // The leader's side: a keyspace and its dump.
+    let mut src = st.session().unwrap();
+    let mut b = WriteBatch::new();
+    for i in 0..300u32 {
+        b.put(format!("k{i}").as_bytes(), format!("v{i}").as_bytes());
+    }
+    src.apply_batch(&b, &mut Vec::new()).unwrap();
+    let data = repl::storage::dump(&mut src).unwrap();
+    // The receiver (same store here: its keys are replaced by the
+    // snapshot's, so first make them differ).
+    let mut b = WriteBatch::new();
+    b.put(b"old", b"x");
+    b.remove(b"k7");
+    src.apply_batch(&b, &mut Vec::new()).unwrap();
+    let mut log = HeapStorage::open(Box::new(st.session().unwrap()), &[1, 2, 3]).unwrap();
+    log.persist(
+        &(1..=5).map(|i| entry(i, 1, b"e")).collect::<Vec<_>>(),
+        Some(&HardState {
+            term: 1,
+            vote: 1,
+            commit: 5,
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    let mut snap = raft::eraftpb::Snapshot {
+        data: data.clone().into(),
+        ..Default::default()
+    };
+    snap.mut_metadata().index = 40;
+    snap.mut_metadata().term = 3;
+    snap.mut_metadata().mut_conf_state().voters = vec![1, 2, 3, 4];
+    // Corrupt data is refused before anything changes.
+    let mut bad = snap.clone();
+    bad.data = data[..data.len() - 1].to_vec().into();
+    assert!(log.install(&bad, None).is_err());
+    assert!(src.get(b"old", &mut Vec::new()).unwrap());
+    log.install(&snap, None).unwrap();
+    assert_eq!(log.range(), (41, 40));
+    assert_eq!(log.term(40).unwrap(), 3);
+    let rs = log.initial_state().unwrap();
+    assert_eq!(rs.hard_state.commit, 40);
+    assert_eq!(rs.conf_state.voters, vec![1, 2, 3, 4]);
+    assert_eq!(repl::read_applied(&mut src).unwrap(), 40);
+    assert!(!src.get(b"old", &mut Vec::new()).unwrap());
+    let mut v = Vec::new();
+    assert!(src.get(b"k7", &mut v).unwrap());
+    assert_eq!(v, b"v7");
+    assert!(!src.get(&repl::entry_key(3), &mut Vec::new()).unwrap());
+    drop(log);
+    // A torn install: the mark is set and the keyspace half loaded.
+    let mut b = WriteBatch::new();
+    b.put(repl::storage::SNAP_MARK, &41u64.to_le_bytes());
+    b.put(b"half", b"loaded");
+    src.apply_batch(&b, &mut Vec::new()).unwrap();
+    let mut log = HeapStorage::open(Box::new(st.session().unwrap()), &[9]).unwrap();
+    assert_eq!(log.range(), (1, 0));
+    let rs = log.initial_state().unwrap();
+    assert_eq!(rs.hard_state.commit, 0);
+    assert_eq!(rs.hard_state.term, 3);
+    assert_eq!(rs.conf_state.voters, vec![1, 2, 3, 4]);
+    assert_eq!(repl::read_applied(log.session()).unwrap(), 0);
+    for k in [&b"half"[..], b"k7", repl::storage::SNAP_MARK] {
+        assert!(!src.get(k, &mut Vec::new()).unwrap(), "{k:?} kept");
+    }
+    drop(log);
+    drop(src);
+    st.close().unwrap();
+}
+
 /// What a test state machine saw: (index, data) in apply order.
 type Seen = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
 
@@ -116,6 +196,9 @@ impl StateMachine<u64> for Sm {
         let mut b = WriteBatch::new();
         b.put(APPLIED_KEY, &index.to_le_bytes());
         self.sess.apply_batch(&b, &mut Vec::new()).unwrap();
+    }
+    fn dump(&mut self) -> Result<Vec<u8>, String> {
+        repl::storage::dump(&mut *self.sess).map_err(|e| e.to_string())
     }
 }
 
@@ -143,6 +226,7 @@ fn start(id: u64, peers: &[Peer]) -> TestNode {
         election_ticks: 10,
         heartbeat_ticks: 2,
         compact_after: 50,
+        join: false,
     };
     let (s1, s2) = (store.clone(), store.clone());
     let seen2 = seen.clone();

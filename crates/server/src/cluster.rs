@@ -86,7 +86,7 @@ impl Cluster {
 
     /// The client address (host, port) of member `id` (empty when unknown).
     fn client_addr(&self, id: Option<u64>) -> (String, u16) {
-        id.and_then(|id| self.node.peers().iter().find(|p| p.id == id))
+        id.and_then(|id| self.node.peers().into_iter().find(|p| p.id == id))
             .map(|p| split_addr(&p.client_addr))
             .unwrap_or_default()
     }
@@ -176,6 +176,10 @@ impl repl::StateMachine<ApplyOut> for Applier {
     fn failed(&self) -> Option<String> {
         self.failed.clone()
     }
+
+    fn dump(&mut self) -> Result<Vec<u8>, String> {
+        repl::storage::dump(&mut *self.ks.sess).map_err(|e| e.to_string())
+    }
 }
 
 /// Starts this node when the configuration names one (`node-id`).
@@ -210,7 +214,8 @@ pub fn start(sh: &Arc<Shared>) -> Result<Option<Arc<Cluster>>, String> {
         tick,
         election_ticks: c.raft_election_ticks as usize,
         heartbeat_ticks: 2.min(c.raft_election_ticks as usize - 1).max(1),
-        compact_after: 10_000,
+        compact_after: c.raft_log_keep,
+        join: c.join,
     };
     drop(c);
     let (s1, s2) = (sh.clone(), sh.clone());
@@ -359,6 +364,21 @@ fn sentinel_state(fields: &[(&str, String)]) -> proto::Reply {
     )
 }
 
+/// This server's cluster node, for a command (`what`) that needs one.
+fn node_for<'a>(
+    ctx: &crate::cmd::Ctx<'a>,
+    what: &str,
+) -> Result<&'a Cluster, crate::cmd::CmdError> {
+    ctx.sh
+        .cluster
+        .get()
+        .map(|c| &**c)
+        .ok_or_else(|| crate::cmd::CmdError::NotSupported {
+            what: what.into(),
+            why: " on a server that is not a node of a cluster (start it with --node-id and --peers)",
+        })
+}
+
 /// SENTINEL's discovery subcommands, answered by every node of a cluster as
 /// a Sentinel watching it would, so that Sentinel-aware clients (redis-py's
 /// `Sentinel`, Jedis, go-redis failover) find the leader: the cluster is
@@ -374,13 +394,7 @@ pub fn sentinel(
 ) -> crate::cmd::R {
     use crate::cmd::{eq, CmdError};
     use proto::Reply;
-    let Some(cl) = ctx.sh.cluster.get() else {
-        return Err(CmdError::NotSupported {
-            what: "SENTINEL".into(),
-            why:
-                " on a server that is not a node of a cluster (start it with --node-id and --peers)",
-        });
-    };
+    let cl = node_for(ctx, "SENTINEL")?;
     let sub = &a[1];
     let named = |i: usize| {
         a.get(i)
@@ -389,7 +403,7 @@ pub fn sentinel(
     let st = cl.node.status();
     let leader = st.leader.filter(|_| st.failed.is_none());
     let (lh, lp) = cl.client_addr(leader);
-    let others: Vec<&repl::Peer> = cl.node.peers().iter().collect();
+    let others: Vec<repl::Peer> = cl.node.peers();
     let master = || {
         let flags = if leader.is_some() {
             "master"
@@ -543,9 +557,10 @@ pub fn forwarded<'a>(
     }
     let read = f.contains(Flags::READONLY) && !c.readonly;
     // Scripts may write (their _RO forms are READONLY).
+    // RAFT: membership changes are the leader's to propose.
     let conn = matches!(
         spec.name,
-        "watch" | "unwatch" | "eval" | "evalsha" | "fcall"
+        "watch" | "unwatch" | "eval" | "evalsha" | "fcall" | "raft"
     ) || (spec.name == "exec" && c.multi.as_ref().is_some_and(|m| !m.dirty))
         // The client's writes went through the leader: it counts for them.
         || (spec.name == "wait" && c.fwd.is_some());
@@ -828,5 +843,100 @@ fn set_readonly(ctx: &crate::cmd::Ctx, c: &mut crate::server::Client, on: bool) 
     }
     c.readonly = on;
     c.ok();
+    Ok(())
+}
+
+/// RAFT: membership of the cluster, online.
+/// - `RAFT MEMBERS`: each member as `ID=HOST:RAFTPORT:PORT` and its role
+///   (leader, voter) as this node knows them.
+/// - `RAFT ADD ID HOST:RAFTPORT:PORT`: adds a member (a node started with
+///   `--join` and that id; the leader sends it a snapshot, then entries).
+/// - `RAFT REMOVE ID`: removes a member (stop its process afterwards).
+///
+/// ADD and REMOVE are forwarded to the leader from a follower and answer
+/// once the change is committed and in force.
+pub fn raft(
+    ctx: &mut crate::cmd::Ctx,
+    c: &mut crate::server::Client,
+    a: &[Vec<u8>],
+) -> crate::cmd::R {
+    use crate::cmd::{eq, CmdError};
+    use proto::Reply;
+    let cl = node_for(ctx, "RAFT")?;
+    let sub = &a[1];
+    let id_arg = |i: usize| -> Result<u64, CmdError> {
+        std::str::from_utf8(&a[i])
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .filter(|&n| n > 0)
+            .ok_or(CmdError::Msg("member id must be a positive integer"))
+    };
+    let wait = |rx: std::sync::mpsc::Receiver<Result<(), repl::ReplError>>| match rx
+        .recv_timeout(cl.write_timeout)
+    {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(CmdError::Text(error_text(&e))),
+        Err(_) => Err(CmdError::Text(error_text(&repl::ReplError::Stopped(
+            "no quorum answered in time".into(),
+        )))),
+    };
+    if eq(sub, "members") && a.len() == 2 {
+        let st = cl.node.status();
+        let rows = cl
+            .node
+            .peers()
+            .iter()
+            .map(|p| {
+                let role = if Some(p.id) == st.leader {
+                    "leader"
+                } else {
+                    "voter"
+                };
+                Reply::Array(vec![
+                    Reply::Bulk(p.spec().into_bytes()),
+                    Reply::Bulk(role.as_bytes().to_vec()),
+                ])
+            })
+            .collect();
+        c.reply(&Reply::Array(rows));
+    } else if eq(sub, "add") && a.len() == 4 {
+        let id = id_arg(2)?;
+        let spec = format!("{id}={}", String::from_utf8_lossy(&a[3]));
+        let peer = repl::parse_peers(&spec)
+            .map_err(|e| CmdError::Text(format!("ERR {e}")))?
+            .remove(0);
+        if cl.node.peers().iter().any(|p| p.id == id) {
+            return Err(CmdError::Text(format!("ERR node {id} is already a member")));
+        }
+        wait(cl.node.change(Some(peer), None))?;
+        c.ok();
+    } else if eq(sub, "remove") && a.len() == 3 {
+        let id = id_arg(2)?;
+        if !cl.node.peers().iter().any(|p| p.id == id) {
+            return Err(CmdError::Text(format!("ERR node {id} is not a member")));
+        }
+        wait(cl.node.change(None, Some(id)))?;
+        c.ok();
+    } else if eq(sub, "help") && a.len() == 2 {
+        crate::cmd::help(
+            c,
+            &[
+                "RAFT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "MEMBERS",
+                "    Return each member as ID=HOST:RAFTPORT:PORT and its role.",
+                "ADD <id> <host:raftport:port>",
+                "    Add a member (a node started with --join and that --node-id).",
+                "REMOVE <id>",
+                "    Remove a member.",
+                "HELP",
+                "    Print this help.",
+            ],
+        );
+    } else {
+        return Err(CmdError::Text(format!(
+            "ERR unknown subcommand or wrong number of arguments for '{}'. Try RAFT HELP.",
+            String::from_utf8_lossy(sub)
+        )));
+    }
     Ok(())
 }

@@ -181,6 +181,16 @@ pub struct ServeArgs {
     /// election (randomised up to twice this) [default: 10].
     #[arg(long, value_name = "N")]
     pub raft_election_ticks: Option<u64>,
+    /// Join a running cluster: a new heap starts with no configuration and
+    /// waits for the leader's snapshot (add the node with `RAFT ADD` at any
+    /// member) instead of bootstrapping a cluster of the --peers
+    /// [default: no].
+    #[arg(long, value_name = "yes|no", num_args = 0..=1, default_missing_value = "yes")]
+    pub join: Option<String>,
+    /// Applied Raft entries kept for members that fall behind; a member
+    /// further behind is sent a snapshot [default: 10000].
+    #[arg(long, value_name = "N")]
+    pub raft_log_keep: Option<u64>,
     /// Output a client may have pending: "<class> <hard> <soft> <seconds>"
     /// for class normal, replica or pubsub, as Redis's directive; a client
     /// above the hard limit, or above the soft limit for longer than the
@@ -427,6 +437,10 @@ pub struct Config {
     pub peers: String,
     pub raft_tick_ms: u64,
     pub raft_election_ticks: u64,
+    /// `join`: start with no configuration, to be added to a running
+    /// cluster; `raft-log-keep`: applied entries kept for lagging members.
+    pub join: bool,
+    pub raft_log_keep: u64,
     /// `client-output-buffer-limit` per class (`OBUF_CLASSES`).
     pub client_output_buffer_limit: [ObufLimit; 3],
     /// Bytes above which a sparse HyperLogLog becomes dense (Redis's
@@ -501,6 +515,8 @@ impl Default for Config {
             peers: String::new(),
             raft_tick_ms: 5,
             raft_election_ticks: 10,
+            join: false,
+            raft_log_keep: 10_000,
             memcached_item_size_max: MB,
             // Redis 7.0's defaults.
             client_output_buffer_limit: [
@@ -647,6 +663,8 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("peers", false),
     ("raft-tick-ms", false),
     ("raft-election-ticks", false),
+    ("join", false),
+    ("raft-log-keep", false),
     ("client-output-buffer-limit", true),
     ("hll-sparse-max-bytes", true),
     ("tracking-table-max-keys", true),
@@ -922,6 +940,14 @@ impl Config {
                     .filter(|n| (3..=10_000).contains(n))
                     .ok_or_else(|| "raft-election-ticks must be between 3 and 10000".to_string())?
             }
+            "join" => self.join = parse_bool(one()?)?,
+            "raft-log-keep" => {
+                self.raft_log_keep = one()?
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1_000_000_000).contains(n))
+                    .ok_or_else(|| "raft-log-keep must be between 1 and 1000000000".to_string())?
+            }
             "memcached-item-size-max" => {
                 let n = parse_size(one()?)?;
                 if !(1024..=512 * MB).contains(&n) {
@@ -1116,6 +1142,8 @@ impl Config {
             "raft-election-ticks",
             a.raft_election_ticks.map(|v| v.to_string()),
         )?;
+        set("join", a.join.clone())?;
+        set("raft-log-keep", a.raft_log_keep.map(|v| v.to_string()))?;
         set(
             "client-output-buffer-limit",
             a.client_output_buffer_limit.clone(),
@@ -1183,6 +1211,8 @@ impl Config {
             "peers" => self.peers.clone(),
             "raft-tick-ms" => self.raft_tick_ms.to_string(),
             "raft-election-ticks" => self.raft_election_ticks.to_string(),
+            "join" => if self.join { "yes" } else { "no" }.into(),
+            "raft-log-keep" => self.raft_log_keep.to_string(),
             "client-output-buffer-limit" => OBUF_CLASSES
                 .iter()
                 .zip(&self.client_output_buffer_limit)

@@ -554,6 +554,7 @@ pub static TABLE: &[Spec] = &[
     spec!("readonly", 1, [FAST, LOADING, STALE], [CONNECTION], (0, 0, 0), "cluster", "3.0.0", "Enables read-only queries for a connection to a Redis Cluster replica node.", crate::cluster::readonly),
     spec!("readwrite", 1, [FAST, LOADING, STALE], [CONNECTION], (0, 0, 0), "cluster", "3.0.0", "Enables read-write queries for a connection to a Reids Cluster replica node.", crate::cluster::readwrite),
     spec!("sentinel", -2, [ADMIN, NOSCRIPT, LOADING, STALE], [], (0, 0, 0), "sentinel", "2.8.4", "Answers Sentinel's discovery commands for a cluster: its leader as the master.", crate::cluster::sentinel),
+    spec!("raft", -2, [ADMIN, NOSCRIPT, LOADING, STALE], [], (0, 0, 0), "server", "7.0.0", "Lists, adds and removes the members of a replicated cluster (an Ember command).", crate::cluster::raft),
     spec!("role", 1, [NOSCRIPT, LOADING, STALE, FAST], [ADMIN, DANGEROUS], (0, 0, 0), "server", "2.8.12", "Returns the replication role.", crate::cluster::role),
     spec!("lastsave", 1, [LOADING, STALE, FAST], [ADMIN, DANGEROUS], (0, 0, 0), "server", "1.0.0", "Returns the Unix timestamp of the last successful save to disk.", admin::lastsave),
     spec!("save", 1, [ADMIN, NOSCRIPT], [], (0, 0, 0), "server", "1.0.0", "Synchronously saves the database(s) to disk.", admin::save),
