@@ -1083,6 +1083,14 @@ fn snapshots_and_membership_changes_bring_nodes_up_to_date() {
         .parse()
         .unwrap();
     assert!(first > 100, "log not compacted: first index {first}");
+    // SIGKILL while it may be installing the snapshot (the kill lands
+    // anywhere from before the transfer to after the restart): whatever
+    // was torn is wiped at the next start and the snapshot sent again.
+    for pause in [30, 120, 250] {
+        nodes[fi].launch();
+        std::thread::sleep(Duration::from_millis(pause));
+        nodes[fi].kill9();
+    }
     nodes[fi].launch();
     caught_up(&nodes[fi], &ports, &keys);
     let len: i64 = at_leader(&ports, redis::cmd("LLEN").arg("list"));

@@ -112,6 +112,9 @@ pub struct NodeConfig {
     /// configuration (the leader's snapshot brings it) instead of every
     /// member in `peers` as voters.
     pub join: bool,
+    /// Where a snapshot received is kept while it is installed (beside the
+    /// heap); None: this node cannot install one.
+    pub snapshot_file: Option<std::path::PathBuf>,
 }
 
 /// Why a proposal did not apply.
@@ -658,7 +661,8 @@ impl<T: Send + 'static> Driver<T> {
         } else {
             cfg.peers.iter().map(|p| p.id).collect()
         };
-        let mut store = HeapStorage::open(sess, &voters).map_err(|e| e.to_string())?;
+        let mut store = HeapStorage::open_with(sess, &voters, cfg.snapshot_file.clone())
+            .map_err(|e| e.to_string())?;
         // Members added or removed online are known from the log's own
         // record; `--peers` names this node's address and the first ones.
         let mut peers = cfg.peers.clone();

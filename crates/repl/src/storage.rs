@@ -21,11 +21,14 @@
 //! every store key and its stored bytes (the heap's own value encoding, not
 //! a serialisation), produced by [`dump`] while the apply thread is held
 //! between entries. The receiver installs it with [`HeapStorage::install`]:
-//! it marks the store ([`SNAP_MARK`]), replaces every non-Raft key, then in
-//! one batch resets its log to begin after the snapshot, records the
-//! snapshot's index as applied and drops the mark. A store opened with the
-//! mark still there (a crash mid-install) is wiped to an empty log and
-//! keyspace, so that the leader sends the snapshot again.
+//! it writes the snapshot to a file beside the heap (synced), marks the
+//! store ([`SNAP_MARK`]: the file's length and CRC-32), replaces every
+//! non-Raft key, then in one batch resets its log to begin after the
+//! snapshot, records the snapshot's index as applied and drops the mark,
+//! and removes the file. A store opened with the mark still there (a crash
+//! mid-install) finishes the install from the file: it rolls forward,
+//! never back, since the node may have told the leader that it holds
+//! entries the snapshot replaces.
 
 use engine::{Session, WriteBatch};
 use protobuf::Message as _;
@@ -85,6 +88,8 @@ pub enum LogError {
 pub struct HeapStorage {
     mem: MemStorage,
     sess: Box<dyn Session>,
+    /// Where a snapshot being installed is kept until it is in.
+    snap_file: Option<std::path::PathBuf>,
     /// The snapshot on offer and the requests for one (raft-rs asks through
     /// `&self`).
     snap: std::sync::Mutex<SnapState>,
@@ -102,10 +107,20 @@ impl HeapStorage {
     /// Opens the log kept in `sess`'s store. A store with no log yet starts
     /// one whose configuration is `voters` (every node of a new cluster is
     /// started with the same list, as raft-rs's bootstrap expects).
-    pub fn open(mut sess: Box<dyn Session>, voters: &[u64]) -> Result<HeapStorage, LogError> {
+    pub fn open(sess: Box<dyn Session>, voters: &[u64]) -> Result<HeapStorage, LogError> {
+        Self::open_with(sess, voters, None)
+    }
+
+    /// [`Self::open`], with the file where a snapshot being installed is
+    /// kept (`None`: snapshots cannot be installed).
+    pub fn open_with(
+        mut sess: Box<dyn Session>,
+        voters: &[u64],
+        snap_file: Option<std::path::PathBuf>,
+    ) -> Result<HeapStorage, LogError> {
         let mut v = Vec::new();
         if sess.get(SNAP_MARK, &mut v)? {
-            reset_after_torn_install(&mut *sess)?;
+            finish_torn_install(&mut *sess, &v, snap_file.as_deref())?;
         }
         let mem = MemStorage::new();
         let (first, last);
@@ -168,6 +183,7 @@ impl HeapStorage {
         Ok(HeapStorage {
             mem,
             sess,
+            snap_file,
             snap: std::sync::Mutex::new(SnapState::default()),
             first,
             last,
@@ -305,52 +321,31 @@ impl HeapStorage {
     /// module docs for the crash-safe order), the log begins after it, and
     /// its index is the applied index. The caller holds the apply thread.
     pub fn install(&mut self, snap: &Snapshot, hs: Option<&HardState>) -> Result<(), LogError> {
-        let meta = snap.get_metadata();
-        let (index, term) = (meta.index, meta.term);
         // Checked before anything changes.
         for r in records(&snap.data) {
             r?;
         }
+        let path = self
+            .snap_file
+            .clone()
+            .ok_or_else(|| corrupt("no file to install a snapshot through"))?;
+        let bytes = snap.write_to_bytes().map_err(|_| corrupt("snapshot"))?;
+        write_synced(&path, &bytes).map_err(|e| {
+            LogError::Corrupt(format!("writing the snapshot to {}: {e}", path.display()))
+        })?;
+        let mut mark = Vec::with_capacity(12);
+        mark.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        mark.extend_from_slice(&crc32fast::hash(&bytes).to_le_bytes());
         let mut b = WriteBatch::new();
-        b.put(SNAP_MARK, &index.to_le_bytes());
-        self.sess.apply_batch(&b, &mut Vec::new())?;
-        wipe_data(&mut *self.sess)?;
-        b.clear();
-        let mut bytes = 0;
-        for r in records(&snap.data) {
-            let (k, v) = r?;
-            b.put(k, v);
-            bytes += k.len() + v.len();
-            if bytes >= 1 << 20 || b.len() >= 1024 {
-                self.sess.apply_batch(&b, &mut Vec::new())?;
-                b.clear();
-                bytes = 0;
-            }
-        }
-        for i in self.first..=self.last {
-            b.remove(&entry_key(i));
-        }
-        b.put(&meta_key(b'r'), &range_bytes(index + 1, index, term));
-        b.put(
-            &meta_key(b'c'),
-            &meta
-                .get_conf_state()
-                .write_to_bytes()
-                .map_err(|_| corrupt("conf"))?,
-        );
-        let mut hs = hs
-            .cloned()
-            .unwrap_or_else(|| self.mem.rl().hard_state().clone());
-        hs.commit = hs.commit.max(index);
-        hs.term = hs.term.max(term);
-        b.put(
-            &meta_key(b'h'),
-            &hs.write_to_bytes().map_err(|_| corrupt("hard state"))?,
-        );
-        b.put(APPLIED_KEY, &index.to_le_bytes());
-        b.remove(SNAP_MARK);
+        b.put(SNAP_MARK, &mark);
         self.sess.apply_batch(&b, &mut Vec::new())?;
         self.sess.commit()?;
+        let hs = hs
+            .cloned()
+            .unwrap_or_else(|| self.mem.rl().hard_state().clone());
+        let hs = install_store(&mut *self.sess, snap, hs, self.first, self.last)?;
+        let _ = std::fs::remove_file(&path);
+        let index = snap.get_metadata().index;
         self.first = index + 1;
         self.last = index;
         let mut core = self.mem.wl();
@@ -467,36 +462,113 @@ fn wipe_data(sess: &mut dyn Session) -> Result<(), LogError> {
     Ok(())
 }
 
-/// A crash interrupted a snapshot's install: the keyspace is neither the
-/// old one nor the snapshot's. Wipes it and the log (keeping the term, the
-/// vote and the configuration) so that the node starts empty and is sent
-/// the snapshot again.
-fn reset_after_torn_install(sess: &mut dyn Session) -> Result<(), LogError> {
-    wipe_data(sess)?;
+/// A crash interrupted a snapshot's install (`mark`: [`SNAP_MARK`]'s
+/// value): finishes it from the snapshot's file.
+fn finish_torn_install(
+    sess: &mut dyn Session,
+    mark: &[u8],
+    snap_file: Option<&std::path::Path>,
+) -> Result<(), LogError> {
+    let m: [u8; 12] = mark.try_into().map_err(|_| corrupt("snapshot mark"))?;
+    let len = u64::from_le_bytes(m[0..8].try_into().unwrap_or_default());
+    let crc = u32::from_le_bytes(m[8..12].try_into().unwrap_or_default());
+    let path = snap_file
+        .ok_or_else(|| corrupt("a snapshot's install was interrupted; its file is unknown"))?;
+    let bytes = std::fs::read(path).map_err(|e| {
+        LogError::Corrupt(format!(
+            "a snapshot's install was interrupted and its file {} cannot be read: {e}",
+            path.display()
+        ))
+    })?;
+    if bytes.len() as u64 != len || crc32fast::hash(&bytes) != crc {
+        return Err(LogError::Corrupt(format!(
+            "a snapshot's install was interrupted and its file {} does not match",
+            path.display()
+        )));
+    }
+    let snap = Snapshot::parse_from_bytes(&bytes).map_err(|_| corrupt("snapshot file"))?;
     let mut v = Vec::new();
-    let mut b = WriteBatch::new();
+    let (mut first, mut last) = (1, 0);
     if sess.get(&meta_key(b'r'), &mut v)? {
         let r: [u8; 24] = v.as_slice().try_into().map_err(|_| corrupt("range"))?;
-        let first = u64::from_le_bytes(r[0..8].try_into().unwrap_or_default());
-        let last = u64::from_le_bytes(r[8..16].try_into().unwrap_or_default());
-        for i in first..=last {
-            b.remove(&entry_key(i));
-        }
+        first = u64::from_le_bytes(r[0..8].try_into().unwrap_or_default());
+        last = u64::from_le_bytes(r[8..16].try_into().unwrap_or_default());
     }
-    b.put(&meta_key(b'r'), &range_bytes(1, 0, 0));
     let mut hs = HardState::default();
     if sess.get(&meta_key(b'h'), &mut v)? {
         hs = HardState::parse_from_bytes(&v).map_err(|_| corrupt("hard state"))?;
     }
-    hs.commit = 0;
+    install_store(sess, &snap, hs, first, last)?;
+    let _ = std::fs::remove_file(path);
+    Ok(())
+}
+
+/// The store's part of an install, after the mark: every non-Raft key
+/// replaced by the snapshot's, then one batch that resets the log (its
+/// entries `first..=last` removed) to begin after the snapshot, writes
+/// the configuration, the hard state `hs` (commit raised to the
+/// snapshot's index), the applied index, and drops the mark. Returns the
+/// hard state written.
+fn install_store(
+    sess: &mut dyn Session,
+    snap: &Snapshot,
+    mut hs: HardState,
+    first: u64,
+    last: u64,
+) -> Result<HardState, LogError> {
+    let meta = snap.get_metadata();
+    let (index, term) = (meta.index, meta.term);
+    wipe_data(sess)?;
+    let mut b = WriteBatch::new();
+    let mut bytes = 0;
+    for r in records(&snap.data) {
+        let (k, v) = r?;
+        b.put(k, v);
+        bytes += k.len() + v.len();
+        if bytes >= 1 << 20 || b.len() >= 1024 {
+            sess.apply_batch(&b, &mut Vec::new())?;
+            b.clear();
+            bytes = 0;
+        }
+    }
+    for i in first..=last {
+        b.remove(&entry_key(i));
+    }
+    b.put(&meta_key(b'r'), &range_bytes(index + 1, index, term));
+    b.put(
+        &meta_key(b'c'),
+        &meta
+            .get_conf_state()
+            .write_to_bytes()
+            .map_err(|_| corrupt("conf"))?,
+    );
+    hs.commit = hs.commit.max(index);
+    hs.term = hs.term.max(term);
     b.put(
         &meta_key(b'h'),
         &hs.write_to_bytes().map_err(|_| corrupt("hard state"))?,
     );
-    b.remove(APPLIED_KEY);
+    b.put(APPLIED_KEY, &index.to_le_bytes());
     b.remove(SNAP_MARK);
     sess.apply_batch(&b, &mut Vec::new())?;
     sess.commit()?;
+    Ok(hs)
+}
+
+/// Writes `bytes` to `path` durably: a temporary file synced, renamed over
+/// `path`, and the directory synced.
+fn write_synced(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
     Ok(())
 }
 

@@ -94,14 +94,15 @@ fn the_log_survives_a_reopen_a_conflicting_suffix_is_replaced_and_compaction_dro
     assert_eq!(Entry::parse_from_bytes(&raw).unwrap().term, 2);
 }
 
-/// A snapshot's install replaces the keyspace and the log in a crash-safe
-/// order: a store opened with the install's mark still set (a crash in the
-/// middle) is wiped to an empty keyspace and log, keeping term, vote and
-/// configuration, so that the leader sends the snapshot again.
+/// A snapshot's install replaces the keyspace and the log; a store opened
+/// with the install's mark still set (a crash in the middle) finishes it
+/// from the snapshot's file (never shrinking the log a leader may count
+/// on); a torn install whose file is gone or damaged refuses to open.
 #[test]
-fn a_snapshot_installs_and_a_torn_install_is_wiped_at_open() {
+fn a_snapshot_installs_and_a_torn_install_rolls_forward_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("h");
+    let snap_file = dir.path().join("h.raft-snapshot");
     let heap = Heap::create(&path, &heap_opts()).unwrap();
     let st = DirectStore::create(&heap, &Default::default()).unwrap();
     // The leader's side: a keyspace and its dump.
@@ -118,7 +119,14 @@ fn a_snapshot_installs_and_a_torn_install_is_wiped_at_open() {
     b.put(b"old", b"x");
     b.remove(b"k7");
     src.apply_batch(&b, &mut Vec::new()).unwrap();
-    let mut log = HeapStorage::open(Box::new(st.session().unwrap()), &[1, 2, 3]).unwrap();
+    let open = |voters: &[u64]| {
+        HeapStorage::open_with(
+            Box::new(st.session().unwrap()),
+            voters,
+            Some(snap_file.clone()),
+        )
+    };
+    let mut log = open(&[1, 2, 3]).unwrap();
     log.persist(
         &(1..=5).map(|i| entry(i, 1, b"e")).collect::<Vec<_>>(),
         Some(&HardState {
@@ -141,35 +149,54 @@ fn a_snapshot_installs_and_a_torn_install_is_wiped_at_open() {
     bad.data = data[..data.len() - 1].to_vec().into();
     assert!(log.install(&bad, None).is_err());
     assert!(src.get(b"old", &mut Vec::new()).unwrap());
+    let check = |log: &mut HeapStorage, src: &mut dyn Session| {
+        assert_eq!(log.range(), (41, 40));
+        assert_eq!(log.term(40).unwrap(), 3);
+        let rs = log.initial_state().unwrap();
+        assert_eq!(rs.hard_state.commit, 40);
+        assert_eq!(rs.hard_state.vote, 1);
+        assert_eq!(rs.conf_state.voters, vec![1, 2, 3, 4]);
+        assert_eq!(repl::read_applied(src).unwrap(), 40);
+        assert!(!src.get(b"old", &mut Vec::new()).unwrap());
+        let mut v = Vec::new();
+        assert!(src.get(b"k7", &mut v).unwrap());
+        assert_eq!(v, b"v7");
+        assert!(!src.get(&repl::entry_key(3), &mut Vec::new()).unwrap());
+        assert!(!src.get(repl::storage::SNAP_MARK, &mut Vec::new()).unwrap());
+    };
     log.install(&snap, None).unwrap();
-    assert_eq!(log.range(), (41, 40));
-    assert_eq!(log.term(40).unwrap(), 3);
-    let rs = log.initial_state().unwrap();
-    assert_eq!(rs.hard_state.commit, 40);
-    assert_eq!(rs.conf_state.voters, vec![1, 2, 3, 4]);
-    assert_eq!(repl::read_applied(&mut src).unwrap(), 40);
-    assert!(!src.get(b"old", &mut Vec::new()).unwrap());
-    let mut v = Vec::new();
-    assert!(src.get(b"k7", &mut v).unwrap());
-    assert_eq!(v, b"v7");
-    assert!(!src.get(&repl::entry_key(3), &mut Vec::new()).unwrap());
+    check(&mut log, &mut src);
+    assert!(!snap_file.exists(), "the snapshot's file is removed");
     drop(log);
-    // A torn install: the mark is set and the keyspace half loaded.
-    let mut b = WriteBatch::new();
-    b.put(repl::storage::SNAP_MARK, &41u64.to_le_bytes());
-    b.put(b"half", b"loaded");
-    src.apply_batch(&b, &mut Vec::new()).unwrap();
-    let mut log = HeapStorage::open(Box::new(st.session().unwrap()), &[9]).unwrap();
-    assert_eq!(log.range(), (1, 0));
-    let rs = log.initial_state().unwrap();
-    assert_eq!(rs.hard_state.commit, 0);
-    assert_eq!(rs.hard_state.term, 3);
-    assert_eq!(rs.conf_state.voters, vec![1, 2, 3, 4]);
-    assert_eq!(repl::read_applied(log.session()).unwrap(), 0);
-    for k in [&b"half"[..], b"k7", repl::storage::SNAP_MARK] {
-        assert!(!src.get(k, &mut Vec::new()).unwrap(), "{k:?} kept");
-    }
+    // A torn install: the file written and the mark set, the keyspace half
+    // replaced, the log not yet reset.
+    let mut log = open(&[1, 2, 3]).unwrap();
     drop(log);
+    let bytes = protobuf::Message::write_to_bytes(&snap).unwrap();
+    let mut mark = (bytes.len() as u64).to_le_bytes().to_vec();
+    mark.extend_from_slice(&crc32fast::hash(&bytes).to_le_bytes());
+    let torn = |src: &mut dyn Session| {
+        let mut b = WriteBatch::new();
+        b.put(repl::storage::SNAP_MARK, &mark);
+        b.put(b"old", b"again");
+        b.remove(b"k9");
+        src.apply_batch(&b, &mut Vec::new()).unwrap();
+    };
+    std::fs::write(&snap_file, &bytes).unwrap();
+    torn(&mut src);
+    log = open(&[9]).unwrap();
+    check(&mut log, &mut src);
+    assert!(src.get(b"k9", &mut Vec::new()).unwrap());
+    drop(log);
+    // Its file damaged: the store refuses to open rather than guess.
+    let mut damaged = bytes.clone();
+    damaged[10] ^= 1;
+    std::fs::write(&snap_file, &damaged).unwrap();
+    torn(&mut src);
+    let e = open(&[9])
+        .err()
+        .expect("a torn install with a damaged file");
+    assert!(e.to_string().contains("does not match"), "{e}");
     drop(src);
     st.close().unwrap();
 }
@@ -227,6 +254,7 @@ fn start(id: u64, peers: &[Peer]) -> TestNode {
         heartbeat_ticks: 2,
         compact_after: 50,
         join: false,
+        snapshot_file: None,
     };
     let (s1, s2) = (store.clone(), store.clone());
     let seen2 = seen.clone();
@@ -278,9 +306,19 @@ fn three_nodes_apply_the_same_entries_in_the_same_order_and_fail_over() {
     let l = leader(&nodes);
     // A follower refuses, naming the leader.
     let f = (l + 1) % 3;
-    match propose(nodes[f].as_ref().unwrap(), b"no") {
-        Err(repl::ReplError::NotLeader(Some(id))) => assert_eq!(id, l as u64 + 1),
-        other => panic!("{other:?}"),
+    let t0 = Instant::now();
+    loop {
+        match propose(nodes[f].as_ref().unwrap(), b"no") {
+            Err(repl::ReplError::NotLeader(Some(id))) => {
+                assert_eq!(id, l as u64 + 1);
+                break;
+            }
+            // The leader's first message has not reached it yet.
+            Err(repl::ReplError::NotLeader(None)) if t0.elapsed() < Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => panic!("{other:?}"),
+        }
     }
     // A linearizable read's barrier passes at the leader once a quorum
     // confirms it, and is refused by a follower.

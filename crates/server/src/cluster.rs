@@ -216,6 +216,11 @@ pub fn start(sh: &Arc<Shared>) -> Result<Option<Arc<Cluster>>, String> {
         heartbeat_ticks: 2.min(c.raft_election_ticks as usize - 1).max(1),
         compact_after: c.raft_log_keep,
         join: c.join,
+        snapshot_file: Some({
+            let mut p = c.heap.clone().into_os_string();
+            p.push(".raft-snapshot");
+            p.into()
+        }),
     };
     drop(c);
     let (s1, s2) = (sh.clone(), sh.clone());
