@@ -919,24 +919,31 @@ fn histories_under_partitions_and_kills_are_linearizable() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(600));
-    // A partition of the leader, then healed.
-    let lp = leader_port(&ports);
-    let li = ports.iter().position(|&p| p == lp).unwrap();
-    isolate(&links, li);
-    std::thread::sleep(Duration::from_millis(1000));
-    heal(&links);
-    std::thread::sleep(Duration::from_millis(600));
-    // SIGKILL of the leader, restarted after a while.
-    eprintln!("healed at {:?}", t0.elapsed());
-    let lp = leader_port(&ports);
-    eprintln!("leader found at {:?}", t0.elapsed());
-    let li = ports.iter().position(|&p| p == lp).unwrap();
-    nodes[li].kill9();
-    std::thread::sleep(Duration::from_millis(600));
-    eprintln!("killed; restarting at {:?}", t0.elapsed());
-    nodes[li].launch();
-    eprintln!("restarted at {:?}", t0.elapsed());
-    std::thread::sleep(Duration::from_millis(600));
+    // Rounds of faults: one in the suite; a soak sets EMBER_LIN_ROUNDS.
+    let rounds: usize = std::env::var("EMBER_LIN_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for round in 0..rounds {
+        // A partition of the leader, then healed.
+        let lp = leader_port(&ports);
+        let li = ports.iter().position(|&p| p == lp).unwrap();
+        isolate(&links, li);
+        std::thread::sleep(Duration::from_millis(1000));
+        heal(&links);
+        std::thread::sleep(Duration::from_millis(600));
+        // SIGKILL of the leader, restarted after a while.
+        eprintln!("round {round}: healed at {:?}", t0.elapsed());
+        let lp = leader_port(&ports);
+        eprintln!("leader found at {:?}", t0.elapsed());
+        let li = ports.iter().position(|&p| p == lp).unwrap();
+        nodes[li].kill9();
+        std::thread::sleep(Duration::from_millis(600));
+        eprintln!("killed; restarting at {:?}", t0.elapsed());
+        nodes[li].launch();
+        eprintln!("restarted at {:?}", t0.elapsed());
+        std::thread::sleep(Duration::from_millis(600));
+    }
     stop.store(true, Ordering::Relaxed);
     let ops: Vec<HOp> = clients
         .into_iter()
@@ -973,7 +980,11 @@ fn histories_under_partitions_and_kills_are_linearizable() {
         .output()
         .expect("run the checker");
     let text = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!(
+        "{} operations ({sets} sets, {gets} gets), {rounds} partitions and {rounds} leader kills: {text}{}",
+        ops.len(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     if !out.status.success() {
         let keep = std::env::temp_dir().join(format!("ember-history-{}.json", std::process::id()));
         let _ = std::fs::copy(&path, &keep);
