@@ -1169,3 +1169,86 @@ fn snapshots_and_membership_changes_bring_nodes_up_to_date() {
     keys.push("after-restart".into());
     caught_up(&n4, &live, &keys);
 }
+
+/// PUBLISH (and SPUBLISH) at any node reaches the subscribers of every
+/// node, in the order published; the reply counts the receivers on the
+/// node that took the command (the leader, for one sent to a follower),
+/// as Redis Cluster counts them.
+#[test]
+fn messages_published_at_any_node_reach_every_nodes_subscribers() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster(dir.path());
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let lp = leader_port(&ports);
+    let mut subs: Vec<redis::Connection> = nodes
+        .iter()
+        .map(|n| {
+            let mut c = n.con();
+            let () = redis::cmd("SUBSCRIBE")
+                .arg("news")
+                .query(&mut c)
+                .unwrap_or(());
+            let () = redis::cmd("SSUBSCRIBE")
+                .arg("shard")
+                .query(&mut c)
+                .unwrap_or(());
+            c
+        })
+        .collect();
+    // The subscribe confirmations were read as the commands' replies
+    // (redis-rs reads one reply per command); give the two a moment.
+    std::thread::sleep(Duration::from_millis(100));
+    let follower = nodes.iter().find(|n| n.port != lp).unwrap();
+    let leader = nodes.iter().find(|n| n.port == lp).unwrap();
+    let sent = [
+        (follower, "PUBLISH", "news", "from-follower"),
+        (leader, "PUBLISH", "news", "from-leader"),
+        (follower, "SPUBLISH", "shard", "sharded"),
+    ];
+    for (n, cmd, ch, msg) in sent {
+        let got: i64 = at_leader_or(n, redis::cmd(cmd).arg(ch).arg(msg));
+        assert_eq!(got, 1, "{cmd} {msg} at node {}", n.id);
+    }
+    for (i, s) in subs.iter_mut().enumerate() {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            let v: redis::Value = s.recv_response().unwrap();
+            let redis::Value::Array(parts) = v else {
+                panic!("{v:?}")
+            };
+            let text: Vec<String> = parts
+                .iter()
+                .map(|p| match p {
+                    redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    other => format!("{other:?}"),
+                })
+                .collect();
+            if text[0] == "message" || text[0] == "smessage" {
+                got.push(text[2].clone());
+            }
+        }
+        assert_eq!(
+            got,
+            ["from-follower", "from-leader", "sharded"],
+            "node {}",
+            i + 1
+        );
+    }
+}
+
+/// Runs `cmd` at node `n`, again after a moment when an election is under
+/// way (a write then gets READONLY or TRYAGAIN).
+fn at_leader_or<T: redis::FromRedisValue>(n: &Node, cmd: &redis::Cmd) -> T {
+    let t = Instant::now();
+    loop {
+        match cmd.query(&mut n.con()) {
+            Ok(v) => return v,
+            Err(e) if matches!(e.code(), Some("TRYAGAIN" | "READONLY")) => {
+                assert!(t.elapsed() < Duration::from_secs(30), "{e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}

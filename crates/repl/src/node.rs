@@ -143,6 +143,9 @@ pub trait StateMachine<T> {
     /// Persists `index` as applied for an entry without data (a new term's
     /// empty entry, a configuration change).
     fn skip(&mut self, index: u64);
+    /// Handles an event entry (see [`Handle::propose_event`]) and persists
+    /// `index` as applied. `own` as for [`Self::apply`].
+    fn event(&mut self, index: u64, data: &[u8], own: bool) -> T;
     /// The keyspace as a snapshot's data ([`crate::storage::dump`]), at the
     /// last applied index (called between entries).
     fn dump(&mut self) -> Result<Vec<u8>, String>;
@@ -205,6 +208,9 @@ const TAG_DATA: u8 = 0;
 /// An entry's first byte: a compaction point follows (u64 little-endian):
 /// every node drops its log's entries below it once it has applied it.
 const TAG_COMPACT: u8 = 1;
+/// An entry's first byte: an event follows, which every node handles and
+/// that changes no state (the server's Pub/Sub messages).
+const TAG_EVENT: u8 = 2;
 type ReadWaiter = SyncSender<Result<(), ReplError>>;
 
 /// What the apply thread is handed.
@@ -347,6 +353,16 @@ impl<T: Send + 'static> Handle<T> {
     /// Proposes `data`; the receiver yields what the state machine returned
     /// when it applied the entry, or why it did not.
     pub fn propose(&self, data: Vec<u8>) -> Receiver<Result<T, ReplError>> {
+        self.propose_tagged(TAG_DATA, &data)
+    }
+
+    /// Proposes an event: every node's state machine handles it in log
+    /// order ([`StateMachine::event`]); the receiver as for [`Self::propose`].
+    pub fn propose_event(&self, data: &[u8]) -> Receiver<Result<T, ReplError>> {
+        self.propose_tagged(TAG_EVENT, data)
+    }
+
+    fn propose_tagged(&self, tag: u8, data: &[u8]) -> Receiver<Result<T, ReplError>> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         if !self.is_leader() {
             let st = self.status();
@@ -364,8 +380,8 @@ impl<T: Send + 'static> Handle<T> {
             .unwrap_or_else(|p| p.into_inner())
             .insert(seq, tx);
         let mut entry = Vec::with_capacity(data.len() + 1);
-        entry.push(TAG_DATA);
-        entry.extend_from_slice(&data);
+        entry.push(tag);
+        entry.extend_from_slice(data);
         if !self.send(Event::Propose { seq, data: entry }) {
             fail(&self.sh, seq, ReplError::Stopped("node stopped".into()));
         }
@@ -584,8 +600,13 @@ fn apply_loop<T>(
                         .unwrap_or_else(|p| p.into_inner())
                         .remove(&seq)
                 });
-            if e.get_entry_type() == EntryType::EntryNormal && e.data.first() == Some(&TAG_DATA) {
-                let r = sm.apply(e.index, &e.data[1..], waiter.is_some());
+            let normal = e.get_entry_type() == EntryType::EntryNormal;
+            if normal && matches!(e.data.first(), Some(&TAG_DATA | &TAG_EVENT)) {
+                let r = if e.data[0] == TAG_DATA {
+                    sm.apply(e.index, &e.data[1..], waiter.is_some())
+                } else {
+                    sm.event(e.index, &e.data[1..], waiter.is_some())
+                };
                 if let Some(w) = waiter {
                     done.push((w, r));
                 }
@@ -1171,7 +1192,9 @@ impl<T: Send + 'static> Driver<T> {
         let keep = self.applied.saturating_sub(self.compact_after);
         let first = self.node.store().range().0;
         let (point, due) = if first <= 1 {
-            let p = self.applied.min(2);
+            // Once the members have entry 2 (or one is far behind): a
+            // member that has not got entry 1 yet would need a snapshot.
+            let p = matched.max(keep).min(self.applied).min(2);
             (p, p >= 2)
         } else {
             let p = matched.max(keep).min(self.applied);

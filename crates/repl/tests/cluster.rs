@@ -224,6 +224,10 @@ impl StateMachine<u64> for Sm {
         b.put(APPLIED_KEY, &index.to_le_bytes());
         self.sess.apply_batch(&b, &mut Vec::new()).unwrap();
     }
+    fn event(&mut self, index: u64, _data: &[u8], _own: bool) -> u64 {
+        self.skip(index);
+        index
+    }
     fn dump(&mut self) -> Result<Vec<u8>, String> {
         repl::storage::dump(&mut *self.sess).map_err(|e| e.to_string())
     }

@@ -84,6 +84,29 @@ impl Cluster {
         }
     }
 
+    /// Publishes a message on every node (PUBLISH, SPUBLISH at the leader):
+    /// an event entry that each node's apply thread delivers to its own
+    /// subscribers, in log order; returns once it is applied here (the
+    /// caller then delivers to this node's subscribers and counts them).
+    pub fn publish(&self, shard: bool, channel: &[u8], payload: &[u8]) -> Result<(), String> {
+        let mut data = Vec::with_capacity(channel.len() + payload.len() + 5);
+        data.push(u8::from(shard));
+        data.extend_from_slice(&(channel.len() as u32).to_le_bytes());
+        data.extend_from_slice(channel);
+        data.extend_from_slice(payload);
+        match self
+            .node
+            .propose_event(&data)
+            .recv_timeout(self.write_timeout)
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(error_text(&e)),
+            Err(_) => Err(error_text(&repl::ReplError::Stopped(
+                "no quorum answered in time".into(),
+            ))),
+        }
+    }
+
     /// The client address (host, port) of member `id` (empty when unknown).
     fn client_addr(&self, id: Option<u64>) -> (String, u16) {
         id.and_then(|id| self.node.peers().into_iter().find(|p| p.id == id))
@@ -95,6 +118,14 @@ impl Cluster {
     pub fn is_leader(&self) -> bool {
         self.node.is_leader()
     }
+}
+
+/// A publish event's parts: (shard channel?, channel, payload).
+fn decode_publish(data: &[u8]) -> Option<(bool, &[u8], &[u8])> {
+    let shard = *data.first()? == 1;
+    let n = u32::from_le_bytes(data.get(1..5)?.try_into().ok()?) as usize;
+    let channel = data.get(5..5 + n)?;
+    Some((shard, channel, &data[5 + n..]))
 }
 
 /// A failed replicated write.
@@ -122,6 +153,7 @@ fn deterministic(e: &engine::Error) -> bool {
 /// The apply thread's state machine.
 struct Applier {
     ks: Keyspace,
+    sh: Arc<Shared>,
     failed: Option<String>,
 }
 
@@ -175,6 +207,19 @@ impl repl::StateMachine<ApplyOut> for Applier {
 
     fn failed(&self) -> Option<String> {
         self.failed.clone()
+    }
+
+    fn event(&mut self, index: u64, data: &[u8], own: bool) -> ApplyOut {
+        // A message published at the leader: delivered to this node's
+        // subscribers (the proposer's node delivers it itself, counting
+        // its receivers for the reply).
+        if !own {
+            if let Some((shard, channel, payload)) = decode_publish(data) {
+                self.sh.pubsub.publish(shard, channel, payload);
+            }
+        }
+        self.mark(index);
+        Ok((index, Vec::new()))
     }
 
     fn dump(&mut self) -> Result<Vec<u8>, String> {
@@ -236,7 +281,11 @@ pub fn start(sh: &Arc<Shared>) -> Result<Option<Arc<Cluster>>, String> {
             let shard = s2.cfg().threads;
             let mut ks = Keyspace::new(sess, s2.counts.clone(), shard, s2.hk.clone());
             ks.set_watches(s2.watches.clone());
-            Box::new(Applier { ks, failed: None }) as Box<dyn repl::StateMachine<ApplyOut>>
+            Box::new(Applier {
+                ks,
+                sh: s2.clone(),
+                failed: None,
+            }) as Box<dyn repl::StateMachine<ApplyOut>>
         }),
     )?;
     Ok(Some(Arc::new(Cluster {
@@ -551,7 +600,9 @@ pub fn forwarded<'a>(
     }
     let f = spec.flags;
     if f.contains(Flags::PUBSUB) {
-        return None;
+        // Messages go through the leader's log to every node; the
+        // subscriptions stay here.
+        return matches!(spec.name, "publish" | "spublish").then_some(cl);
     }
     let write = f.contains(Flags::WRITE) || f.contains(Flags::MAY_REPLICATE);
     if f.contains(Flags::BLOCKING) {

@@ -35,8 +35,27 @@ pub const SMALL: &[&str] = &[
     "2",
 ];
 
-/// A loopback port free at the time of the call.
+/// A loopback port free at the time of the call, below Linux's ephemeral
+/// range (32768–60999): a port the kernel hands out to an outgoing
+/// connection meanwhile cannot take it before the server binds it (a test
+/// whose nodes know each other's ports cannot pick another one then).
+/// Ports are drawn from a per-process sequence at a random start, so that
+/// tests running at once rarely try the same ones.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let _ = NEXT.compare_exchange(
+        0,
+        20_000 + (std::process::id() * 7919) % 12_000,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..12_000 {
+        let p = 20_000 + (NEXT.fetch_add(1, Ordering::Relaxed) - 20_000) % 12_000;
+        if TcpListener::bind(("127.0.0.1", p as u16)).is_ok() {
+            return p as u16;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

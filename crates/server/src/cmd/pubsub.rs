@@ -51,13 +51,22 @@ pub fn sunsubscribe(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
 }
 
 pub fn publish(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
-    let n = ctx.sh.pubsub.publish(false, &a[1], &a[2]);
-    c.int(n as i64);
-    Ok(())
+    publish_on(ctx, c, false, a)
 }
 
 pub fn spublish(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
-    let n = ctx.sh.pubsub.publish(true, &a[1], &a[2]);
+    publish_on(ctx, c, true, a)
+}
+
+/// PUBLISH and SPUBLISH: on a cluster's leader the message first goes
+/// through the log to every node (`crate::cluster::Cluster::publish`);
+/// the reply counts this node's receivers, as Redis Cluster's does.
+fn publish_on(ctx: &mut Ctx, c: &mut Client, shard: bool, a: &[Vec<u8>]) -> R {
+    if let Some(cl) = ctx.sh.cluster.get() {
+        cl.publish(shard, &a[1], &a[2])
+            .map_err(crate::cmd::CmdError::Text)?;
+    }
+    let n = ctx.sh.pubsub.publish(shard, &a[1], &a[2]);
     c.int(n as i64);
     Ok(())
 }
