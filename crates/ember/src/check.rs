@@ -358,6 +358,15 @@ fn print_raft(r: &LogReport) {
          {} configuration changes",
         r.batches, r.batch_ops, r.compactions, r.empty, r.conf_changes
     );
+    if let Some(p) = &r.peers {
+        println!("raft members:     {p}");
+    }
+    if let Some(i) = r.install_interrupted {
+        println!(
+            "note:             a crash interrupted the install of a snapshot at index {i}: the \
+             node wipes its keyspace and log at its next start and is sent the snapshot again"
+        );
+    }
     for p in &r.problems {
         println!("problem: raft log: {p}");
     }
@@ -382,6 +391,8 @@ fn raft_json(r: &LogReport) -> Value {
         "empty": r.empty,
         "conf_changes": r.conf_changes,
         "keys": r.keys,
+        "members": r.peers,
+        "install_interrupted_at": r.install_interrupted,
         "problems": r.problems,
     })
 }

@@ -21,16 +21,24 @@
 //! - the configuration parses and names at least one voter, none twice, none
 //!   0, none also a learner;
 //! - the applied index is 8 bytes, at most the commit index and at least
-//!   `first - 1` (entries are dropped only once applied).
+//!   `first - 1` (entries are dropped only once applied);
+//! - the members' addresses ([`PEERS_KEY`]), when recorded, parse as
+//!   `--peers` does and name every member of the configuration; a
+//!   configuration change adding a node names its address;
+//! - a snapshot install's mark ([`SNAP_MARK`]) is reported, not counted as a
+//!   problem: a crash interrupted the install, and the node wipes its
+//!   keyspace and log at its next start to be sent the snapshot again.
 //!
 //! Nothing here panics or loops on corrupt input: every length and index is
 //! checked, and the problems listed are capped ([`MAX_PROBLEMS`]).
 
-use crate::node::{TAG_COMPACT, TAG_DATA};
-use crate::storage::{entry_key, APPLIED_KEY, RAFT_PREFIX};
+use crate::node::{parse_peers, TAG_COMPACT, TAG_DATA};
+use crate::storage::{entry_key, APPLIED_KEY, PEERS_KEY, RAFT_PREFIX, SNAP_MARK};
 use engine::{Session, WriteBatch};
 use protobuf::Message as _;
-use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, HardState};
+use raft::eraftpb::{
+    ConfChange, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType, HardState,
+};
 use std::collections::BTreeSet;
 
 /// At most this many problems are listed; the rest are counted in one line.
@@ -72,6 +80,11 @@ pub struct LogReport {
     pub conf_changes: u64,
     /// Keys under [`RAFT_PREFIX`] the scan found.
     pub keys: u64,
+    /// The members' addresses recorded with the configuration (none before
+    /// the first membership change or snapshot).
+    pub peers: Option<String>,
+    /// The index of a snapshot whose install a crash interrupted.
+    pub install_interrupted: Option<u64>,
     /// Everything wrong, as sentences; empty when the state is consistent.
     pub problems: Vec<String>,
 }
@@ -162,7 +175,7 @@ fn scan_raft_keys(sess: &mut dyn Session, probs: &mut Problems) -> Found {
                 b.copy_from_slice(idx);
                 f.entries.insert(u64::from_be_bytes(b));
             }
-            _ if k == APPLIED_KEY || known.contains(&k) => {}
+            _ if k == APPLIED_KEY || k == PEERS_KEY || k == SNAP_MARK || known.contains(&k) => {}
             _ => f.unknown.push(k),
         }
     }
@@ -440,6 +453,35 @@ pub fn check_log(sess: &mut dyn Session) -> Option<LogReport> {
             first.saturating_sub(1)
         ));
     }
+    // The members' addresses and an interrupted install.
+    if read(sess, PEERS_KEY, &mut v, &mut probs) {
+        match std::str::from_utf8(&v)
+            .map_err(|e| e.to_string())
+            .and_then(parse_peers)
+        {
+            Ok(peers) => {
+                for id in r.voters.iter().chain(&r.learners) {
+                    if !peers.iter().any(|p| p.id == *id) {
+                        probs.push(format!(
+                            "node {id} of the configuration has no address in the members' \
+                             list (raft/p)"
+                        ));
+                    }
+                }
+                r.peers = Some(String::from_utf8_lossy(&v).into_owned());
+            }
+            Err(e) => probs.push(format!("the members' list (raft/p) does not parse: {e}")),
+        }
+    }
+    if read(sess, SNAP_MARK, &mut v, &mut probs) {
+        match <[u8; 8]>::try_from(v.as_slice()) {
+            Ok(b) => r.install_interrupted = Some(u64::from_le_bytes(b)),
+            Err(_) => probs.push(format!(
+                "the snapshot install mark is {} bytes, not 8",
+                v.len()
+            )),
+        }
+    }
     r.problems = probs.finish();
     Some(r)
 }
@@ -476,7 +518,29 @@ fn check_data(e: &Entry, i: u64, r: &mut LogReport, probs: &mut Problems) {
             )),
         },
         EntryType::EntryConfChange => match ConfChange::parse_from_bytes(&e.data) {
-            Ok(_) => r.conf_changes += 1,
+            Ok(cc) => {
+                r.conf_changes += 1;
+                let adds = matches!(
+                    cc.get_change_type(),
+                    ConfChangeType::AddNode | ConfChangeType::AddLearnerNode
+                );
+                if cc.node_id == 0 {
+                    probs.push(format!("entry {i} changes the membership of node 0"));
+                } else if adds {
+                    // The new member's address, as `--peers` spells it.
+                    let spec = std::str::from_utf8(&cc.context)
+                        .map_err(|e| e.to_string())
+                        .and_then(parse_peers);
+                    match spec.as_deref() {
+                        Ok([p]) if p.id == cc.node_id => {}
+                        _ => probs.push(format!(
+                            "entry {i} adds node {} without its address (context {:?})",
+                            cc.node_id,
+                            String::from_utf8_lossy(&cc.context)
+                        )),
+                    }
+                }
+            }
             Err(err) => probs.push(format!(
                 "entry {i}'s configuration change does not parse: {err}"
             )),
@@ -797,7 +861,7 @@ mod tests {
     fn random_bytes_in_every_key_never_panic() {
         let f = Fixture::new();
         let mut keys: Vec<Vec<u8>> = [b'r', b'h', b'c'].map(meta_key).into_iter().collect();
-        keys.push(APPLIED_KEY.to_vec());
+        keys.extend([APPLIED_KEY, PEERS_KEY, SNAP_MARK].map(<[u8]>::to_vec));
         keys.extend((1..=9).map(entry_key));
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
         let mut next = || {
@@ -814,5 +878,48 @@ mod tests {
             let r = f.check();
             assert!(r.problems.len() <= MAX_PROBLEMS + 1);
         }
+    }
+
+    #[test]
+    fn membership_records_are_checked() {
+        let f = Fixture::new();
+        let all = "1=127.0.0.1:1:2,2=127.0.0.1:3:4,3=127.0.0.1:5:6";
+        f.put(PEERS_KEY, all.as_bytes());
+        let r = f.check();
+        assert_eq!(r.problems, Vec::<String>::new());
+        assert_eq!(r.peers.as_deref(), Some(all));
+        f.put(PEERS_KEY, b"1=127.0.0.1:1:2,2=127.0.0.1:3:4");
+        f.expect("node 3 of the configuration has no address in the members' list");
+        f.put(PEERS_KEY, b"nonsense");
+        f.expect("the members' list (raft/p) does not parse");
+        // A configuration change adding node 4 names its address.
+        let f = Fixture::new();
+        let mut cc = ConfChange::default();
+        cc.set_change_type(ConfChangeType::AddNode);
+        cc.node_id = 4;
+        cc.context = b"4=127.0.0.1:7:8".to_vec().into();
+        let conf_entry = |cc: &ConfChange| {
+            let mut e = entry(8, 2, cc.write_to_bytes().unwrap());
+            e.set_entry_type(EntryType::EntryConfChange);
+            e
+        };
+        f.put_entry(&conf_entry(&cc));
+        let r = f.check();
+        assert_eq!(r.problems, Vec::<String>::new());
+        assert_eq!((r.conf_changes, r.batches), (1, 3));
+        cc.context = b"5=127.0.0.1:7:8".to_vec().into();
+        f.put_entry(&conf_entry(&cc));
+        f.expect("entry 8 adds node 4 without its address");
+    }
+
+    #[test]
+    fn an_interrupted_install_is_reported_but_no_problem() {
+        let f = Fixture::new();
+        f.put(SNAP_MARK, &9u64.to_le_bytes());
+        let r = f.check();
+        assert_eq!(r.problems, Vec::<String>::new());
+        assert_eq!(r.install_interrupted, Some(9));
+        f.put(SNAP_MARK, b"x");
+        f.expect("the snapshot install mark is 1 bytes, not 8");
     }
 }
