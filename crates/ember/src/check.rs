@@ -22,12 +22,25 @@
 //! backend index, with the pool's descriptor, log buffers and the side table
 //! counted as its blocks; every log is also read from head to tail (each record
 //! checks: position, length, checksum, opcode).
+//!
+//! When all of that is sound and the root is a key-value store (direct or
+//! Bullet), the store is opened as the server opens it, in a second private
+//! mapping ([`pmem::Heap::open_scratch`]: Bullet's logs replayed, a direct
+//! store's interrupted batches redone, in memory only), and a replicated
+//! node's Raft state is verified through a session of it
+//! ([`repl::check::check_log`]: the range, every entry, the hard state, the
+//! configuration, the applied index). A heap that holds no raft key reports
+//! nothing about it.
 
 use clap::Args;
+use engine::bullet::{is_bullet_root, BulletOptions, BulletStore};
+use engine::direct::{backend_kind, DirectStore};
+use engine::Store;
 use index::any::{attach_any, claimed_by, AnyIndex};
 use index::Index;
 use pmem::layout::{Superblock, PAGE};
 use pmem::{check_heap, CheckReport, Geometry, Heap, Recovery};
+use repl::check::LogReport;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -153,6 +166,10 @@ struct Facts {
     report: CheckReport,
     /// The index structure at the root, when there is a root to look at.
     structure: Option<StructFacts>,
+    /// A replicated node's Raft state, when the store holds one.
+    raft: Option<LogReport>,
+    /// Why the store could not be opened to look for a Raft state.
+    raft_error: Option<String>,
 }
 
 impl Facts {
@@ -172,14 +189,21 @@ impl Facts {
             active_pages: rec.active_pages().len(),
             report,
             structure: None,
+            raft: None,
+            raft_error: None,
         }
     }
 
-    /// Every problem: the heap's, then the structure's.
+    /// Every problem: the heap's, then the structure's, then the Raft
+    /// state's.
     fn problems(&self) -> Vec<String> {
         let mut v = self.report.problems.clone();
         if let Some(s) = &self.structure {
             v.extend(s.problems.iter().cloned());
+        }
+        v.extend(self.raft_error.iter().cloned());
+        if let Some(r) = &self.raft {
+            v.extend(r.problems.iter().map(|p| format!("raft log: {p}")));
         }
         v
     }
@@ -190,6 +214,8 @@ impl Facts {
                 .structure
                 .as_ref()
                 .is_none_or(|s| s.problems.is_empty())
+            && self.raft_error.is_none()
+            && self.raft.as_ref().is_none_or(|r| r.problems.is_empty())
     }
 
     fn print_human(&self) {
@@ -244,6 +270,12 @@ impl Facts {
                 println!("problem: {p}");
             }
         }
+        if let Some(r) = &self.raft {
+            print_raft(r);
+        }
+        if let Some(e) = &self.raft_error {
+            println!("problem: {e}");
+        }
         let n = self.problems().len();
         if n == 0 {
             println!("result:           consistent");
@@ -258,7 +290,7 @@ impl Facts {
     fn to_json(&self) -> Value {
         let g = &self.geometry;
         let r = &self.report;
-        json!({
+        let mut v = json!({
             "file": self.file.display().to_string(),
             "ok": self.ok(),
             "problems": self.problems(),
@@ -294,8 +326,76 @@ impl Facts {
                 "pending_logs": r.pending_logs,
             },
             "structure": self.structure.as_ref().map(StructFacts::to_json),
-        })
+        });
+        if let (Some(l), Some(o)) = (&self.raft, v.as_object_mut()) {
+            o.insert("raft_log".into(), raft_json(l));
+        }
+        v
     }
+}
+
+/// The "raft log" section of the human summary.
+fn print_raft(r: &LogReport) {
+    let ids = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+    println!(
+        "raft log:         entries {}..={} ({} present; term {} before them), last term {}",
+        r.first, r.last, r.entries, r.before_term, r.last_term
+    );
+    print!(
+        "raft state:       term {}, vote {}, commit {}, applied {}; voters {}",
+        r.term,
+        r.vote,
+        r.commit,
+        r.applied,
+        ids(&r.voters)
+    );
+    if !r.learners.is_empty() {
+        print!(", learners {}", ids(&r.learners));
+    }
+    println!();
+    println!(
+        "raft entries:     {} write batches ({} operations), {} compactions, {} events, \
+         {} empty, {} configuration changes",
+        r.batches, r.batch_ops, r.compactions, r.events, r.empty, r.conf_changes
+    );
+    if let Some(p) = &r.peers {
+        println!("raft members:     {p}");
+    }
+    if let Some(i) = r.install_interrupted {
+        println!(
+            "note:             a crash interrupted the install of a snapshot at index {i}: the \
+             node wipes its keyspace and log at its next start and is sent the snapshot again"
+        );
+    }
+    for p in &r.problems {
+        println!("problem: raft log: {p}");
+    }
+}
+
+fn raft_json(r: &LogReport) -> Value {
+    json!({
+        "first": r.first,
+        "last": r.last,
+        "term_before_first": r.before_term,
+        "entries": r.entries,
+        "last_term": r.last_term,
+        "term": r.term,
+        "vote": r.vote,
+        "commit": r.commit,
+        "applied": r.applied,
+        "voters": r.voters,
+        "learners": r.learners,
+        "write_batches": r.batches,
+        "batch_operations": r.batch_ops,
+        "compactions": r.compactions,
+        "events": r.events,
+        "empty": r.empty,
+        "conf_changes": r.conf_changes,
+        "keys": r.keys,
+        "members": r.peers,
+        "install_interrupted_at": r.install_interrupted,
+        "problems": r.problems,
+    })
 }
 
 /// Runs `ember check`. Exit 0 when the heap is consistent, 1 otherwise (including
@@ -340,7 +440,50 @@ fn examine(path: &Path, require_index: bool) -> pmem::Result<Facts> {
     let rec = open(path)?;
     let mut facts = Facts::gather(path, &rec);
     facts.structure = check_structure(rec, facts.report.ok(), require_index);
+    // The store is opened only over a sound heap and structure: opening runs
+    // recovery, which trusts what the checks above verified.
+    if facts.ok() && facts.structure.as_ref().is_some_and(|s| s.name.is_some()) {
+        match quietly(|| raft_state(path)) {
+            Ok(Ok(r)) => facts.raft = r,
+            Ok(Err(e)) => {
+                facts.raft_error = Some(format!("opening the store to read its raft log: {e}"))
+            }
+            Err(p) => facts.raft_error = Some(format!("reading the raft log panicked: {p}")),
+        }
+    }
     Ok(facts)
+}
+
+/// Opens the store at the heap's root in a new private mapping, as the server
+/// would (recovery in memory only), and verifies the Raft state it holds;
+/// None when it holds none or the root is no key-value store.
+fn raft_state(path: &Path) -> Result<Option<LogReport>, String> {
+    fn read<S: Store>(st: &S) -> Result<Option<LogReport>, String> {
+        let mut sess = st.session().map_err(|e| e.to_string())?;
+        Ok(repl::check::check_log(&mut sess))
+    }
+    // A scratch view: sessions allocate and write (the replay, a redone
+    // batch, the sessions' own bookkeeping) in its private mapping only.
+    let rec = Heap::open_scratch(path).map_err(|e| e.to_string())?;
+    let root = rec.heap().root();
+    if root.is_null() {
+        return Ok(None);
+    }
+    if is_bullet_root(rec.heap(), root) {
+        // No role threads: no background thread gleans while the check reads.
+        let opts = BulletOptions {
+            role_threads: 0,
+            ..Default::default()
+        };
+        let (st, _) = BulletStore::open(rec, &opts).map_err(|e| e.to_string())?;
+        return read(&st);
+    }
+    match attach_any(rec.heap(), root) {
+        Ok(t) if backend_kind(&t).is_some() => {}
+        _ => return Ok(None),
+    }
+    let (st, _) = DirectStore::open(rec).map_err(|e| e.to_string())?;
+    read(&st)
 }
 
 /// What `ember check PATH` finds, without printing it: the problems (none
@@ -637,5 +780,89 @@ mod tests {
             0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0, 1, 2, 3, 4, 5, 6, 7,
         ];
         assert_eq!(uuid_hex(&u), "01234567-89ab-cdef-0001-020304050607");
+    }
+
+    /// A new small heap holding a direct store.
+    fn direct_store(path: &Path) -> DirectStore {
+        let opts = pmem::HeapOptions {
+            size: 8 << 20,
+            geometry: Geometry::small(),
+            ..Default::default()
+        };
+        DirectStore::create(&Heap::create(path, &opts).unwrap(), &Default::default()).unwrap()
+    }
+
+    /// A direct store holding a node's log (entries 1..=3, all applied).
+    fn replicated_heap(path: &Path) {
+        use engine::{Session, WriteBatch};
+        use raft::eraftpb::{Entry, HardState};
+        let st = direct_store(path);
+        let mut log = repl::HeapStorage::open(Box::new(st.session().unwrap()), &[1]).unwrap();
+        let ents: Vec<Entry> = (1..=3)
+            .map(|i| Entry {
+                index: i,
+                term: 1,
+                ..Default::default()
+            })
+            .collect();
+        let hs = HardState {
+            term: 1,
+            vote: 1,
+            commit: 3,
+            ..Default::default()
+        };
+        log.persist(&ents, Some(&hs)).unwrap();
+        drop(log);
+        let mut b = WriteBatch::new();
+        b.put(repl::APPLIED_KEY, &3u64.to_le_bytes());
+        b.put(b"k", b"v");
+        st.session()
+            .unwrap()
+            .apply_batch(&b, &mut Vec::new())
+            .unwrap();
+        st.close().unwrap();
+    }
+
+    #[test]
+    fn a_raft_log_is_reported_and_its_problems_fail_the_check() {
+        use engine::{Session, WriteBatch};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h");
+        replicated_heap(&path);
+        let f = examine(&path, false).unwrap();
+        assert!(f.ok(), "{:?}", f.problems());
+        let r = f.raft.as_ref().expect("a raft log section");
+        assert_eq!((r.first, r.last, r.commit, r.applied), (1, 3, 3, 3));
+        assert_eq!(f.to_json()["raft_log"]["entries"], 3);
+        // Entry 2 removed: the check fails and says why.
+        {
+            let rec = Heap::open(&path, &Default::default()).unwrap();
+            let (st, _) = DirectStore::open(rec).unwrap();
+            let mut b = WriteBatch::new();
+            b.remove(&repl::entry_key(2));
+            st.session()
+                .unwrap()
+                .apply_batch(&b, &mut Vec::new())
+                .unwrap();
+            st.close().unwrap();
+        }
+        let f = examine(&path, false).unwrap();
+        assert!(!f.ok());
+        assert_eq!(
+            f.problems(),
+            vec!["raft log: entry 2 is missing".to_string()]
+        );
+        assert_eq!(f.to_json()["ok"], false);
+    }
+
+    #[test]
+    fn a_heap_without_raft_keys_has_no_raft_section() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h");
+        direct_store(&path).close().unwrap();
+        let f = examine(&path, false).unwrap();
+        assert!(f.ok(), "{:?}", f.problems());
+        assert!(f.raft.is_none() && f.raft_error.is_none());
+        assert!(f.to_json().get("raft_log").is_none());
     }
 }

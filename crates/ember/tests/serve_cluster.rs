@@ -9,119 +9,17 @@
 mod serve_common;
 
 use redis::Commands;
+use serve_common::cluster::{cluster_with, peers_for, Node};
 use serve_common::free_port;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-struct Node {
-    id: u64,
-    port: u16,
-    dir: PathBuf,
-    peers: String,
-    child: Option<Child>,
-    starts: u32,
-    /// More flags (`--raft-port` behind a proxy).
-    extra: Vec<String>,
-}
-
-impl Node {
-    fn launch(&mut self) {
-        self.starts += 1;
-        let log = std::fs::File::create(self.dir.join(format!("log-{}", self.starts))).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_ember"))
-            .args(["serve", "--port", &self.port.to_string()])
-            .arg("--heap")
-            .arg(self.dir.join("ember.heap"))
-            .args(serve_common::SMALL)
-            .args(["--node-id", &self.id.to_string(), "--peers", &self.peers])
-            .args(&self.extra)
-            .current_dir(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn ember serve");
-        self.child = Some(child);
-        let t = Instant::now();
-        while redis::Client::open(self.url())
-            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
-            .is_err()
-        {
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "node {} did not start: {}",
-                self.id,
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join(format!("log-{}", self.starts))).unwrap_or_default()
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    fn con(&self) -> redis::Connection {
-        let c = redis::Client::open(self.url()).unwrap();
-        let con = c
-            .get_connection_with_timeout(Duration::from_secs(5))
-            .unwrap();
-        con.set_read_timeout(Some(Duration::from_secs(40))).unwrap();
-        con
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
 fn cluster(dir: &Path) -> Vec<Node> {
     cluster_with(dir, &[])
-}
-
-/// Three nodes started with `extra` flags.
-fn cluster_with(dir: &Path, extra: &[&str]) -> Vec<Node> {
-    let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
-    let peers = ports
-        .iter()
-        .enumerate()
-        .map(|(i, (raft, port))| format!("{}=127.0.0.1:{raft}:{port}", i + 1))
-        .collect::<Vec<_>>()
-        .join(",");
-    (0..3)
-        .map(|i| {
-            let d = dir.join(format!("n{}", i + 1));
-            std::fs::create_dir_all(&d).unwrap();
-            let mut n = Node {
-                id: i as u64 + 1,
-                port: ports[i].1,
-                dir: d,
-                peers: peers.clone(),
-                child: None,
-                starts: 0,
-                extra: extra.iter().map(|s| s.to_string()).collect(),
-            };
-            n.launch();
-            n
-        })
-        .collect()
 }
 
 /// A one-way link between two nodes' Raft transports: a TCP proxy that
@@ -215,24 +113,18 @@ fn proxied_cluster(dir: &Path) -> (Vec<Node>, Vec<Vec<Option<Link>>>) {
         .map(|i| {
             // Node i reaches node j at its link's port; its own entry
             // names its real Raft port.
-            let peers = (0..3)
-                .map(|j| {
-                    let r = links[i][j].as_ref().map_or(raft[j], |l| l.port);
-                    format!("{}=127.0.0.1:{r}:{}", j + 1, client[j])
-                })
-                .collect::<Vec<_>>()
-                .join(",");
+            let via: Vec<(u16, u16)> = (0..3)
+                .map(|j| (links[i][j].as_ref().map_or(raft[j], |l| l.port), client[j]))
+                .collect();
             let d = dir.join(format!("n{}", i + 1));
-            std::fs::create_dir_all(&d).unwrap();
-            let mut n = Node {
-                id: i as u64 + 1,
-                port: client[i],
-                dir: d,
-                peers,
-                child: None,
-                starts: 0,
-                extra: vec!["--raft-port".into(), raft[i].to_string()],
-            };
+            let own = raft[i].to_string();
+            let mut n = Node::new(
+                i as u64 + 1,
+                client[i],
+                d,
+                &peers_for(&via),
+                &["--raft-port", &own],
+            );
             n.launch();
             n
         })
@@ -1110,16 +1002,7 @@ fn snapshots_and_membership_changes_bring_nodes_up_to_date() {
     let (raft4, port4) = (free_port(), free_port());
     let peers4 = format!("{},4=127.0.0.1:{raft4}:{port4}", nodes[0].peers);
     let d4 = dir.path().join("n4");
-    std::fs::create_dir_all(&d4).unwrap();
-    let mut n4 = Node {
-        id: 4,
-        port: port4,
-        dir: d4,
-        peers: peers4,
-        child: None,
-        starts: 0,
-        extra: vec!["--join".into(), "--raft-log-keep".into(), "20".into()],
-    };
+    let mut n4 = Node::new(4, port4, d4, &peers4, &["--join", "--raft-log-keep", "20"]);
     n4.launch();
     // Sent to a follower: forwarded to the leader.
     let lp = leader_port(&ports);

@@ -215,8 +215,11 @@ impl DirectStore {
     }
 
     /// Opens the store of a heap being recovered: attaches the index at the root,
-    /// finishes interrupted removals and sweeps leaks (index recovery), and returns
-    /// the store with the recovery figures.
+    /// finishes interrupted removals and sweeps leaks (index recovery), redoes the
+    /// batches a crash interrupted, and returns the store with the recovery
+    /// figures. On a heap opened for checking ([`pmem::Heap::open_check`]) all of
+    /// this lands in the private mapping only, so a check reads the store as the
+    /// server would find it (every batch whole or absent).
     pub fn open(rec: Recovery) -> Result<(DirectStore, RecoverStats)> {
         let root = rec.heap().root();
         let index = attach_any(rec.heap(), root)?;
@@ -227,9 +230,7 @@ impl DirectStore {
         }
         let (heap, stats) = index::recover(rec, &[index.recoverable()])?;
         let st = Self::from_index(heap, index);
-        if st.inner.heap.region().access() == pmem::Access::ReadWrite {
-            st.redo_intents()?;
-        }
+        st.redo_intents()?;
         Ok((st, stats))
     }
 

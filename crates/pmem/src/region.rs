@@ -954,6 +954,19 @@ impl Region {
         Ok(())
     }
 
+    /// A private view's open generation moves one past the file's, as a
+    /// writable open's does, without writing the superblock.
+    pub(crate) fn next_generation_in_memory(&mut self) -> Result<()> {
+        self.generation = self
+            .generation
+            .checked_add(1)
+            .ok_or_else(|| Error::Corrupt {
+                path: self.path.clone(),
+                detail: "superblock generation at its maximum".into(),
+            })?;
+        Ok(())
+    }
+
     pub(crate) fn attach_sim(&mut self, sim: Arc<CrashSim>) {
         sim.reset_from(self);
         if sim.is_power_loss() {

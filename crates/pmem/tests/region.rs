@@ -398,3 +398,37 @@ fn write_through_lands_in_the_page_cache_the_mapping_reads() {
     assert!(r.simulated());
     assert!(matches!(r.write_through(a, b"no"), Err(Error::ReadOnly)));
 }
+
+#[test]
+fn a_scratch_view_writes_in_memory_only() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("s.heap");
+    make(&p);
+    let before = std::fs::read(&p).unwrap();
+    {
+        let file_gen = {
+            let (c, _) = Heap::open_check(&p).unwrap().finish_clean().unwrap();
+            c.region().generation()
+        };
+        let (h, _) = Heap::open_scratch(&p).unwrap().finish_clean().unwrap();
+        // One generation on, as a writable open would be: locks a crashed
+        // process held are free here.
+        assert_eq!(h.region().generation(), file_gen + 1);
+        // Unlike a check view, it hands out thread heaps: allocations and
+        // writes work, in the private mapping.
+        let mut th = h.thread().unwrap();
+        let q = th.alloc(64).unwrap();
+        h.region().write_bytes(q.offset(), b"scratch");
+        h.region().persist(q.offset(), 7);
+        let mut b = [0u8; 7];
+        h.region().read_bytes(q.offset(), &mut b);
+        assert_eq!(&b, b"scratch");
+        // A writable open is refused meanwhile (the shared lock is held).
+        assert!(matches!(open_err(&p), Error::InUse { .. }));
+    }
+    assert_eq!(std::fs::read(&p).unwrap(), before, "the file was written");
+    let (h, _) = Heap::open(&p, &opts()).unwrap().finish_clean().unwrap();
+    let mut b = [0u8; 9];
+    h.region().read_bytes(h.root().offset(), &mut b);
+    assert_eq!(&b, b"persisted");
+}

@@ -15,6 +15,7 @@
 //! batch (its effects, with every non-deterministic choice already made)
 //! and applies it on every node.
 
+pub mod check;
 pub mod net;
 pub mod node;
 pub mod storage;

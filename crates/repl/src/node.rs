@@ -204,13 +204,13 @@ pub enum Event {
 type Waiter<T> = SyncSender<Result<T, ReplError>>;
 
 /// An entry's first byte: a proposer's data follows.
-const TAG_DATA: u8 = 0;
+pub(crate) const TAG_DATA: u8 = 0;
 /// An entry's first byte: a compaction point follows (u64 little-endian):
 /// every node drops its log's entries below it once it has applied it.
-const TAG_COMPACT: u8 = 1;
+pub(crate) const TAG_COMPACT: u8 = 1;
 /// An entry's first byte: an event follows, which every node handles and
 /// that changes no state (the server's Pub/Sub messages).
-const TAG_EVENT: u8 = 2;
+pub(crate) const TAG_EVENT: u8 = 2;
 type ReadWaiter = SyncSender<Result<(), ReplError>>;
 
 /// What the apply thread is handed.

@@ -1,6 +1,7 @@
 //! Starting the real `ember serve` binary for integration tests.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod redis_server;
 pub mod values;
 

@@ -105,6 +105,8 @@ pub(crate) struct HeapInner {
     /// Until when (ms on `short_clock`) the heap counts as short of space: an
     /// allocation failed for lack of room less than `SHORT_FOR` ago.
     short_until: AtomicU64,
+    /// A private view whose thread heaps may write ([`Heap::open_scratch`]).
+    scratch: std::sync::atomic::AtomicBool,
 }
 
 /// How long after a failed allocation the heap counts as short of space.
@@ -195,17 +197,34 @@ impl Heap {
     /// transactions and returns the [`Recovery`] step for the leak sweep.
     pub fn open(path: &Path, opts: &HeapOptions) -> Result<Recovery> {
         opts.validate()?;
-        Self::open_with(path, opts, Access::ReadWrite, None)
+        Self::open_with(path, opts, Access::ReadWrite, None, false)
     }
 
     /// Opens a private copy-on-write view for checking: recovery runs in memory, the
     /// file is never written.
     pub fn open_check(path: &Path) -> Result<Recovery> {
+        Self::open_private(path, false)
+    }
+
+    fn open_private(path: &Path, scratch: bool) -> Result<Recovery> {
         let opts = HeapOptions {
             strategy: Strategy::None,
             ..Default::default()
         };
-        Self::open_with(path, &opts, Access::CheckOnly, None)
+        Self::open_with(path, &opts, Access::CheckOnly, None, scratch)
+    }
+
+    /// Opens a private copy-on-write view in which a store can be opened and
+    /// used offline as the server would use it: like [`Heap::open_check`]
+    /// (recovery in memory, a shared file lock, the file never written, no
+    /// growth), except that thread heaps may be claimed, so allocations and
+    /// writes land in the private mapping, and are gone when it is dropped.
+    /// Its open generation is one past the file's, as a writable open's is
+    /// (in memory only), so that locks a crashed process held are free here
+    /// as they would be for the server. For reading a store through its
+    /// sessions (`ember check`).
+    pub fn open_scratch(path: &Path) -> Result<Recovery> {
+        Self::open_private(path, true)
     }
 
     /// Opens a heap with a crash simulator attached (tests). The power-loss
@@ -219,7 +238,7 @@ impl Heap {
                 "the power-loss simulator models the msync strategy".into(),
             ));
         }
-        Self::open_with(path, opts, Access::ReadWrite, Some(sim))
+        Self::open_with(path, opts, Access::ReadWrite, Some(sim), false)
     }
 
     fn open_with(
@@ -227,6 +246,7 @@ impl Heap {
         opts: &HeapOptions,
         access: Access,
         sim: Option<Arc<CrashSim>>,
+        scratch: bool,
     ) -> Result<Recovery> {
         let started = std::time::Instant::now();
         let mut region = Region::open(
@@ -238,8 +258,12 @@ impl Heap {
         if let Some(sim) = sim {
             region.attach_sim(sim);
         }
+        if scratch {
+            region.next_generation_in_memory()?;
+        }
         let was_clean = region.opened_clean();
         let heap = Self::assemble(region, opts, true);
+        heap.inner.scratch.store(scratch, Ordering::Release);
         let txs_replayed = tx::recover_all(&heap)?;
         Ok(Recovery {
             heap,
@@ -286,6 +310,7 @@ impl Heap {
                 recovering: std::sync::atomic::AtomicBool::new(recovering),
                 caches: Mutex::new(Vec::new()),
                 short_until: AtomicU64::new(0),
+                scratch: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -325,7 +350,9 @@ impl Heap {
                 "heap is still recovering: call Recovery::finish first".into(),
             ));
         }
-        if self.inner.region.access() != Access::ReadWrite {
+        if self.inner.region.access() != Access::ReadWrite
+            && !self.inner.scratch.load(Ordering::Acquire)
+        {
             return Err(Error::ReadOnly);
         }
         let slot = {
