@@ -70,7 +70,7 @@ pub mod reply;
 pub use codec::{Codec, RespCodec};
 pub use error::ProtoError;
 pub use parse::{
-    encode_request, parse_request, parse_request_into, peek_requests, split_args, Args, Limits,
-    Parsed,
+    encode_request, parse_request, parse_request_into, peek_request_args, peek_requests,
+    split_args, Args, Limits, Parsed,
 };
 pub use reply::{d2string, format_double, parse_reply, Reply, Version};

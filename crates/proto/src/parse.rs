@@ -164,6 +164,21 @@ pub fn parse_request(buf: &[u8], limits: &Limits) -> Parsed {
 /// Returns how many requests `f` saw. A server uses it to start fetching the
 /// keys of a pipeline from memory before it executes the first request.
 pub fn peek_requests(buf: &[u8], max: usize, mut f: impl FnMut(&[u8], Option<&[u8]>)) -> usize {
+    peek_request_args(buf, max, |args| {
+        f(
+            args.first().copied().unwrap_or_default(),
+            args.get(1).copied(),
+        )
+    })
+}
+
+/// How many leading arguments [`peek_request_args`] shows of a request.
+pub const PEEK_ARGS: usize = 8;
+
+/// [`peek_requests`], showing `f` each request's first [`PEEK_ARGS`]
+/// arguments (fewer when it has fewer): enough for the keys of a script
+/// call (`EVALSHA sha numkeys key...`).
+pub fn peek_request_args(buf: &[u8], max: usize, mut f: impl FnMut(&[&[u8]])) -> usize {
     // The number at the start of `rest` ("<n>\r\n"): its value and the bytes
     // the line takes.
     fn line_number(rest: &[u8]) -> Option<(i64, usize)> {
@@ -184,8 +199,7 @@ pub fn peek_requests(buf: &[u8], max: usize, mut f: impl FnMut(&[u8], Option<&[u
             pos = p;
             continue;
         }
-        let mut first: Option<&[u8]> = None;
-        let mut second: Option<&[u8]> = None;
+        let mut shown: [&[u8]; PEEK_ARGS] = [&[]; PEEK_ARGS];
         let mut complete = true;
         for i in 0..count {
             if buf.get(p) != Some(&b'$') {
@@ -205,17 +219,16 @@ pub fn peek_requests(buf: &[u8], max: usize, mut f: impl FnMut(&[u8], Option<&[u
                 complete = false;
                 break;
             }
-            match i {
-                0 => first = Some(&buf[p..p + len]),
-                1 => second = Some(&buf[p..p + len]),
-                _ => {}
+            if let Some(slot) = usize::try_from(i).ok().and_then(|i| shown.get_mut(i)) {
+                *slot = &buf[p..p + len];
             }
             p += len + 2;
         }
         if !complete {
             break;
         }
-        f(first.unwrap_or_default(), second);
+        let n = usize::try_from(count).map_or(PEEK_ARGS, |c| c.min(PEEK_ARGS));
+        f(&shown[..n]);
         seen += 1;
         pos = p;
     }

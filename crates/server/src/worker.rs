@@ -691,7 +691,8 @@ impl Worker {
     /// A pipeline of requests waits in `c`'s buffer: the store starts fetching
     /// their keys' entries from memory before the first one runs, so that the
     /// cache misses of the batch overlap (a hint; the argument after the
-    /// command name is taken as the key, in the client's current database).
+    /// command name is taken as the key, in the client's current database;
+    /// for a script or function call, the keys it declares).
     fn prefetch_pipeline(&mut self, c: &Client) {
         const MAX: usize = 32;
         const MAX_KEY: usize = 256;
@@ -703,8 +704,11 @@ impl Worker {
         keys.clear();
         let mut ends = [0usize; MAX];
         let mut n = 0;
-        proto::peek_requests(buf, MAX, |_, key| {
-            if let Some(k) = key.filter(|k| k.len() <= MAX_KEY) {
+        proto::peek_request_args(buf, MAX, |args| {
+            for k in hinted_keys(args) {
+                if n == MAX || k.len() > MAX_KEY {
+                    continue;
+                }
                 keys.push(c.db);
                 keys.extend_from_slice(k);
                 ends[n] = keys.len();
@@ -1081,5 +1085,63 @@ pub(crate) fn adopt(
         clients.insert(token, c);
         // Data may have arrived before registration: look once.
         pending.push(token);
+    }
+}
+
+/// The keys a request's leading arguments name, as the pipeline prefetch
+/// guesses them: the declared keys of EVAL, EVALSHA, FCALL and their
+/// read-only forms (`name body numkeys key...`, as far as shown), else the
+/// argument after the command name.
+fn hinted_keys<'s, 'a>(args: &'s [&'a [u8]]) -> &'s [&'a [u8]] {
+    const SCRIPT_CALLS: [&[u8]; 6] = [
+        b"evalsha",
+        b"eval",
+        b"fcall",
+        b"evalsha_ro",
+        b"eval_ro",
+        b"fcall_ro",
+    ];
+    let Some(name) = args.first() else {
+        return &[];
+    };
+    if SCRIPT_CALLS.iter().any(|n| name.eq_ignore_ascii_case(n)) {
+        let numkeys = args
+            .get(2)
+            .and_then(|n| proto::int::parse_i64(n))
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(0);
+        let end = numkeys.saturating_add(3).min(args.len());
+        return args.get(3..end).unwrap_or(&[]);
+    }
+    args.get(1..2).unwrap_or(&[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hinted_keys;
+
+    fn keys<'a>(args: &[&'a str]) -> Vec<&'a str> {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        hinted_keys(&args)
+            .iter()
+            .map(|k| std::str::from_utf8(k).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn prefetch_hints_a_script_call_declared_keys() {
+        assert_eq!(keys(&["SET", "k", "v"]), ["k"]);
+        assert_eq!(keys(&["PING"]), Vec::<&str>::new());
+        assert_eq!(
+            keys(&["EVALSHA", "abc", "2", "k1", "k2", "a"]),
+            ["k1", "k2"]
+        );
+        assert_eq!(keys(&["fcall_ro", "f", "1", "k1", "a"]), ["k1"]);
+        assert_eq!(keys(&["EVAL", "return 1", "0", "a"]), Vec::<&str>::new());
+        // More keys than shown, a bad or negative count: what is there.
+        assert_eq!(keys(&["EVAL", "s", "9", "k1", "k2"]), ["k1", "k2"]);
+        assert_eq!(keys(&["EVAL", "s", "x", "k1"]), Vec::<&str>::new());
+        assert_eq!(keys(&["EVAL", "s", "-1", "k1"]), Vec::<&str>::new());
+        assert_eq!(keys(&["EVAL", "s"]), Vec::<&str>::new());
     }
 }

@@ -489,6 +489,10 @@ impl BulletSession {
     /// written past the tail are overwritten by the next append (or, left
     /// behind by a crash, belong to a batch without its last record).
     fn apply_many(&mut self, batch: &WriteBatch, out: &mut Vec<Outcome>) -> Result<()> {
+        // Pinned once for the whole batch: every key is locked twice below
+        // (plan, then publish), and a pin inside a pin is a counter
+        // increment, where an outermost pin costs a full fence.
+        let _pinned = crossbeam_epoch::pin();
         let ops: Vec<(&[u8], Op<'_>)> = batch.iter().collect();
         let mut total = 0u64;
         let mut remove_only = true;

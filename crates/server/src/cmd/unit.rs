@@ -145,7 +145,6 @@ pub fn escaped(ctx: &Ctx) -> bool {
 /// (its name, arity and ACL checked, counted in the command statistics);
 /// its reply, or its error, is appended to `c.out`.
 pub fn call(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
-    let t0 = crate::clock::Stamp::now();
     if args.is_empty() {
         c.err(&super::CmdError::Msg("a request needs at least a command name").text());
         return;
@@ -154,6 +153,14 @@ pub fn call(ctx: &mut Ctx, c: &mut Client, args: &[Vec<u8>]) {
         c.err(&super::CmdError::UnknownCommand(args.to_vec()).text());
         return;
     };
+    call_at(ctx, c, i, args);
+}
+
+/// [`call`] for a request whose command the caller already looked up:
+/// `TABLE[i]` is `args[0]`'s (a script's `redis.call` looks it up for its
+/// own checks first).
+pub fn call_at(ctx: &mut Ctx, c: &mut Client, i: usize, args: &[Vec<u8>]) {
+    let t0 = crate::clock::Stamp::now();
     let spec = &TABLE[i];
     if !spec.arity_ok(args.len()) {
         ctx.ws.cmds[i].rejected.add(1);

@@ -87,11 +87,20 @@ local function strict(lookup)
   })
 end
 
-local loading = nil
-local env = strict(function(k)
-  if loading then return loading[k] end
-  return B[k]
-end)
+-- A script's global reads go from the empty `env` to B through a table
+-- __index (no Lua call per read, as a function __index would cost); B's own
+-- __index raises for a missing global (level 2: the script's line). While a
+-- library loads, `env` reads the load API instead.
+local function missing(_, k)
+  error_("Script attempted to access nonexistent global variable '" .. tostring_(k) .. "'", 2)
+end
+setmetatable_(B, { __index = missing })
+local env_meta = {
+  __index = B,
+  __newindex = function() error_('Attempt to modify a readonly table', 2) end,
+  __metatable = false,
+}
+local env = setmetatable_({}, env_meta)
 B._G = env
 backing[env] = B
 
@@ -208,6 +217,14 @@ L.register_function = function(...)
 end
 local libapi_redis = strict(function(k) return L[k] end)
 local libapi = { redis = libapi_redis }
+-- `env`'s reads while a library loads.
+local function loading(_, k)
+  local v = libapi[k]
+  if v == nil then
+    error_("Script attempted to access nonexistent global variable '" .. tostring_(k) .. "'", 2)
+  end
+  return v
+end
 
 -- Error handler: the error as a table {err=, source=, line=}, with the
 -- position of the innermost user code frame (Redis's __redis__err__handler).
@@ -238,9 +255,9 @@ end
 -- Runs a library's body with the load API (no handler: Redis reports
 -- load errors without a position suffix).
 local function load_library(f)
-  loading = libapi
+  env_meta.__index = loading
   local ok, e = pcall_(f)
-  loading = nil
+  env_meta.__index = B
   return ok, e
 end
 
