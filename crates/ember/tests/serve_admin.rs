@@ -503,3 +503,58 @@ fn a_monitor_that_does_not_read_is_closed() {
     assert!(closed >= 1, "the monitor was not closed");
     drop(s);
 }
+
+/// DEBUG PROTOCOL: every type's test value byte for byte as redis-server
+/// sends it, in RESP2 and RESP3 (an attribute before its reply, a push
+/// before its reply, RESP2's refusal of a push, the error for a bad name).
+#[test]
+fn debug_protocol_matches_redis_byte_for_byte() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &["--enable-debug-command", "yes"]);
+    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    let types = [
+        "string", "integer", "double", "bignum", "null", "array", "set", "map", "attrib", "push",
+        "verbatim", "true", "false", "bogus",
+    ];
+    // What a request's replies are, read until a PING sent after it
+    // answers (so a reply of two frames is read whole).
+    let replies = |port: u16, resp3: bool| -> Vec<Vec<u8>> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let read_until_pong = |s: &mut std::net::TcpStream| {
+            let mut got = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !got.ends_with(b"+PONG\r\n") {
+                let n = s.read(&mut chunk).unwrap();
+                assert!(n > 0, "closed");
+                got.extend_from_slice(&chunk[..n]);
+            }
+            got.truncate(got.len() - b"+PONG\r\n".len());
+            got
+        };
+        if resp3 {
+            s.write_all(b"HELLO 3\r\nPING\r\n").unwrap();
+            read_until_pong(&mut s);
+        }
+        types
+            .iter()
+            .map(|t| {
+                s.write_all(format!("DEBUG PROTOCOL {t}\r\nPING\r\n").as_bytes())
+                    .unwrap();
+                read_until_pong(&mut s)
+            })
+            .collect()
+    };
+    for resp3 in [false, true] {
+        let (e, r) = (replies(ember.port, resp3), replies(redis.port, resp3));
+        for ((t, e), r) in types.iter().zip(e).zip(r) {
+            assert_eq!(
+                String::from_utf8_lossy(&e),
+                String::from_utf8_lossy(&r),
+                "DEBUG PROTOCOL {t} (RESP3: {resp3})"
+            );
+        }
+    }
+}

@@ -372,6 +372,10 @@ pub fn debug(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             "DEBUG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
             "OBJECT <key>",
             "    Show low level info about the `key` and associated value.",
+            "PROTOCOL <type>",
+            "    Reply with a test value of the specified type. <type> can be: string,",
+            "    integer, double, bignum, null, array, set, map, attrib, push, verbatim,",
+            "    true, false.",
             "RELOAD",
             "    Accepted: every write is in the heap already; there is nothing",
             "    to save and load again.",
@@ -397,6 +401,9 @@ pub fn debug(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     if a.len() == 3 && eq(&a[1], "object") {
         return debug_object(ctx, c, &a[2]);
     }
+    if a.len() == 3 && eq(&a[1], "protocol") {
+        return debug_protocol(c, &a[2]);
+    }
     if eq(&a[1], "reload") {
         // Redis saves an RDB and loads it back, checking that the dataset
         // survives; Ember's dataset is the heap, written before each reply.
@@ -404,6 +411,58 @@ pub fn debug(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         return Ok(());
     }
     Err(CmdError::DebugUnknown(a[1].clone()))
+}
+
+/// DEBUG PROTOCOL: a test value of each RESP type, as Redis sends it (in
+/// RESP2 each type's RESP2 form; a push is refused there).
+// 3.141 is Redis's test value, not an approximation of π.
+#[allow(clippy::approx_constant)]
+fn debug_protocol(c: &mut Client, ty: &[u8]) -> R {
+    let n = |i: i64| Reply::Integer(i);
+    let r = match ty.to_ascii_lowercase().as_slice() {
+        b"string" => Reply::Bulk(b"Hello World".to_vec()),
+        b"integer" => n(12345),
+        b"double" => Reply::Double(3.141),
+        b"bignum" => Reply::BigNumber("1234567999999999999999999999999999999".into()),
+        b"null" => Reply::Null,
+        b"array" => Reply::Array((0..3).map(n).collect()),
+        b"set" => Reply::Set((0..3).map(n).collect()),
+        b"map" => Reply::Map((0..3).map(|i| (n(i), Reply::Boolean(i == 1))).collect()),
+        b"attrib" => {
+            // RESP3's attribute type (`|`), which only this reply uses:
+            // written here rather than given a `Reply` variant.
+            if c.resp == proto::Version::Resp3 {
+                c.out.extend_from_slice(b"|1\r\n");
+                c.reply(&Reply::Bulk(b"key-popularity".to_vec()));
+                c.reply(&Reply::Array(vec![Reply::Bulk(b"key:123".to_vec()), n(90)]));
+            }
+            Reply::Bulk(b"Some real reply following the attribute".to_vec())
+        }
+        b"push" => {
+            if c.resp != proto::Version::Resp3 {
+                return Err(CmdError::Msg("RESP2 is not supported by this command"));
+            }
+            c.reply(&Reply::Push(vec![
+                Reply::Bulk(b"server-cpu-usage".to_vec()),
+                n(42),
+            ]));
+            Reply::Bulk(b"Some real reply following the push reply".to_vec())
+        }
+        b"verbatim" => Reply::Verbatim {
+            format: *b"txt",
+            text: b"This is a verbatim\nstring".to_vec(),
+        },
+        b"true" => Reply::Boolean(true),
+        b"false" => Reply::Boolean(false),
+        _ => {
+            return Err(CmdError::Msg(
+                "Wrong protocol type name. Please use one of the following: \
+                 string|integer|double|bignum|null|array|set|map|attrib|push|verbatim|true|false",
+            ))
+        }
+    };
+    c.reply(&r);
+    Ok(())
 }
 
 /// DEBUG OBJECT: Redis's line (`Value at:... refcount:... encoding:...
