@@ -558,3 +558,33 @@ fn debug_protocol_matches_redis_byte_for_byte() {
         }
     }
 }
+
+/// DEBUG SET-ACTIVE-EXPIRE 0 stops the background expiry (a key past its
+/// time nobody reads is still counted), 1 starts it again, as in Redis.
+#[test]
+fn debug_set_active_expire_stops_and_restarts_background_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &["--enable-debug-command", "yes"]);
+    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    // Ember recounts its keys after a start (counting no expired key):
+    // the test's key is set once that is done.
+    let t = std::time::Instant::now();
+    while !ember.log().contains("key counts recounted") {
+        assert!(t.elapsed() < Duration::from_secs(10), "{}", ember.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for (port, who) in [(ember.port, "ember"), (redis.port, "redis")] {
+        let mut c = Conn::open(port);
+        let ok = Reply::Simple("OK".into());
+        assert_eq!(c.call(&["DEBUG", "SET-ACTIVE-EXPIRE", "0"]), ok);
+        assert_eq!(c.call(&["SET", "k", "v", "PX", "30"]), ok);
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(c.call(&["DBSIZE"]), Reply::Integer(1), "{who}");
+        assert_eq!(c.call(&["DEBUG", "SET-ACTIVE-EXPIRE", "1"]), ok);
+        let t = std::time::Instant::now();
+        while c.call(&["DBSIZE"]) != Reply::Integer(0) {
+            assert!(t.elapsed() < Duration::from_secs(10), "{who}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

@@ -31,7 +31,13 @@ impl Worker {
             }
         }
         let sh = self.sh.clone();
-        housekeep::expire_cycle(&sh, &mut self.ks, deadline);
+        if sh
+            .hk
+            .active_expire
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            housekeep::expire_cycle(&sh, &mut self.ks, deadline);
+        }
         // `expired` notifications of the keys it deleted.
         crate::notify::flush_pending(&sh, &mut self.ks);
         if !sh.hk.indexed() {

@@ -107,6 +107,8 @@ pub struct Housekeeping {
     job: Mutex<Option<Job>>,
     /// Collections freed by the lazy free (INFO `lazyfreed_objects`).
     pub freed: AtomicU64,
+    /// Whether the active expiry cycle runs (`DEBUG SET-ACTIVE-EXPIRE`).
+    pub active_expire: AtomicBool,
     /// This run's random number (see [`IN_PROGRESS`]).
     pub run: u64,
     /// The keys' access stamps, which reads and writes update (see
@@ -126,6 +128,7 @@ impl Housekeeping {
             queue: Mutex::new(Queue::default()),
             job: Mutex::new(None),
             freed: AtomicU64::new(0),
+            active_expire: AtomicBool::new(true),
             run: crate::coll::new_id(),
             access: crate::evict::Access::new(),
         }
@@ -311,6 +314,9 @@ pub fn start_pass(
             // that meet it (they report it); the pass goes on.
             match ks.lookup_raw(k, now) {
                 Ok((Some(h), false)) if h.expire.is_some() => hk.note_ttl(k),
+                // Deleted here as the expiry cycle would; left indexed for
+                // it while background expiry is off (DEBUG SET-ACTIVE-EXPIRE).
+                Ok((None, true)) if !hk.active_expire.load(Ordering::Relaxed) => hk.note_ttl(k),
                 Ok((None, true)) => {
                     let _g = sh.stripes.lock(k);
                     ks.lookup_expiring(k, now)?;

@@ -379,6 +379,10 @@ pub fn debug(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
             "RELOAD",
             "    Accepted: every write is in the heap already; there is nothing",
             "    to save and load again.",
+            "SET-ACTIVE-EXPIRE <0|1>",
+            "    Setting it to 0 disables expiring keys in background when they are not",
+            "    accessed (otherwise the Redis behavior). Setting it to 1 reenables back the",
+            "    default.",
             "SLEEP <seconds>",
             "    Stop the server for <seconds>. Decimals allowed.",
             "HELP",
@@ -403,6 +407,29 @@ pub fn debug(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     }
     if a.len() == 3 && eq(&a[1], "protocol") {
         return debug_protocol(c, &a[2]);
+    }
+    if a.len() == 3 && eq(&a[1], "set-active-expire") {
+        // As Redis (atoi): a leading integer, nonzero enabling; anything
+        // else counts as 0.
+        let on = std::str::from_utf8(&a[2])
+            .ok()
+            .map(|s| {
+                let t = s.trim_start();
+                let end = t
+                    .char_indices()
+                    .take_while(|&(i, ch)| {
+                        ch.is_ascii_digit() || (i == 0 && (ch == '-' || ch == '+'))
+                    })
+                    .count();
+                t[..end].parse::<i64>().unwrap_or(0)
+            })
+            .unwrap_or(0);
+        ctx.sh
+            .hk
+            .active_expire
+            .store(on != 0, std::sync::atomic::Ordering::Relaxed);
+        c.ok();
+        return Ok(());
     }
     if eq(&a[1], "reload") {
         // Redis saves an RDB and loads it back, checking that the dataset
