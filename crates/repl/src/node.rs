@@ -909,7 +909,11 @@ impl<T: Send + 'static> Driver<T> {
                 .mut_store()
                 .install(&snap, rd.hs())
                 .map_err(|e| format!("installing a snapshot: {e}"))?;
-            return Err(restart_process());
+            // Still holding the apply thread: entries queued for it are
+            // covered by the snapshot and must not be applied on top.
+            let why = restart_process();
+            eprintln!("ember: {why}; exiting (the next start resumes from the heap)");
+            std::process::exit(1);
         }
         for m in rd.take_messages() {
             self.note_sent(&m);
