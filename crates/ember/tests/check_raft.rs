@@ -10,7 +10,7 @@ mod serve_common;
 use redis::Commands;
 use serde_json::Value;
 use serve_common::cluster::{cluster_with, Node};
-use serve_common::{free_port, info_field};
+use serve_common::free_port;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -19,7 +19,11 @@ use std::time::{Duration, Instant};
 /// a node that installed a snapshot restarts itself on it).
 fn try_applied(n: &Node) -> Option<u64> {
     let mut c = n.try_con()?;
-    info_field(&mut c, "replication", "raft_applied_index")
+    // The node may restart itself between the connect and the query.
+    let info: String = redis::cmd("INFO").arg("replication").query(&mut c).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("raft_applied_index:"))?
+        .trim()
         .parse()
         .ok()
 }

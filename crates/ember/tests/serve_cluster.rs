@@ -370,12 +370,30 @@ fn kill_under_load(kill_leader: bool) {
     // checked once it has applied what any node knows committed (on a
     // loaded machine the leader may change meanwhile).
     nodes[li].launch();
+    // (The restarted node may restart itself again to install a snapshot:
+    // a failed query is tried again.)
+    let commit = |n: &Node| -> Option<u64> {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut n.try_con()?)
+            .ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("raft_commit_index:"))?
+            .trim()
+            .parse()
+            .ok()
+    };
     let want: u64 = nodes
         .iter()
         .map(|n| {
-            info(&mut n.con(), "raft_commit_index")
-                .parse::<u64>()
-                .unwrap()
+            let t = Instant::now();
+            loop {
+                if let Some(c) = commit(n) {
+                    break c;
+                }
+                assert!(t.elapsed() < Duration::from_secs(30), "node {}", n.id);
+                std::thread::sleep(Duration::from_millis(20));
+            }
         })
         .max()
         .unwrap();
