@@ -499,37 +499,27 @@ impl<T: Send + 'static> Handle<T> {
     }
 }
 
-fn fail<T>(sh: &Shared<T>, seq: u64, e: ReplError) {
-    if let Some(w) = sh
-        .waiters
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&seq)
-    {
-        let _ = w.send(Err(e));
+/// Answers waiter `seq` of `map` with `r`, if it still waits.
+fn answer<R>(
+    map: &Mutex<HashMap<u64, SyncSender<Result<R, ReplError>>>>,
+    seq: u64,
+    r: Result<R, ReplError>,
+) {
+    if let Some(w) = map.lock().unwrap_or_else(|p| p.into_inner()).remove(&seq) {
+        let _ = w.send(r);
     }
+}
+
+fn fail<T>(sh: &Shared<T>, seq: u64, e: ReplError) {
+    answer(&sh.waiters, seq, Err(e));
 }
 
 fn fail_change<T>(sh: &Shared<T>, seq: u64, e: ReplError) {
-    if let Some(w) = sh
-        .changes
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&seq)
-    {
-        let _ = w.send(Err(e));
-    }
+    answer(&sh.changes, seq, Err(e));
 }
 
 fn fail_read<T>(sh: &Shared<T>, seq: u64, e: ReplError) {
-    if let Some(w) = sh
-        .reads
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&seq)
-    {
-        let _ = w.send(Err(e));
-    }
+    answer(&sh.reads, seq, Err(e));
 }
 
 /// Fails every proposal and read still waiting.
@@ -1084,15 +1074,7 @@ impl<T: Send + 'static> Driver<T> {
             *self.sh.peers.lock().unwrap_or_else(|p| p.into_inner()) = peers;
             if let Some((id, seq)) = parse_ctx(&e.context) {
                 if id == self.sh.id {
-                    if let Some(w) = self
-                        .sh
-                        .changes
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&seq)
-                    {
-                        let _ = w.send(Ok(()));
-                    }
+                    answer(&self.sh.changes, seq, Ok(()));
                 }
             }
         }
