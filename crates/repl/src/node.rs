@@ -776,7 +776,12 @@ impl<T: Send + 'static> Driver<T> {
                     next_tick = Instant::now() + self.tick;
                 }
             }
-            if !self.reads_new.is_empty() && self.node.raft.state == StateRole::Leader {
+            // raft-rs drops a ReadIndex (silently) at a leader that has not
+            // committed an entry of its term yet: reads wait for that.
+            if !self.reads_new.is_empty()
+                && self.node.raft.state == StateRole::Leader
+                && self.node.raft.commit_to_current_term()
+            {
                 let id = self.next_round;
                 self.next_round += 1;
                 self.reads_sent
