@@ -99,7 +99,7 @@ fn heal(links: &[Vec<Option<Link>>]) {
 
 /// Three nodes whose Raft traffic from node i to node j goes through
 /// `links[i][j]`, so that the test can partition them.
-fn proxied_cluster(dir: &Path) -> (Vec<Node>, Vec<Vec<Option<Link>>>) {
+fn proxied_cluster(dir: &Path, extra: &[&str]) -> (Vec<Node>, Vec<Vec<Option<Link>>>) {
     let raft: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let client: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let links: Vec<Vec<Option<Link>>> = (0..3)
@@ -118,13 +118,9 @@ fn proxied_cluster(dir: &Path) -> (Vec<Node>, Vec<Vec<Option<Link>>>) {
                 .collect();
             let d = dir.join(format!("n{}", i + 1));
             let own = raft[i].to_string();
-            let mut n = Node::new(
-                i as u64 + 1,
-                client[i],
-                d,
-                &peers_for(&via),
-                &["--raft-port", &own],
-            );
+            let mut args = vec!["--raft-port", &own];
+            args.extend_from_slice(extra);
+            let mut n = Node::new(i as u64 + 1, client[i], d, &peers_for(&via), &args);
             n.launch();
             n
         })
@@ -304,19 +300,22 @@ fn writer(id: usize, ports: Vec<u16>, stop: Arc<AtomicBool>) -> Known {
 
 #[test]
 fn sigkill_of_the_leader_under_load_loses_no_acknowledged_write() {
-    kill_under_load(true);
+    kill_under_load(true, &[]);
 }
 
 /// The same with a follower killed: the leader keeps its quorum with the
-/// other follower, and the killed one catches up after its restart.
+/// other follower, and the killed one catches up after its restart. Its
+/// entries are applied by three threads in parallel (each writer's keys
+/// are its own): the kill lands in the middle of parallel runs, and the
+/// restart must apply what the lanes had not, once.
 #[test]
 fn sigkill_of_a_follower_under_load_loses_no_acknowledged_write() {
-    kill_under_load(false);
+    kill_under_load(false, &["--raft-apply-lanes", "3"]);
 }
 
-fn kill_under_load(kill_leader: bool) {
+fn kill_under_load(kill_leader: bool, extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let mut nodes = cluster(dir.path());
+    let mut nodes = cluster_with(dir.path(), extra);
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     let lp = leader_port(&ports);
     // The node killed: the leader, or a follower.
@@ -452,6 +451,18 @@ fn kill_under_load(kill_leader: bool) {
         })
         .collect();
     assert!(sizes.windows(2).all(|w| w[0] == w[1]), "{sizes:?}");
+    if !extra.is_empty() {
+        // The lanes did apply entries at once somewhere.
+        let par: Vec<u64> = nodes
+            .iter()
+            .map(|n| {
+                info(&mut n.con(), "raft_applied_in_parallel")
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        assert!(par.iter().any(|&p| p > 0), "{par:?}");
+    }
 }
 
 /// A follower serves every client as the leader would: writes, reads,
@@ -636,7 +647,7 @@ print("redis-py ok")
 #[test]
 fn a_partitioned_leader_serves_no_stale_read_and_the_majority_moves_on() {
     let dir = tempfile::tempdir().unwrap();
-    let (nodes, links) = proxied_cluster(dir.path());
+    let (nodes, links) = proxied_cluster(dir.path(), &[]);
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     let lp = leader_port(&ports);
     let li = ports.iter().position(|&p| p == lp).unwrap();
@@ -817,7 +828,8 @@ fn histories_under_partitions_and_kills_are_linearizable() {
         !out.status.success() && o.contains("NOT linearizable"),
         "the checker passed a stale read: {o}{e}"
     );
-    let (mut nodes, links) = proxied_cluster(dir.path());
+    // Two apply threads: the registers' entries apply in parallel.
+    let (mut nodes, links) = proxied_cluster(dir.path(), &["--raft-apply-lanes", "2"]);
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     leader_port(&ports);
     let t0 = Instant::now();

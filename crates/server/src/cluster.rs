@@ -150,7 +150,34 @@ fn deterministic(e: &engine::Error) -> bool {
     )
 }
 
-/// The apply thread's state machine.
+/// What an entry's batch writes (see `repl::StateMachine::footprint`): the
+/// hash of every store key, and the owner: the one client key (database
+/// and name) among them. Internal keys (pieces, lazy-free entries, the
+/// collections marker) have no owner of their own: a collection's pieces
+/// go with its key, and any key two entries of different owners both write
+/// sends them to one thread anyway (the hashes of every key are compared).
+fn footprint(data: &[u8], keys: &mut Vec<u64>) -> Option<u64> {
+    use std::hash::BuildHasher;
+    // Fixed seeds: every node and every restart puts an entry in the same
+    // lane (its mark depends on it).
+    let h = foldhash::fast::FixedState::with_seed(0x656d_6265_725f_6c61);
+    let batch = WriteBatch::from_bytes(data).ok()?;
+    let mut owner = None;
+    for (k, _) in batch.iter() {
+        let kh = h.hash_one(k);
+        keys.push(kh);
+        if k.first() != Some(&crate::keyspace::PIECE_PREFIX) {
+            match owner {
+                None => owner = Some(kh),
+                Some(o) if o == kh => {}
+                Some(_) => return None,
+            }
+        }
+    }
+    owner
+}
+
+/// An apply thread's state machine.
 struct Applier {
     ks: Keyspace,
     sh: Arc<Shared>,
@@ -158,9 +185,9 @@ struct Applier {
 }
 
 impl Applier {
-    fn mark(&mut self, index: u64) {
+    fn mark(&mut self, key: &[u8], index: u64) {
         let mut b = WriteBatch::new();
-        b.put(repl::APPLIED_KEY, &index.to_le_bytes());
+        b.put(key, &index.to_le_bytes());
         if let Err(e) = self.ks.sess.apply_batch(&b, &mut Vec::new()) {
             self.failed = Some(format!("recording applied index {index}: {e}"));
         }
@@ -168,7 +195,7 @@ impl Applier {
 }
 
 impl repl::StateMachine<ApplyOut> for Applier {
-    fn apply(&mut self, index: u64, data: &[u8], own: bool) -> ApplyOut {
+    fn apply(&mut self, index: u64, data: &[u8], own: bool, mark: &[u8]) -> ApplyOut {
         let batch = match WriteBatch::from_bytes(data) {
             Ok(b) => b,
             Err(e) => {
@@ -179,15 +206,17 @@ impl repl::StateMachine<ApplyOut> for Applier {
         let r = if own {
             // The proposer does the bookkeeping (key counts, TTL index,
             // WATCH) with these outcomes, as after its own apply.
-            self.ks.apply_entry_raw(batch, index).map(|o| (index, o))
+            self.ks
+                .apply_entry_raw(batch, index, mark)
+                .map(|o| (index, o))
         } else {
             self.ks
-                .apply_entry(batch, index)
+                .apply_entry(batch, index, mark)
                 .map(|()| (index, Vec::new()))
         };
         if let Err(e) = &r {
             if deterministic(e) {
-                self.mark(index);
+                self.mark(mark, index);
             } else {
                 self.failed = Some(format!("applying entry {index}: {e}"));
             }
@@ -196,7 +225,15 @@ impl repl::StateMachine<ApplyOut> for Applier {
     }
 
     fn skip(&mut self, index: u64) {
-        self.mark(index);
+        self.mark(repl::APPLIED_KEY, index);
+    }
+
+    fn footprint(&self, data: &[u8], keys: &mut Vec<u64>) -> Option<u64> {
+        footprint(data, keys)
+    }
+
+    fn lane_marks(&mut self) -> Result<Vec<u64>, String> {
+        repl::storage::read_lane_marks(&mut *self.ks.sess).map_err(|e| e.to_string())
     }
 
     fn sync(&mut self) {
@@ -218,7 +255,7 @@ impl repl::StateMachine<ApplyOut> for Applier {
                 self.sh.pubsub.publish(shard, channel, payload);
             }
         }
-        self.mark(index);
+        self.mark(repl::APPLIED_KEY, index);
         Ok((index, Vec::new()))
     }
 
@@ -260,6 +297,7 @@ pub fn start(sh: &Arc<Shared>) -> Result<Option<Arc<Cluster>>, String> {
         election_ticks: c.raft_election_ticks as usize,
         heartbeat_ticks: 2.min(c.raft_election_ticks as usize - 1).max(1),
         compact_after: c.raft_log_keep,
+        apply_lanes: c.raft_apply_lanes,
         join: c.join,
         snapshot_file: Some({
             let mut p = c.heap.clone().into_os_string();
@@ -272,13 +310,14 @@ pub fn start(sh: &Arc<Shared>) -> Result<Option<Arc<Cluster>>, String> {
     let node = repl::Handle::start(
         cfg,
         Box::new(move || s1.store.session()),
-        Box::new(move || {
+        Arc::new(move |lane| {
             let sess = s2
                 .store
                 .session()
                 .expect("a store session for the apply thread");
-            // The key counts' shard after the workers' is this thread's.
-            let shard = s2.cfg().threads;
+            // The key counts' shards after the workers' are the apply
+            // threads'.
+            let shard = s2.cfg().threads + lane;
             let mut ks = Keyspace::new(sess, s2.counts.clone(), shard, s2.hk.clone());
             ks.set_watches(s2.watches.clone());
             Box::new(Applier {
@@ -385,7 +424,7 @@ pub fn info_section(sh: &Shared) -> Option<String> {
     }
     let _ = write!(
         o,
-        "master_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_repl_offset:{}\r\nraft_node_id:{}\r\nraft_leader_id:{}\r\nraft_term:{}\r\nraft_commit_index:{}\r\nraft_applied_index:{}\r\nraft_last_index:{}\r\nraft_first_index:{}\r\nraft_failed:{}\r\n\r\n",
+        "master_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_repl_offset:{}\r\nraft_node_id:{}\r\nraft_leader_id:{}\r\nraft_term:{}\r\nraft_commit_index:{}\r\nraft_applied_index:{}\r\nraft_last_index:{}\r\nraft_first_index:{}\r\nraft_failed:{}\r\nraft_apply_lanes:{}\r\nraft_applied_in_parallel:{}\r\n\r\n",
         sh.run_id,
         st.applied,
         st.id,
@@ -396,6 +435,8 @@ pub fn info_section(sh: &Shared) -> Option<String> {
         st.last_index,
         st.first_index,
         st.failed.as_deref().unwrap_or("no"),
+        st.apply_lanes,
+        st.applied_in_parallel,
     );
     Some(o)
 }

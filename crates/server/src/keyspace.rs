@@ -629,16 +629,18 @@ impl Keyspace {
     }
 
     /// Applies a committed entry's batch that this node's proposer awaits,
-    /// with `index` recorded as applied in the same batch; returns the
+    /// with `index` recorded as applied under `mark` in the same batch
+    /// (`repl::APPLIED_KEY` or an apply lane's mark); returns the
     /// outcomes of the batch's own operations (the proposer's
     /// [`Self::apply`] does the bookkeeping with them).
     pub fn apply_entry_raw(
         &mut self,
         mut batch: WriteBatch,
         index: u64,
+        mark: &[u8],
     ) -> engine::Result<Vec<Outcome>> {
         let n = batch.len();
-        batch.put(repl::APPLIED_KEY, &index.to_le_bytes());
+        batch.put(mark, &index.to_le_bytes());
         let mut out = Vec::with_capacity(n + 1);
         self.sess.apply_batch(&batch, &mut out)?;
         out.truncate(n);
@@ -647,9 +649,14 @@ impl Keyspace {
 
     /// Applies a committed entry's batch proposed elsewhere (a follower's
     /// apply, or a new leader's of its predecessor's entries), `index`
-    /// recorded as applied in the same batch, with the bookkeeping a local
+    /// recorded as applied under `mark` in the same batch, with the bookkeeping a local
     /// write does (key counts, TTL index, lazy free, WATCH).
-    pub fn apply_entry(&mut self, batch: WriteBatch, index: u64) -> engine::Result<()> {
+    pub fn apply_entry(
+        &mut self,
+        batch: WriteBatch,
+        index: u64,
+        mark: &[u8],
+    ) -> engine::Result<()> {
         debug_assert!(!self.has_staged() && self.repl.is_none());
         // What each removal deletes (whether it had a TTL), for the counts.
         let mut before = Vec::with_capacity(batch.len() + 1);
@@ -664,7 +671,7 @@ impl Keyspace {
             });
         }
         self.staged = batch;
-        self.staged.put(repl::APPLIED_KEY, &index.to_le_bytes());
+        self.staged.put(mark, &index.to_le_bytes());
         before.push(None);
         self.before = before;
         match self.apply() {
