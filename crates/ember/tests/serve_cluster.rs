@@ -518,13 +518,123 @@ fn a_follower_forwards_to_the_leader_and_readonly_reads_locally() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let _: () = redis::cmd("READWRITE").query(&mut fc).unwrap();
-    // A blocking pop is the leader's: the follower refuses it as a replica.
-    let e = redis::cmd("BLPOP")
-        .arg("q")
-        .arg(1)
-        .query::<redis::Value>(&mut fc)
-        .unwrap_err();
-    assert_eq!(e.code(), Some("READONLY"), "{e}");
+}
+
+/// Blocking commands at a follower wait at the leader without holding the
+/// follower's worker: a push wakes them, their pipelined requests follow
+/// their reply, timeouts and CLIENT UNBLOCK (TIMEOUT and ERROR) work, and a
+/// client that goes while it waits takes nothing.
+#[test]
+fn blocking_commands_at_a_follower_wait_at_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster(dir.path());
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let lp = leader_port(&ports);
+    let f = nodes.iter().find(|n| n.port != lp).unwrap();
+    let leader = nodes.iter().find(|n| n.port == lp).unwrap();
+    let blocked_at_leader = || -> i64 {
+        serve_common::info_field(&mut leader.con(), "clients", "blocked_clients")
+            .parse()
+            .unwrap()
+    };
+    let wait_blocked = |n: i64| {
+        let t = Instant::now();
+        while blocked_at_leader() != n {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "blocked clients never {n}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let mut other = f.con();
+    // Connections go to the node's two workers in turn: the next one after
+    // this is served by `other`'s worker.
+    let _pad = f.con();
+    // BLPOP woken by a push through the same follower; meanwhile the
+    // follower's worker serves the other client.
+    let url = f.url();
+    let a = std::thread::spawn(move || {
+        let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let mut p = redis::pipe();
+        p.cmd("BLPOP").arg("q").arg(0).cmd("PING");
+        p.query::<(Option<(String, String)>, String)>(&mut c)
+            .unwrap()
+    });
+    wait_blocked(1);
+    let _: () = other.set("k", "v").unwrap();
+    assert_eq!(other.get::<_, String>("k").unwrap(), "v");
+    let _: i64 = other.rpush("q", "x").unwrap();
+    let (got, pong) = a.join().unwrap();
+    assert_eq!(got, Some(("q".into(), "x".into())));
+    assert_eq!(pong, "PONG", "the pipelined request after the blocking one");
+    // BLMOVE, then a timeout.
+    let url = f.url();
+    let b = std::thread::spawn(move || {
+        let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+        redis::cmd("BLMOVE")
+            .arg(&["src", "dst", "LEFT", "RIGHT", "0"])
+            .query::<Option<String>>(&mut c)
+            .unwrap()
+    });
+    wait_blocked(1);
+    let _: i64 = other.rpush("src", "m").unwrap();
+    assert_eq!(b.join().unwrap(), Some("m".into()));
+    assert_eq!(other.lrange::<_, Vec<String>>("dst", 0, -1).unwrap(), ["m"]);
+    let mut c = f.con();
+    let t = Instant::now();
+    let r: Option<(String, String)> = redis::cmd("BRPOP")
+        .arg("none")
+        .arg(0.2)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(r, None);
+    assert!(t.elapsed() >= Duration::from_millis(200));
+    // CLIENT UNBLOCK at the follower, with TIMEOUT and with ERROR.
+    for error in [false, true] {
+        let url = f.url();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || {
+            let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+            let id: i64 = redis::cmd("CLIENT").arg("ID").query(&mut c).unwrap();
+            tx.send(id).unwrap();
+            redis::cmd("BZPOPMIN")
+                .arg("z")
+                .arg(0)
+                .query::<Option<(String, String, f64)>>(&mut c)
+        });
+        let id = rx.recv().unwrap();
+        wait_blocked(1);
+        let mut u = redis::cmd("CLIENT");
+        u.arg("UNBLOCK").arg(id);
+        if error {
+            u.arg("ERROR");
+        }
+        assert_eq!(u.query::<i64>(&mut other).unwrap(), 1);
+        match h.join().unwrap() {
+            Ok(r) => {
+                assert!(!error, "UNBLOCK ERROR gave {r:?}");
+                assert_eq!(r, None);
+            }
+            Err(e) => {
+                assert!(error, "{e}");
+                assert_eq!(e.code(), Some("UNBLOCKED"), "{e}");
+            }
+        }
+        wait_blocked(0);
+    }
+    // A client that goes while it waits: the leader's wait ends, and a
+    // later push stays in the list.
+    {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", f.port)).unwrap();
+        s.write_all(b"*3\r\n$5\r\nBLPOP\r\n$4\r\ngone\r\n$1\r\n0\r\n")
+            .unwrap();
+        wait_blocked(1);
+    }
+    wait_blocked(0);
+    let _: i64 = other.rpush("gone", "kept").unwrap();
+    assert_eq!(other.llen::<_, i64>("gone").unwrap(), 1);
 }
 
 /// Every node answers Sentinel's discovery commands with the leader as

@@ -26,10 +26,12 @@
 //! queue with its EXEC, WATCH) and reads to the leader over that client's
 //! own connection to it ([`Forward`]), and relays the leader's replies as
 //! they come; after READONLY, reads are served from the follower's applied
-//! state (possibly behind the leader). Blocking pops are refused with
-//! Redis's replica error (`-READONLY You can't write against a read only
-//! replica.`), which is also what a write gets on a node that is not the
-//! leader. A follower deletes no expired key on its own (as a Redis
+//! state (possibly behind the leader). A blocking pop is forwarded too and
+//! waits at the leader on a thread of its own, so the worker serves its
+//! other clients meanwhile (`forward_blocking`); CLIENT UNBLOCK of such a
+//! client is passed on. A write at a node that is not the leader and cannot
+//! be forwarded gets Redis's replica error (`-READONLY You can't write
+//! against a read only replica.`). A follower deletes no expired key on its own (as a Redis
 //! replica): the leader's deletions arrive as entries. The lazy free of a
 //! deleted collection's pieces is local on every node
 //! (`Keyspace::set_local`).
@@ -50,6 +52,10 @@ pub struct Cluster {
     /// How long a write waits for its entry before it is answered with an
     /// error (the node steps down well before, when it loses its quorum).
     pub write_timeout: Duration,
+    /// Clients of this node waiting in a blocking command forwarded to the
+    /// leader: this node's client id -> (the leader, its connection's
+    /// client id there), for CLIENT UNBLOCK.
+    pub fwd_blocked: std::sync::Mutex<std::collections::HashMap<u64, (u64, u64)>>,
 }
 
 /// Why a replicated write failed, as the client is told.
@@ -330,6 +336,7 @@ pub fn start(sh: &Arc<Shared>) -> Result<Option<Arc<Cluster>>, String> {
     Ok(Some(Arc::new(Cluster {
         node,
         write_timeout: Duration::from_secs(30),
+        fwd_blocked: Default::default(),
     })))
 }
 
@@ -621,14 +628,72 @@ pub struct Forward {
     stream: std::net::TcpStream,
     db: u8,
     buf: Vec<u8>,
+    /// The connection's client id at the leader (CLIENT UNBLOCK of a
+    /// forwarded blocking command names it there).
+    leader_client: u64,
+}
+
+/// A blocking command forwarded to the leader (BLPOP, BLMOVE, BZPOPMIN...
+/// at a follower): a thread waits for the leader's reply, so that the
+/// worker serves its other clients meanwhile; the client's own input waits
+/// (as a blocked client's does) until the worker takes the reply
+/// ([`FwdWait::take`]).
+pub struct FwdWait {
+    slot: Arc<std::sync::Mutex<Option<FwdDone>>>,
+    /// Shut down when the client goes: the leader then ends the wait, and
+    /// takes nothing for it.
+    stream: Option<std::net::TcpStream>,
+    /// This client's id here, registered in [`Cluster::fwd_blocked`].
+    id: u64,
+}
+
+/// The leader's reply (or why there is none) and the connection back.
+type FwdDone = (Result<Vec<u8>, String>, Option<Box<Forward>>);
+
+impl FwdWait {
+    /// The reply once it came: appended to the client's output, its
+    /// connection to the leader given back; false while it waits.
+    pub(crate) fn take(c: &mut crate::server::Client, cl: &Cluster) -> bool {
+        let Some(w) = c.fwd_wait.as_ref() else {
+            return true;
+        };
+        let Some((r, f)) = w.slot.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return false;
+        };
+        cl.fwd_blocked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&w.id);
+        c.fwd_wait = None;
+        c.fwd = f;
+        match r {
+            Ok(r) => c.out.extend_from_slice(&r),
+            Err(e) => c.err(&format!("TRYAGAIN forwarding to the leader failed: {e}")),
+        }
+        true
+    }
+
+    /// The client goes while it waits.
+    pub(crate) fn abandon(c: &mut crate::server::Client, cl: Option<&Cluster>) {
+        if let Some(w) = c.fwd_wait.take() {
+            if let Some(s) = &w.stream {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            if let Some(cl) = cl {
+                cl.fwd_blocked
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&w.id);
+            }
+        }
+    }
 }
 
 /// The node when request `spec` from `c` is the leader's business: this
 /// node is a follower, and the command writes or may (a script, a
 /// transaction's EXEC, WATCH), or reads keys and the client did not ask
-/// for local reads with READONLY. [`forward`] sends it there (a blocking
-/// pop it refuses). Pub/Sub, XREAD BLOCK and the connection's own
-/// commands stay here.
+/// for local reads with READONLY. [`forward`] sends it there. Pub/Sub,
+/// XREAD BLOCK and the connection's own commands stay here.
 pub fn forwarded<'a>(
     sh: &'a Shared,
     c: &crate::server::Client,
@@ -647,9 +712,8 @@ pub fn forwarded<'a>(
     }
     let write = f.contains(Flags::WRITE) || f.contains(Flags::MAY_REPLICATE);
     if f.contains(Flags::BLOCKING) {
-        // A blocking pop would hold this node's worker while it waits at
-        // the leader: refused as a Redis replica refuses it (see
-        // `forward`); XREAD BLOCK (a read) waits here.
+        // A blocking pop (or XREADGROUP) waits at the leader, on a thread
+        // of its own (`forward_blocking`); XREAD BLOCK (a read) waits here.
         return write.then_some(cl);
     }
     let read = f.contains(Flags::READONLY) && !c.readonly;
@@ -746,8 +810,10 @@ impl Forward {
             stream,
             db: 0,
             buf: Vec::new(),
+            leader_client: 0,
         };
-        // The same password and protocol as the client's.
+        // The same password and protocol as the client's; then the
+        // connection's id there.
         let mut setup: Vec<Vec<Vec<u8>>> = Vec::new();
         if let Some(pw) = sh.cfg().requirepass.clone() {
             setup.push(vec![b"AUTH".to_vec(), pw.into_bytes()]);
@@ -755,15 +821,23 @@ impl Forward {
         if c.resp == proto::Version::Resp3 {
             setup.push(vec![b"HELLO".to_vec(), b"3".to_vec()]);
         }
-        if !setup.is_empty() {
-            let mut out = Vec::new();
-            for r in &setup {
-                encode_request(&mut out, r);
+        setup.push(vec![b"CLIENT".to_vec(), b"ID".to_vec()]);
+        let mut out = Vec::new();
+        for r in &setup {
+            encode_request(&mut out, r);
+        }
+        f.stream.write_all(&out).map_err(|e| e.to_string())?;
+        for i in 0..setup.len() {
+            let n = f.read_reply()?;
+            if i + 1 == setup.len() {
+                // `:<id>\r\n`
+                f.leader_client = std::str::from_utf8(&f.buf[..n])
+                    .ok()
+                    .and_then(|r| r.strip_prefix(':'))
+                    .and_then(|r| r.trim_end().parse().ok())
+                    .unwrap_or(0);
             }
-            f.stream.write_all(&out).map_err(|e| e.to_string())?;
-            for _ in &setup {
-                f.read_reply()?;
-            }
+            f.buf.drain(..n);
         }
         Ok(f)
     }
@@ -853,8 +927,7 @@ pub fn forward(
         _ => args,
     };
     if spec.flags.contains(crate::cmd::Flags::BLOCKING) {
-        c.err(&error_text(&repl::ReplError::NotLeader(None)));
-        return true;
+        return forward_blocking(cl, sh, c, args);
     }
     let multi = if spec.name == "exec" {
         c.multi.take()
@@ -910,6 +983,105 @@ pub fn forward(
             true
         }
     }
+}
+
+/// A blocking command at a follower: sent to the leader over the client's
+/// connection there, on a thread that waits for the reply (the leader
+/// applies its timeout; CLIENT UNBLOCK here is passed on); the worker takes
+/// the reply on its loop (`Worker::reap_forwards`). True when it failed at
+/// once (answered).
+fn forward_blocking(
+    cl: &Cluster,
+    sh: &Shared,
+    c: &mut crate::server::Client,
+    args: &[Vec<u8>],
+) -> bool {
+    let Some((worker, _)) = c.home else {
+        // The in-process executor (a script, a transaction) never forwards.
+        c.err(&error_text(&repl::ReplError::NotLeader(None)));
+        return true;
+    };
+    let leader = cl.node.status().leader;
+    if c.fwd.as_ref().is_none_or(|f| Some(f.leader) != leader) {
+        c.fwd = None;
+        match Forward::open(cl, sh, c) {
+            Ok(f) => c.fwd = Some(Box::new(f)),
+            Err(e) => {
+                c.err(&format!(
+                    "TRYAGAIN forwarding to the leader failed: {e} (the command was not sent)"
+                ));
+                return true;
+            }
+        }
+    }
+    let Some(mut f) = c.fwd.take() else {
+        return true;
+    };
+    let slot = Arc::new(std::sync::Mutex::new(None));
+    let stream = f.stream.try_clone().ok();
+    cl.fwd_blocked
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(c.id, (f.leader, f.leader_client));
+    c.fwd_wait = Some(Box::new(FwdWait {
+        slot: slot.clone(),
+        stream,
+        id: c.id,
+    }));
+    let (db, args) = (c.db, args.to_vec());
+    let waker = sh.pubsub.waker(worker);
+    let write_timeout = cl.write_timeout;
+    let spawned = std::thread::Builder::new()
+        .name("fwd-block".into())
+        .spawn(move || {
+            // The wait is the command's: no read timeout of ours.
+            let _ = f.stream.set_read_timeout(None);
+            let r = f.call(db, &[&args]);
+            let _ = f.stream.set_read_timeout(Some(write_timeout));
+            let back = r.is_ok().then_some(f);
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some((r, back));
+            // The worker takes it on its next loop turn.
+            if let Some(w) = waker {
+                let _ = w.wake();
+            }
+        });
+    if let Err(e) = spawned {
+        FwdWait::abandon(c, Some(cl));
+        c.err(&format!("TRYAGAIN forwarding to the leader failed: {e}"));
+        return true;
+    }
+    false
+}
+
+/// CLIENT UNBLOCK at a follower of a client waiting in a forwarded blocking
+/// command: passed on to the leader for that client's connection there.
+/// None when `id` is not such a client.
+pub fn unblock_forwarded(
+    cl: &Cluster,
+    sh: &Shared,
+    c: &crate::server::Client,
+    id: u64,
+    error: bool,
+) -> Option<bool> {
+    let (leader, there) = *cl
+        .fwd_blocked
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&id)?;
+    let mut f = Forward::open(cl, sh, c).ok()?;
+    if f.leader != leader {
+        return Some(false);
+    }
+    let mut req = vec![
+        b"CLIENT".to_vec(),
+        b"UNBLOCK".to_vec(),
+        there.to_string().into_bytes(),
+    ];
+    if error {
+        req.push(b"ERROR".to_vec());
+    }
+    let r = f.call(0, &[&req]).ok()?;
+    Some(r.starts_with(b":1"))
 }
 
 /// READONLY: a follower's reads of this connection are served from its own

@@ -311,6 +311,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     pump_woke: false,
                     kill_epoch: 0,
                     paused: Vec::new(),
+                    fwd_waiting: Vec::new(),
                 }
                 .run()
             })
