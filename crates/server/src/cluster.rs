@@ -943,17 +943,9 @@ pub fn forward(
     reqs.push(args);
     let mut result = Err(String::new());
     for _attempt in 0..2 {
-        let leader = cl.node.status().leader;
-        if c.fwd.as_ref().is_none_or(|f| Some(f.leader) != leader) {
-            c.fwd = None;
-            match Forward::open(cl, sh, c) {
-                Ok(f) => c.fwd = Some(Box::new(f)),
-                Err(e) => {
-                    // Nothing was sent: the command did not run.
-                    result = Err(format!("{e} (the command was not sent)"));
-                    break;
-                }
-            }
+        if let Err(e) = connect_leader(cl, sh, c) {
+            result = Err(e);
+            break;
         }
         let Some(f) = c.fwd.as_mut() else { break };
         result = f.call(c.db, &reqs);
@@ -985,6 +977,18 @@ pub fn forward(
     }
 }
 
+/// Opens the client's connection to the leader unless it has one to the
+/// current leader. Err: nothing was sent, the command did not run.
+fn connect_leader(cl: &Cluster, sh: &Shared, c: &mut crate::server::Client) -> Result<(), String> {
+    let leader = cl.node.status().leader;
+    if c.fwd.as_ref().is_none_or(|f| Some(f.leader) != leader) {
+        c.fwd = None;
+        let f = Forward::open(cl, sh, c).map_err(|e| format!("{e} (the command was not sent)"))?;
+        c.fwd = Some(Box::new(f));
+    }
+    Ok(())
+}
+
 /// A blocking command at a follower: sent to the leader over the client's
 /// connection there, on a thread that waits for the reply (the leader
 /// applies its timeout; CLIENT UNBLOCK here is passed on); the worker takes
@@ -1001,18 +1005,9 @@ fn forward_blocking(
         c.err(&error_text(&repl::ReplError::NotLeader(None)));
         return true;
     };
-    let leader = cl.node.status().leader;
-    if c.fwd.as_ref().is_none_or(|f| Some(f.leader) != leader) {
-        c.fwd = None;
-        match Forward::open(cl, sh, c) {
-            Ok(f) => c.fwd = Some(Box::new(f)),
-            Err(e) => {
-                c.err(&format!(
-                    "TRYAGAIN forwarding to the leader failed: {e} (the command was not sent)"
-                ));
-                return true;
-            }
-        }
+    if let Err(e) = connect_leader(cl, sh, c) {
+        c.err(&format!("TRYAGAIN forwarding to the leader failed: {e}"));
+        return true;
     }
     let Some(mut f) = c.fwd.take() else {
         return true;
