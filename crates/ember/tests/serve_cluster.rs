@@ -637,6 +637,58 @@ fn blocking_commands_at_a_follower_wait_at_the_leader() {
     assert_eq!(other.llen::<_, i64>("gone").unwrap(), 1);
 }
 
+/// A follower's client that reads locally (READONLY) with CLIENT TRACKING
+/// on is told when a replicated write changes a key it read, as after a
+/// local write (RESP3 push).
+#[test]
+fn tracking_clients_of_a_follower_are_invalidated_by_replicated_writes() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster(dir.path());
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let lp = leader_port(&ports);
+    let f = nodes.iter().find(|n| n.port != lp).unwrap();
+    let mut lc = nodes.iter().find(|n| n.port == lp).unwrap().con();
+    let _: () = lc.set("tk", "1").unwrap();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", f.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut until = |s: &mut std::net::TcpStream, what: &[u8]| {
+        let t = Instant::now();
+        let mut buf = [0u8; 4096];
+        while !seen.windows(what.len()).any(|w| w == what) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "no {:?} in {:?}",
+                String::from_utf8_lossy(what),
+                String::from_utf8_lossy(&seen)
+            );
+            if let Ok(n) = s.read(&mut buf) {
+                seen.extend_from_slice(&buf[..n]);
+            }
+        }
+        seen.clear();
+    };
+    s.write_all(b"HELLO 3\r\nREADONLY\r\nCLIENT TRACKING on\r\n")
+        .unwrap();
+    until(&mut s, b"+OK\r\n+OK\r\n");
+    // The follower applied the SET before its local read finds it.
+    let t = Instant::now();
+    loop {
+        s.write_all(b"GET tk\r\n").unwrap();
+        let mut buf = [0u8; 256];
+        std::thread::sleep(Duration::from_millis(20));
+        let n = s.read(&mut buf).unwrap_or(0);
+        if buf[..n].starts_with(b"$1\r\n1") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10));
+    }
+    let _: () = lc.set("tk", "2").unwrap();
+    until(&mut s, b">2\r\n$10\r\ninvalidate\r\n*1\r\n$2\r\ntk\r\n");
+}
+
 /// Every node answers Sentinel's discovery commands with the leader as
 /// master `mymaster`; redis-py's Sentinel client finds the leader through
 /// any node, writes, and follows a failover.

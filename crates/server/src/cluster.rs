@@ -246,6 +246,9 @@ impl repl::StateMachine<ApplyOut> for Applier {
         if let Err(e) = self.ks.sess.commit() {
             self.failed = Some(format!("committing applied entries: {e}"));
         }
+        // Clients of this node that track keys the entries changed (a
+        // follower's READONLY readers) are told, as after a local write.
+        crate::tracking::flush_turn(&self.sh, &mut self.ks);
     }
 
     fn failed(&self) -> Option<String> {
@@ -326,6 +329,7 @@ pub fn start(sh: &Arc<Shared>) -> Result<Option<Arc<Cluster>>, String> {
             let shard = s2.cfg().threads + lane;
             let mut ks = Keyspace::new(sess, s2.counts.clone(), shard, s2.hk.clone());
             ks.set_watches(s2.watches.clone());
+            ks.track.set_registry(s2.tracking.clone());
             Box::new(Applier {
                 ks,
                 sh: s2.clone(),
