@@ -126,6 +126,111 @@ impl Cluster {
     }
 }
 
+/// The first byte of an event entry's data: a Pub/Sub message (0 and 1:
+/// its shard flag, see [`Cluster::publish`]) or keyspace events.
+const EVENT_NOTIFY: u8 = 2;
+
+/// At a cluster's leader, as a worker publishes its keyspace events: the
+/// same events go to the other nodes' subscribers in an event entry,
+/// proposed without waiting (the writes they tell of are already
+/// committed). Called by [`crate::notify::flush_pending`].
+pub fn replicate_events(sh: &Shared, ks: &Keyspace) {
+    if !ks.replicates() {
+        return;
+    }
+    let Some(cl) = sh.cluster.get() else {
+        return;
+    };
+    if !cl.is_leader() {
+        return;
+    }
+    let mut data = vec![EVENT_NOTIFY];
+    data.extend_from_slice(&cl.node.id().to_le_bytes());
+    encode_note(ks, &mut data);
+    cl.node.abandon(cl.node.propose_event(&data));
+}
+
+/// The keyspace events `ks` holds: per event u8 kind (0 a key found
+/// expired, 1 a command's event, 2 a key a write created), u32 class, u8
+/// name length, name, u32 store-key length, store key.
+fn encode_note(ks: &Keyspace, v: &mut Vec<u8>) {
+    let mut put = |kind: u8, class: u32, name: &str, sk: &[u8]| {
+        v.push(kind);
+        v.extend_from_slice(&class.to_le_bytes());
+        v.push(name.len() as u8);
+        v.extend_from_slice(name.as_bytes());
+        v.extend_from_slice(&(sk.len() as u32).to_le_bytes());
+        v.extend_from_slice(sk);
+    };
+    for sk in &ks.expired_log {
+        put(0, crate::notify::EXPIRED, "expired", sk);
+    }
+    for (class, name, sk) in &ks.events {
+        put(1, *class, name, sk);
+    }
+    for sk in &ks.created_log {
+        put(2, crate::notify::NEW, "new", sk);
+    }
+}
+
+/// An entry's note read back into `ks`'s pending events (published by
+/// [`crate::notify::flush_pending`]); false when it is malformed.
+fn decode_note(ks: &mut Keyspace, mut b: &[u8]) -> bool {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (h, t) = (b.get(..n)?, b.get(n..)?);
+        *b = t;
+        Some(h)
+    }
+    while !b.is_empty() {
+        let Some(kind) = take(&mut b, 1).map(|k| k[0]) else {
+            return false;
+        };
+        let Some(class) =
+            take(&mut b, 4).map(|c| u32::from_le_bytes(c.try_into().unwrap_or_default()))
+        else {
+            return false;
+        };
+        let Some(n) = take(&mut b, 1).map(|n| n[0] as usize) else {
+            return false;
+        };
+        let Some(name) = take(&mut b, n).and_then(intern) else {
+            return false;
+        };
+        let Some(n) =
+            take(&mut b, 4).map(|n| u32::from_le_bytes(n.try_into().unwrap_or_default()) as usize)
+        else {
+            return false;
+        };
+        let Some(sk) = take(&mut b, n) else {
+            return false;
+        };
+        match kind {
+            0 => ks.expired_log.push(sk.to_vec()),
+            2 => ks.created_log.push(sk.to_vec()),
+            _ => ks.events.push((class, name, sk.to_vec())),
+        }
+    }
+    true
+}
+
+/// Event names as `&'static str` (the keyspace's event list holds Redis's
+/// names as static strings): each distinct name read from an entry is
+/// kept once (Redis has about a hundred).
+fn intern(name: &[u8]) -> Option<&'static str> {
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let name = std::str::from_utf8(name).ok()?;
+    let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(n) = names.iter().find(|n| **n == name) {
+        return Some(n);
+    }
+    if names.len() >= 1024 {
+        return None;
+    }
+    let n: &'static str = Box::leak(name.to_string().into_boxed_str());
+    names.push(n);
+    Some(n)
+}
+
 /// A publish event's parts: (shard channel?, channel, payload).
 fn decode_publish(data: &[u8]) -> Option<(bool, &[u8], &[u8])> {
     let shard = *data.first()? == 1;
@@ -216,9 +321,14 @@ impl repl::StateMachine<ApplyOut> for Applier {
                 .apply_entry_raw(batch, index, mark)
                 .map(|o| (index, o))
         } else {
-            self.ks
+            let r = self
+                .ks
                 .apply_entry(batch, index, mark)
-                .map(|()| (index, Vec::new()))
+                .map(|()| (index, Vec::new()));
+            // Its keyspace events (`new` too) come in the event entry the
+            // leader proposes after it.
+            self.ks.created_log.clear();
+            r
         };
         if let Err(e) = &r {
             if deterministic(e) {
@@ -259,7 +369,22 @@ impl repl::StateMachine<ApplyOut> for Applier {
         // A message published at the leader: delivered to this node's
         // subscribers (the proposer's node delivers it itself, counting
         // its receivers for the reply).
-        if !own {
+        if data.first() == Some(&EVENT_NOTIFY) {
+            // Keyspace events, published here unless this node proposed
+            // them (its worker published them first).
+            let from = data
+                .get(1..9)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
+            if from != Some(self.sh.cluster.get().map_or(0, |c| c.node.id())) {
+                if decode_note(&mut self.ks, &data[9..]) {
+                    crate::notify::flush_pending(&self.sh, &mut self.ks);
+                } else {
+                    self.ks.events.clear();
+                    self.ks.expired_log.clear();
+                    self.ks.created_log.clear();
+                }
+            }
+        } else if !own {
             if let Some((shard, channel, payload)) = decode_publish(data) {
                 self.sh.pubsub.publish(shard, channel, payload);
             }
@@ -330,6 +455,7 @@ pub fn start(sh: &Arc<Shared>) -> Result<Option<Arc<Cluster>>, String> {
             let mut ks = Keyspace::new(sess, s2.counts.clone(), shard, s2.hk.clone());
             ks.set_watches(s2.watches.clone());
             ks.track.set_registry(s2.tracking.clone());
+            ks.notify = s2.pubsub.notify_flags().clone();
             Box::new(Applier {
                 ks,
                 sh: s2.clone(),

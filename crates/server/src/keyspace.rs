@@ -628,6 +628,12 @@ impl Keyspace {
         Ok(())
     }
 
+    /// Whether this keyspace's writes are replicated (a cluster node's
+    /// worker; not its apply threads').
+    pub fn replicates(&self) -> bool {
+        self.repl.is_some()
+    }
+
     /// Applies a committed entry's batch that this node's proposer awaits,
     /// with `index` recorded as applied under `mark` in the same batch
     /// (`repl::APPLIED_KEY` or an apply lane's mark); returns the

@@ -129,6 +129,8 @@ pub fn flush_pending(sh: &Shared, ks: &mut Keyspace) {
     if ks.expired_log.is_empty() && ks.created_log.is_empty() && ks.events.is_empty() {
         return;
     }
+    // A cluster's leader sends them to the other nodes too.
+    crate::cluster::replicate_events(sh, ks);
     let f = sh.pubsub.notify_flags().load(Ordering::Relaxed);
     for k in std::mem::take(&mut ks.expired_log) {
         if f & EXPIRED != 0 {
