@@ -562,6 +562,13 @@ fn blocking_commands_at_a_follower_wait_at_the_leader() {
             .unwrap()
     });
     wait_blocked(1);
+    // The follower counts it blocked too (INFO, CLIENT LIST flag b).
+    assert_eq!(
+        serve_common::info_field(&mut other, "clients", "blocked_clients"),
+        "1"
+    );
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut other).unwrap();
+    assert!(list.lines().any(|l| l.contains("flags=b")), "{list}");
     let _: () = other.set("k", "v").unwrap();
     assert_eq!(other.get::<_, String>("k").unwrap(), "v");
     let _: i64 = other.rpush("q", "x").unwrap();

@@ -795,6 +795,9 @@ impl FwdWait {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&w.id);
         c.fwd_wait = None;
+        c.meta
+            .blocked
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         c.fwd = f;
         match r {
             Ok(r) => c.out.extend_from_slice(&r),
@@ -806,6 +809,9 @@ impl FwdWait {
     /// The client goes while it waits.
     pub(crate) fn abandon(c: &mut crate::server::Client, cl: Option<&Cluster>) {
         if let Some(w) = c.fwd_wait.take() {
+            c.meta
+                .blocked
+                .store(false, std::sync::atomic::Ordering::Relaxed);
             if let Some(s) = &w.stream {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
@@ -1148,6 +1154,9 @@ fn forward_blocking(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(c.id, (f.leader, f.leader_client));
+    c.meta
+        .blocked
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     c.fwd_wait = Some(Box::new(FwdWait {
         slot: slot.clone(),
         stream,

@@ -1025,7 +1025,10 @@ impl Worker {
                 .clients
                 .iter()
                 .filter(|(_, c)| {
-                    c.last_active.elapsed() > limit && c.out.is_empty() && c.blocked.is_none()
+                    c.last_active.elapsed() > limit
+                        && c.out.is_empty()
+                        && c.blocked.is_none()
+                        && c.fwd_wait.is_none()
                 })
                 .map(|(t, _)| *t)
                 .collect();
