@@ -49,6 +49,14 @@ pub const GC_PREFIX: &[u8] = &[PIECE_PREFIX, PIECE_PREFIX, b'g', b'c'];
 /// The prefix of the flush markers' keys (`0xFF 0xFF "flush" ‖ db`, 8 bytes).
 pub const FLUSH_PREFIX: &[u8] = &[PIECE_PREFIX, PIECE_PREFIX, b'f', b'l', b'u', b's', b'h'];
 
+/// The SWAPDB marker's key (`0xFF 0xFF "swapdb"`, 0xFF being
+/// [`PIECE_PREFIX`]); its value is the two databases and the phase reached
+/// (see `cmd::keys::swap_dbs`).
+pub const SWAP_MARKER: &[u8] = b"\xff\xffswapdb";
+/// The prefix under which a SWAPDB parks the first database's keys
+/// (`0xFF 0xFF "swaptmp" ‖ key`, the value unchanged).
+pub const SWAP_TMP: &[u8] = b"\xff\xffswaptmp";
+
 /// Set in a free-list entry's first byte (with the kind) while a COPY is
 /// still writing the collection: the entry is then followed by the
 /// writing run's [`Housekeeping::run`] (u64 LE) and the head so far. The

@@ -29,7 +29,8 @@
 //! The batch is the unit a log, a replica or a transaction takes.
 //!
 //! # Atomicity
-//! String gets of one key take no lock (MGET of several keys and
+//! String gets of one key take no lock (they read again under it when a
+//! SWAPDB moved keys meanwhile: [`Stripes::moving`]; MGET of several keys and
 //! collection reads take the keys' stripe locks: see [`crate::coll`]). Every command that writes takes the stripe locks of its
 //! keys (sorted, so multi-key commands cannot deadlock) around its
 //! read-modify-write and applies its batch before it releases them, so
@@ -39,9 +40,9 @@
 //! engines ([`engine::Session::apply_batch`]): after a restart MSET, MSETNX,
 //! RENAME and every other command that applies one batch left all of its
 //! writes or none, and an acknowledged one all; a batch that fails (an
-//! increment of a non-integer) applies nothing. FLUSHDB and FLUSHALL are
-//! several batches behind a flush marker that a restart completes
-//! (`cmd::finish_flushes`). The `volatile` engine applies a batch operation
+//! increment of a non-integer) applies nothing. FLUSHDB, FLUSHALL and
+//! SWAPDB are several batches behind a marker that a restart completes
+//! (`cmd::finish_flushes`, `cmd::finish_swap`). The `volatile` engine applies a batch operation
 //! by operation.
 
 use crate::counts::{Delta, KeyCounts};
@@ -187,6 +188,11 @@ pub struct Stripes {
     /// Seeded per process (the stripes are not persistent). Keys that share a
     /// stripe only take turns at its lock: there is no chain to walk.
     hasher: foldhash::fast::RandomState,
+    /// A sequence lock for the readers that take no lock: odd while a
+    /// SWAPDB (holding every stripe) moves keys between databases, bumped
+    /// again when it is done. A reader that saw it odd or changed reads
+    /// again under its key's stripe lock ([`Keyspace::get`]).
+    moving: std::sync::atomic::AtomicU64,
 }
 
 impl Stripes {
@@ -194,7 +200,16 @@ impl Stripes {
         Stripes {
             locks: (0..n.next_power_of_two()).map(|_| Mutex::new(())).collect(),
             hasher: foldhash::fast::RandomState::default(),
+            moving: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Marks the start (then the end) of keys moving between databases
+    /// while every stripe is held (SWAPDB): lock-free readers meanwhile
+    /// read again under their stripe lock.
+    pub fn moving(&self) {
+        self.moving
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn index(&self, skey: &[u8]) -> usize {
@@ -887,16 +902,32 @@ impl Keyspace {
     }
 
     fn get_sk(&mut self, stripes: &Stripes, sk: &[u8], now: i64) -> KsResult<Found> {
-        let (f, expired) = self.lookup_raw(sk, now)?;
-        if expired && self.in_unit() {
-            // The unit's runner holds the key's lock.
-            return self.lookup_locked(sk, now);
+        use std::sync::atomic::{fence, Ordering};
+        if self.in_unit() {
+            let (f, expired) = self.lookup_raw(sk, now)?;
+            if expired {
+                // The unit's runner holds the key's lock.
+                return self.lookup_locked(sk, now);
+            }
+            return Ok(f);
         }
-        if expired {
-            let _g = stripes.lock(sk);
-            return self.lookup_expiring(sk, now);
+        let seq = stripes.moving.load(Ordering::Acquire);
+        if seq & 1 == 0 {
+            let (f, expired) = self.lookup_raw(sk, now)?;
+            fence(Ordering::Acquire);
+            if stripes.moving.load(Ordering::Relaxed) == seq {
+                if expired {
+                    let _g = stripes.lock(sk);
+                    return self.lookup_expiring(sk, now);
+                }
+                return Ok(f);
+            }
         }
-        Ok(f)
+        // A SWAPDB moved keys during the read (one key may have been
+        // between its databases): read again under the key's stripe lock,
+        // which the SWAPDB holds until every key is in place.
+        let _g = stripes.lock(sk);
+        self.lookup_expiring(sk, now)
     }
 
     /// Looks up with the stripe lock held: the removal of an expired key is

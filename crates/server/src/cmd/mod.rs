@@ -33,8 +33,8 @@ pub use table::{
 pub(crate) use bits::bitfield_reads_only;
 pub use conn::REDIS_COMPAT_VERSION;
 pub use error::CmdError;
-pub use keys::finish_flushes;
 pub(crate) use keys::flush_dbs;
+pub use keys::{finish_flushes, finish_swap};
 pub(crate) use strings::float_arg;
 
 use crate::clock::Stamp;
