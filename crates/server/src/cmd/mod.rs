@@ -5,6 +5,7 @@ mod acl;
 pub(crate) mod admin;
 mod bits;
 pub(crate) mod conn;
+mod digest;
 pub(crate) mod dump;
 mod error;
 mod geo;
