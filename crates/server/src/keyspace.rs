@@ -322,6 +322,15 @@ pub struct Keyspace {
     pub notify: Arc<std::sync::atomic::AtomicU32>,
     pub expired_log: Vec<Vec<u8>>,
     pub created_log: Vec<Vec<u8>>,
+    /// The running command reads (Redis's `lookupKeyRead`): a key its
+    /// lookups ([`Self::get`], [`Self::lookup_locked`]) do not find is a
+    /// `keymiss` event while that class is on. Set by the dispatcher for
+    /// read-only commands.
+    pub reading: bool,
+    /// The store keys a write command only reads (its misses are `keymiss`
+    /// events too: `acl::read_keys`); set by the dispatcher while that class
+    /// is on.
+    pub read_keys: Vec<Vec<u8>>,
     /// Events of the running command, published when it ends (class,
     /// Redis's name, store key).
     pub events: Vec<(u32, &'static str, Vec<u8>)>,
@@ -391,6 +400,8 @@ impl Keyspace {
             notify: Arc::default(),
             expired_log: Vec::new(),
             created_log: Vec::new(),
+            reading: false,
+            read_keys: Vec::new(),
             events: Vec::new(),
             counts,
             shard,
@@ -879,10 +890,29 @@ impl Keyspace {
     /// counts as accessed (its access stamp, see [`crate::evict`]).
     pub fn get(&mut self, stripes: &Stripes, db: u8, key: &[u8], now: i64) -> KsResult<Found> {
         let r = self.get_untouched(stripes, db, key, now);
-        if let Ok(Some(_)) = r {
-            self.hk.access.touch(&self.kbuf, now);
+        match r {
+            Ok(Some(_)) => self.hk.access.touch(&self.kbuf, now),
+            Ok(None) => {
+                let sk = std::mem::take(&mut self.kbuf);
+                self.note_miss(&sk);
+                self.kbuf = sk;
+            }
+            Err(_) => {}
         }
         r
+    }
+
+    /// Logs a `keymiss` event for a read command's lookup that did not
+    /// find `skey` (Redis's `lookupKey` without `LOOKUP_NONOTIFY`), while
+    /// that class is on.
+    fn note_miss(&mut self, skey: &[u8]) {
+        if (self.reading || self.read_keys.iter().any(|k| k == skey))
+            && self.notify.load(std::sync::atomic::Ordering::Relaxed) & crate::notify::KEY_MISS != 0
+            && skey.first() != Some(&PIECE_PREFIX)
+        {
+            self.events
+                .push((crate::notify::KEY_MISS, "keymiss", skey.to_vec()));
+        }
     }
 
     /// [`Self::get`] without counting an access (OBJECT, as Redis's
@@ -907,7 +937,7 @@ impl Keyspace {
             let (f, expired) = self.lookup_raw(sk, now)?;
             if expired {
                 // The unit's runner holds the key's lock.
-                return self.lookup_locked(sk, now);
+                return self.lookup_locked_quiet(sk, now);
             }
             return Ok(f);
         }
@@ -933,6 +963,16 @@ impl Keyspace {
     /// Looks up with the stripe lock held: the removal of an expired key is
     /// staged (the caller applies it).
     pub fn lookup_locked(&mut self, skey: &[u8], now: i64) -> KsResult<Found> {
+        let f = self.lookup_locked_quiet(skey, now)?;
+        if f.is_none() {
+            self.note_miss(skey);
+        }
+        Ok(f)
+    }
+
+    /// [`Self::lookup_locked`] without its `keymiss` event (the lookups
+    /// inside [`Self::get`], which notes its own).
+    fn lookup_locked_quiet(&mut self, skey: &[u8], now: i64) -> KsResult<Found> {
         let (f, expired) = self.lookup_raw(skey, now)?;
         if f.is_some() {
             self.hk.access.touch(skey, now);
@@ -986,7 +1026,7 @@ impl Keyspace {
     /// the removal of an expired key is applied at once (stripe lock held by
     /// the caller).
     pub fn lookup_expiring(&mut self, skey: &[u8], now: i64) -> KsResult<Found> {
-        let f = self.lookup_locked(skey, now)?;
+        let f = self.lookup_locked_quiet(skey, now)?;
         self.apply()?;
         Ok(f)
     }
