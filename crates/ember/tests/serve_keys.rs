@@ -11,7 +11,8 @@
 //! - SWAPDB: replies, errors and effects compared with `redis-server`,
 //!   blocked clients woken and watched keys touched as in Redis, never a key
 //!   missing for a lock-free reader meanwhile, and all-or-nothing across a
-//!   SIGKILL at a random moment.
+//!   SIGKILL at a random moment;
+//! - CLIENT PAUSE stops expiry (active and on reads) as in Redis 7.0.
 
 mod serve_common;
 
@@ -867,4 +868,101 @@ fn swapdb_is_all_or_nothing_across_sigkill() {
         "swapdb under SIGKILL (a swap takes {took} ms): {before} not begun, {after} done \
          unacknowledged ({finished} finished at the restart), {acked_n} acknowledged"
     );
+}
+
+/// During a CLIENT PAUSE (WRITE or ALL) the dataset stays as it is, as in
+/// Redis 7.0: keys past their TTL are not expired actively (DBSIZE and
+/// INFO `expired_keys` do not move, no `expired` event is published), a
+/// read reports them missing without deleting them (GET nil, EXISTS 0, TTL
+/// -2, KEYS leaves them out); when the pause ends they go. The same on
+/// Ember and on redis-server.
+#[test]
+fn client_pause_stops_expiry() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(dir.path(), &[]);
+    for port in [srv.port, redis.port] {
+        for mode in ["WRITE", "ALL"] {
+            let at = format!(
+                "{} {mode}",
+                if port == srv.port { "ember" } else { "redis" }
+            );
+            let mut con = connect(port);
+            let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+            let _: () = con.set("keep", "v").unwrap();
+            for k in ["k1", "k2", "k3"] {
+                let _: () = redis::cmd("PSETEX")
+                    .arg(k)
+                    .arg(300)
+                    .arg("v")
+                    .query(&mut con)
+                    .unwrap();
+            }
+            let expired0: i64 = info_field(&mut con, "stats", "expired_keys")
+                .parse()
+                .unwrap();
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("notify-keyspace-events")
+                .arg("Ex")
+                .query(&mut con)
+                .unwrap();
+            let mut sub_con = connect(port);
+            let mut sub = sub_con.as_pubsub();
+            sub.subscribe("__keyevent@0__:expired").unwrap();
+            let _: () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(1500)
+                .arg(mode)
+                .query(&mut con)
+                .unwrap();
+            let t0 = Instant::now();
+            // Under ALL every command waits: only WRITE lets reads look.
+            if mode == "WRITE" {
+                std::thread::sleep(Duration::from_millis(500));
+                assert_eq!(dbsize(&mut con), 4, "{at}: active expiry ran");
+                let v: Option<String> = con.get("k1").unwrap();
+                assert_eq!(v, None, "{at}");
+                let n: i64 = con.exists(&["k1", "k2", "keep"]).unwrap();
+                assert_eq!(n, 1, "{at}");
+                let ttl: i64 = con.ttl("k2").unwrap();
+                assert_eq!(ttl, -2, "{at}");
+                let keys: Vec<String> = con.keys("*").unwrap();
+                assert_eq!(keys, ["keep"], "{at}");
+                // Reads deleted nothing either.
+                assert_eq!(dbsize(&mut con), 4, "{at}: a read deleted");
+                let expired: i64 = info_field(&mut con, "stats", "expired_keys")
+                    .parse()
+                    .unwrap();
+                assert_eq!(expired, expired0, "{at}");
+                assert!(t0.elapsed() < Duration::from_millis(1400), "{at}: too slow");
+            }
+            // Under either mode no `expired` event comes during the pause
+            // (Pub/Sub messages are delivered meanwhile), three after it.
+            let wait = Duration::from_millis(1200).saturating_sub(t0.elapsed());
+            sub.set_read_timeout(Some(wait)).unwrap();
+            let early = sub.get_message();
+            assert!(early.is_err(), "{at}: an expiry during the pause");
+            sub.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut keys: Vec<String> = (0..3)
+                .map(|_| sub.get_message().unwrap().get_payload().unwrap())
+                .collect();
+            keys.sort();
+            assert_eq!(keys, ["k1", "k2", "k3"], "{at}");
+            assert!(
+                t0.elapsed() >= Duration::from_millis(1400),
+                "{at}: expired during the pause"
+            );
+            // After the pause the keys go.
+            let gone = wait_until(Duration::from_secs(5), || dbsize(&mut con) == 1);
+            assert!(
+                gone.is_some(),
+                "{at}: the expired keys stayed after the pause"
+            );
+            assert!(
+                t0.elapsed() >= Duration::from_millis(1400),
+                "{at}: gone during the pause"
+            );
+        }
+    }
 }

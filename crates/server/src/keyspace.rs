@@ -978,8 +978,9 @@ impl Keyspace {
             self.hk.access.touch(skey, now);
         }
         // A follower leaves the key for the leader's deletion, which
-        // arrives as an entry (as a Redis replica does).
-        if expired && !self.follower() {
+        // arrives as an entry (as a Redis replica does); during a CLIENT
+        // PAUSE it stays until the pause ends (as in Redis 7.0).
+        if expired && !self.follower() && !self.hk.paused() {
             self.free_pieces_of_raw()?;
             self.stage_remove(skey, true);
             self.note_expired(skey);
