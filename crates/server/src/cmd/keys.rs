@@ -373,7 +373,8 @@ const SWAP_BATCH: usize = 64;
 /// keys (now in `x`) from being taken for phase 1's. So after a crash the
 /// swap is wholly done or not begun. A full heap (the marker refused) fails
 /// it before anything moved; one that refuses a move midway leaves the swap
-/// partly done until the next start finishes it (the error says so).
+/// partly done until the next start or the next SWAPDB finishes it (the
+/// error says so).
 ///
 /// The moves publish no keyspace event (Redis publishes none) and touch
 /// the watched keys of both databases that exist in either (Redis's
@@ -386,28 +387,49 @@ fn swap_dbs(ctx: &mut Ctx, x: u8, y: u8) -> R {
     // A transaction or script runs SWAPDB holding FLUSHING and every stripe
     // (`cmd::unit`).
     let unit = ctx.ks.in_unit();
-    let _f = (!unit).then(|| FLUSHING.lock().unwrap_or_else(|p| p.into_inner()));
-    let _g = (!unit).then(|| sh.stripes.lock_all());
+    let flushing = (!unit).then(|| FLUSHING.lock().unwrap_or_else(|p| p.into_inner()));
+    let stripes = (!unit).then(|| sh.stripes.lock_all());
     let (events, created) = (ctx.ks.events.len(), ctx.ks.created_log.len());
-    ctx.ks.put_piece(SWAP_MARKER, &[x, y, 1]);
-    ctx.ks.apply()?;
+    // An earlier swap that a full heap stopped midway is finished first:
+    // its marker must not be overwritten.
+    let mut stopped = Vec::new();
+    if !ctx.ks.sess.get(SWAP_MARKER, &mut stopped)? {
+        stopped.clear();
+        ctx.ks.put_piece(SWAP_MARKER, &[x, y, 1]);
+        ctx.ks.apply()?;
+    }
     crate::tracking::flushing(ctx, true);
     sh.stripes.moving();
     let woken = sh.blocking.any();
     let mut moved = Vec::new();
-    let r = swap_phases(ctx.ks, x, y, 1, woken.then_some(&mut moved));
+    let mut r = Ok(());
+    if let &[a, b, phase] = stopped.as_slice() {
+        r = swap_phases(ctx.ks, a, b, phase, None);
+        if r.is_ok() {
+            ctx.ks.put_piece(SWAP_MARKER, &[x, y, 1]);
+            r = ctx.ks.apply();
+        }
+    }
+    if r.is_ok() {
+        r = swap_phases(ctx.ks, x, y, 1, woken.then_some(&mut moved));
+    }
     sh.stripes.moving();
     crate::tracking::flushing(ctx, false);
     // The moves' `new` events are not the command's.
     ctx.ks.events.truncate(events);
     ctx.ks.created_log.truncate(created);
     if let Err(e) = r {
-        eprintln!("ember: SWAPDB {x} {y} stopped midway ({e:?}); the next start finishes it");
+        eprintln!(
+            "ember: SWAPDB {x} {y} stopped midway ({e:?}); the next start or SWAPDB finishes it"
+        );
         return Err(CmdError::Msg(
-            "SWAPDB could not move every key (the heap is full?): the two databases stay partly swapped until the next start finishes the swap",
+            "SWAPDB could not move every key (the heap is full?): the two databases stay partly swapped until the next start or SWAPDB finishes the swap",
         ));
     }
     sh.counts.swap_avg_ttl(x, y);
+    // The waiters are woken after the locks are released, as a unit's are.
+    drop(stripes);
+    drop(flushing);
     if woken {
         let mut keys = Vec::with_capacity(moved.len() * 2);
         for k in &moved {
