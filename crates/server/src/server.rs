@@ -147,6 +147,7 @@ impl Shared {
             tcp_port,
             cluster: std::sync::OnceLock::new(),
         };
+        crate::cmd::finish_swap(&sh).map_err(|e| format!("cannot finish a SWAPDB: {e:?}"))?;
         crate::cmd::finish_flushes(&sh).map_err(|e| format!("cannot finish a flush: {e:?}"))?;
         crate::lua::load_functions(&sh)
             .map_err(|e| format!("cannot load the function libraries: {e}"))?;

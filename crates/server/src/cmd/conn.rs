@@ -541,11 +541,13 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 return Err(CmdError::Msg("timeout is negative"));
             }
             ctx.sh.pause.pause(ms as u64, all);
+            ctx.sh.hk.pause(Some(ms as u64));
             c.ok();
         }
         "unpause" => {
             arity(2)?;
             ctx.sh.pause.unpause();
+            ctx.sh.hk.pause(None);
             super::acl::wake_workers(ctx);
             c.ok();
         }
