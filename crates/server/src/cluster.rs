@@ -146,14 +146,18 @@ pub fn replicate_events(sh: &Shared, ks: &Keyspace) {
     }
     let mut data = vec![EVENT_NOTIFY];
     data.extend_from_slice(&cl.node.id().to_le_bytes());
-    encode_note(ks, &mut data);
-    cl.node.abandon(cl.node.propose_event(&data));
+    if encode_note(ks, &mut data) {
+        cl.node.abandon(cl.node.propose_event(&data));
+    }
 }
 
 /// The keyspace events `ks` holds: per event u8 kind (0 a key found
 /// expired, 1 a command's event, 2 a key a write created), u32 class, u8
-/// name length, name, u32 store-key length, store key.
-fn encode_note(ks: &Keyspace, v: &mut Vec<u8>) {
+/// name length, name, u32 store-key length, store key. `keymiss` events
+/// stay on the node that served the read (a Redis replica never sees the
+/// master's reads). False when there is nothing to send.
+fn encode_note(ks: &Keyspace, v: &mut Vec<u8>) -> bool {
+    let start = v.len();
     let mut put = |kind: u8, class: u32, name: &str, sk: &[u8]| {
         v.push(kind);
         v.extend_from_slice(&class.to_le_bytes());
@@ -166,11 +170,14 @@ fn encode_note(ks: &Keyspace, v: &mut Vec<u8>) {
         put(0, crate::notify::EXPIRED, "expired", sk);
     }
     for (class, name, sk) in &ks.events {
-        put(1, *class, name, sk);
+        if *class != crate::notify::KEY_MISS {
+            put(1, *class, name, sk);
+        }
     }
     for sk in &ks.created_log {
         put(2, crate::notify::NEW, "new", sk);
     }
+    v.len() > start
 }
 
 /// An entry's note read back into `ks`'s pending events (published by
