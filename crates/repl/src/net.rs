@@ -23,6 +23,19 @@ use std::time::Duration;
 /// near `max_size_per_msg`).
 const MAX_FRAME: usize = 256 << 20;
 
+/// Where the raft thread sends its messages: [`Transport`] in a server; a
+/// simulated network in the replication simulation (tests), which decides
+/// when each message arrives, if ever.
+pub trait Net {
+    /// Queues `m` for its recipient (dropped when it is not a peer).
+    fn send(&mut self, m: Message);
+    /// Starts sending to peer `id` at `addr` (a member added; a new
+    /// address replaces the old).
+    fn add(&mut self, id: u64, addr: &str);
+    /// Stops sending to peer `id` (a member removed).
+    fn remove(&mut self, id: u64);
+}
+
 /// Outgoing queues, one per peer.
 pub struct Transport {
     peers: HashMap<u64, Sender<Message>>,
@@ -66,6 +79,18 @@ impl Transport {
         if let Some(tx) = self.peers.get(&m.to) {
             let _ = tx.send(m);
         }
+    }
+}
+
+impl Net for Transport {
+    fn send(&mut self, m: Message) {
+        Transport::send(self, m);
+    }
+    fn add(&mut self, id: u64, addr: &str) {
+        Transport::add(self, id, addr);
+    }
+    fn remove(&mut self, id: u64) {
+        Transport::remove(self, id);
     }
 }
 

@@ -629,7 +629,15 @@ fn apply_loop<T>(
 struct Driver<T> {
     node: RawNode<HeapStorage>,
     sh: Arc<Shared<T>>,
-    net: crate::net::Transport,
+    net: Box<dyn crate::net::Net>,
+    /// The time now (the wall clock; the simulated one in the simulation).
+    clock: Box<dyn Fn() -> Instant>,
+    /// Whether a snapshot's install ends with this process starting again
+    /// on its heap (a server). When false (the simulation), the install
+    /// sets `installed` instead, and the caller drops this driver and
+    /// opens the node again.
+    restart_process: bool,
+    installed: bool,
     apply: Sender<ApplyMsg>,
     /// A dump asked of the apply thread and not answered yet.
     dumping: bool,
@@ -665,6 +673,21 @@ impl<T: Send + 'static> Driver<T> {
         log_session: Box<dyn FnOnce() -> engine::Result<Box<dyn engine::Session>> + Send>,
         sh: Arc<Shared<T>>,
         apply: Sender<ApplyMsg>,
+    ) -> Result<Driver<T>, String> {
+        let stop = sh.stop.clone();
+        Self::open_with(cfg, log_session, sh, apply, |others| {
+            Box::new(crate::net::Transport::start(others, stop))
+        })
+    }
+
+    /// [`Self::open`] with the transport `net` makes for the other members
+    /// (id, raft address).
+    fn open_with(
+        cfg: NodeConfig,
+        log_session: Box<dyn FnOnce() -> engine::Result<Box<dyn engine::Session>> + Send>,
+        sh: Arc<Shared<T>>,
+        apply: Sender<ApplyMsg>,
+        net: impl FnOnce(&[(u64, String)]) -> Box<dyn crate::net::Net>,
     ) -> Result<Driver<T>, String> {
         let sess = log_session().map_err(|e| e.to_string())?;
         let voters: Vec<u64> = if cfg.join {
@@ -721,12 +744,15 @@ impl<T: Send + 'static> Driver<T> {
             .filter(|p| p.id != cfg.id)
             .map(|p| (p.id, p.raft_addr.clone()))
             .collect();
-        let net = crate::net::Transport::start(&others, sh.stop.clone());
+        let net = net(&others);
         sh.applied.store(applied, Ordering::Release);
         Ok(Driver {
             node,
             sh,
             net,
+            clock: Box::new(Instant::now),
+            restart_process: true,
+            installed: false,
             apply,
             dumping: false,
             snaps_sent: Vec::new(),
@@ -768,33 +794,51 @@ impl<T: Send + 'static> Driver<T> {
                 Err(RecvTimeoutError::Disconnected) => return,
             }
             self.snapshot_work();
-            if Instant::now() >= next_tick {
-                self.maybe_propose_compaction();
-                self.node.tick();
+            let tick = Instant::now() >= next_tick;
+            if tick {
                 next_tick += self.tick;
                 if next_tick < Instant::now() {
                     next_tick = Instant::now() + self.tick;
                 }
             }
-            // raft-rs drops a ReadIndex (silently) at a leader that has not
-            // committed an entry of its term yet: reads wait for that.
-            if !self.reads_new.is_empty()
-                && self.node.raft.state == StateRole::Leader
-                && self.node.raft.commit_to_current_term()
-            {
-                let id = self.next_round;
-                self.next_round += 1;
-                self.reads_sent
-                    .insert(id, std::mem::take(&mut self.reads_new));
-                self.node.read_index(id.to_le_bytes().to_vec());
-            }
-            if let Err(e) = self.on_ready() {
-                self.halt(e);
+            if !self.turn(tick) {
                 return;
             }
-            self.after_role();
-            self.release_reads();
         }
+    }
+
+    /// What follows the events handled: a tick if `tick` (and a compaction
+    /// proposed when due), a ReadIndex round for the reads waiting, the
+    /// Ready, and the bookkeeping of the role. False when the node is to
+    /// stop (or, in the simulation, to be opened again after a snapshot's
+    /// install). The caller does the snapshot chores first.
+    fn turn(&mut self, tick: bool) -> bool {
+        if tick {
+            self.maybe_propose_compaction();
+            self.node.tick();
+        }
+        // raft-rs drops a ReadIndex (silently) at a leader that has not
+        // committed an entry of its term yet: reads wait for that.
+        if !self.reads_new.is_empty()
+            && self.node.raft.state == StateRole::Leader
+            && self.node.raft.commit_to_current_term()
+        {
+            let id = self.next_round;
+            self.next_round += 1;
+            self.reads_sent
+                .insert(id, std::mem::take(&mut self.reads_new));
+            self.node.read_index(id.to_le_bytes().to_vec());
+        }
+        if let Err(e) = self.on_ready() {
+            self.halt(e);
+            return false;
+        }
+        if self.installed {
+            return false;
+        }
+        self.after_role();
+        self.release_reads();
+        true
     }
 
     /// False when the node is to stop.
@@ -906,6 +950,10 @@ impl<T: Send + 'static> Driver<T> {
                 .map_err(|e| format!("installing a snapshot: {e}"))?;
             // Still holding the apply thread: entries queued for it are
             // covered by the snapshot and must not be applied on top.
+            if !self.restart_process {
+                self.installed = true;
+                return Ok(());
+            }
             let why = restart_process();
             eprintln!("ember: {why}; exiting (the next start resumes from the heap)");
             std::process::exit(1);
@@ -973,7 +1021,7 @@ impl<T: Send + 'static> Driver<T> {
             // Time to send it and for the member to install and restart.
             let secs = 1 + m.get_snapshot().data.len() as u64 / (20 << 20);
             self.snaps_sent
-                .push((m.to, Instant::now() + Duration::from_secs(secs)));
+                .push((m.to, (self.clock)() + Duration::from_secs(secs)));
         }
     }
 
@@ -991,7 +1039,7 @@ impl<T: Send + 'static> Driver<T> {
         if self.snaps_sent.is_empty() {
             return;
         }
-        let now = Instant::now();
+        let now = (self.clock)();
         let mut due = Vec::new();
         self.snaps_sent.retain(|&(to, at)| {
             if at <= now {
