@@ -665,6 +665,8 @@ struct Driver<T> {
     compactions: Vec<(u64, u64)>,
     /// The point of the compaction this leader proposed last.
     compaction_proposed: u64,
+    /// The term when this driver opened the log.
+    started_term: u64,
 }
 
 impl<T: Send + 'static> Driver<T> {
@@ -746,6 +748,7 @@ impl<T: Send + 'static> Driver<T> {
             .collect();
         let net = net(&others);
         sh.applied.store(applied, Ordering::Release);
+        let started_term = node.raft.term;
         Ok(Driver {
             node,
             sh,
@@ -769,6 +772,7 @@ impl<T: Send + 'static> Driver<T> {
             compact_after: cfg.compact_after.max(1),
             compactions: Vec::new(),
             compaction_proposed: 0,
+            started_term,
         })
     }
 
@@ -981,7 +985,8 @@ impl<T: Send + 'static> Driver<T> {
             .mut_store()
             .persist(rd.entries(), rd.hs())
             .map_err(|e| e.to_string())?;
-        let committed = rd.take_committed_entries();
+        let mut committed = rd.take_committed_entries();
+        self.forget_old_proposals(&mut committed);
         self.on_committed(&committed)?;
         if !committed.is_empty() {
             self.apply
@@ -1005,7 +1010,8 @@ impl<T: Send + 'static> Driver<T> {
             self.note_sent(&m);
             self.net.send(m);
         }
-        let committed = light.take_committed_entries();
+        let mut committed = light.take_committed_entries();
+        self.forget_old_proposals(&mut committed);
         self.on_committed(&committed)?;
         if !committed.is_empty() {
             self.apply
@@ -1013,6 +1019,23 @@ impl<T: Send + 'static> Driver<T> {
                 .map_err(|_| "apply thread ended")?;
         }
         Ok(())
+    }
+
+    /// Clears the proposer's context of the committed entries that this
+    /// node proposed before it last started. Their proposers are gone, and
+    /// the sequence numbers start again at 1 at each start: a waiter of
+    /// this run with the same number would be answered with the result of
+    /// that other write (and its proposer would do the bookkeeping of it).
+    /// This run proposes only as the leader of terms after the one it
+    /// started in (a term a node led is persisted before it could lead).
+    fn forget_old_proposals(&self, ents: &mut [Entry]) {
+        for e in ents {
+            if e.term <= self.started_term
+                && parse_ctx(&e.context).is_some_and(|(id, _)| id == self.sh.id)
+            {
+                e.context = Default::default();
+            }
+        }
     }
 
     /// Notes a snapshot sent: raft-rs waits for its delivery report.
