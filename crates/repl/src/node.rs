@@ -1328,3 +1328,6 @@ fn restart_process() -> String {
         .exec();
     format!("restarting after a snapshot: {err}")
 }
+
+#[cfg(test)]
+mod sim;
