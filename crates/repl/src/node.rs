@@ -900,6 +900,18 @@ impl<T: Send + 'static> Driver<T> {
                             "the log is not compacted yet; try again shortly".into(),
                         ),
                     );
+                } else if self.node.raft.has_pending_conf() {
+                    // raft-rs would take the proposal and append an empty
+                    // entry in its place (a change not yet applied, or a
+                    // new leader that has not applied its log yet): the
+                    // waiter would never be answered.
+                    fail_change(
+                        &self.sh,
+                        seq,
+                        ReplError::Stopped(
+                            "a membership change is pending; try again shortly".into(),
+                        ),
+                    );
                 } else if let Err(e) = self
                     .node
                     .propose_conf_change(ctx_bytes(self.sh.id, seq), cc)
