@@ -660,6 +660,10 @@ struct Driver<T> {
     /// Reads confirmed at a commit index, waiting for it to be applied.
     reads_ready: Vec<(u64, Vec<u64>)>,
     next_round: u64,
+    /// At least 2: a compaction is an entry itself, and with 1 it would
+    /// make the next one due, and so on: an idle cluster would append
+    /// compactions forever, and a member restarting would be cut off
+    /// again by the time it has installed its snapshot.
     compact_after: u64,
     /// Committed compaction entries not yet applied: (index, point).
     compactions: Vec<(u64, u64)>,
@@ -769,7 +773,7 @@ impl<T: Send + 'static> Driver<T> {
             reads_sent: HashMap::new(),
             reads_ready: Vec::new(),
             next_round: 1,
-            compact_after: cfg.compact_after.max(1),
+            compact_after: cfg.compact_after.max(2),
             compactions: Vec::new(),
             compaction_proposed: 0,
             started_term,
@@ -1271,8 +1275,15 @@ impl<T: Send + 'static> Driver<T> {
             let p = matched.max(keep).min(self.applied).min(2);
             (p, p >= 2)
         } else {
+            // Counted from the point proposed last, which the log's start
+            // reaches only once that entry is applied: from the start, a
+            // compaction's own entry (applied) would make the next due
+            // before the first is applied, and so on, on an idle cluster.
             let p = matched.max(keep).min(self.applied);
-            (p, p >= first + self.compact_after)
+            (
+                p,
+                p >= first.max(self.compaction_proposed) + self.compact_after,
+            )
         };
         if !due || point <= self.compaction_proposed {
             return;
