@@ -181,6 +181,17 @@ struct SimNode {
     max_commit: u64,
     /// This node's tick, in simulated microseconds (its clock's drift).
     tick_us: u64,
+    /// Started to join a running cluster (its log begins empty).
+    join: bool,
+    /// Removed from the cluster: it stays down.
+    gone: bool,
+}
+
+/// A membership change proposed and not answered yet: (added, id).
+struct Change {
+    add: bool,
+    id: u64,
+    rx: Receiver<Result<(), ReplError>>,
 }
 
 struct Prop {
@@ -217,6 +228,10 @@ struct Sim {
     compact_after: u64,
     chaos: bool,
     clients: bool,
+    /// Membership changes (`EMBER_SIM_MEMBERSHIP=1`; off by default: a
+    /// member whose configuration predates the leader's addition has no
+    /// address for it and stays behind for good; see the module docs).
+    membership: bool,
     /// The leader of each term seen.
     leaders: BTreeMap<u64, u64>,
     /// What was applied at each index: (entry data, chain after it).
@@ -226,6 +241,7 @@ struct Sim {
     /// Acknowledged proposals: (data, index).
     acked: Vec<(Vec<u8>, u64)>,
     max_acked: u64,
+    change: Option<Change>,
     next_data: u64,
     step: u64,
     trace: VecDeque<String>,
@@ -240,6 +256,8 @@ struct Stats {
     installs: u64,
     compactions: u64,
     elections: u64,
+    added: u64,
+    removed: u64,
 }
 
 impl Sim {
@@ -262,6 +280,8 @@ impl Sim {
                 live: None,
                 max_commit: 0,
                 tick_us: TICK_MS * 1000 * rng.random_range(90..=110) / 100,
+                join: false,
+                gone: false,
             })
             .collect();
         let base = Instant::now();
@@ -288,12 +308,14 @@ impl Sim {
             cut: BTreeSet::new(),
             chaos: true,
             clients: true,
+            membership: env_u64("EMBER_SIM_MEMBERSHIP").is_some_and(|v| v > 0),
             leaders: BTreeMap::new(),
             applied_at: BTreeMap::new(),
             props: Vec::new(),
             reads: Vec::new(),
             acked: Vec::new(),
             max_acked: 0,
+            change: None,
             next_data: 0,
             step: 0,
             trace: VecDeque::new(),
@@ -329,7 +351,7 @@ impl Sim {
             election_ticks: ELECTION_TICKS,
             heartbeat_ticks: HEARTBEAT_TICKS,
             compact_after: self.compact_after,
-            join: false,
+            join: n.join,
             snapshot_file: Some(n.snap_file.clone()),
         };
         let sh = Arc::new(Shared {
@@ -419,10 +441,14 @@ impl Sim {
     /// its election clock: the simulation draws them again from its own.
     fn set_timeout(&mut self, i: usize) {
         if let Some(l) = self.nodes[i].live.as_mut() {
-            if l.d.node.raft.election_elapsed == 0 {
-                let t = self.rng.random_range(ELECTION_TICKS..2 * ELECTION_TICKS);
-                l.d.node.raft.set_randomized_election_timeout(t);
-            }
+            Self::draw_timeout(&mut self.rng, l);
+        }
+    }
+
+    fn draw_timeout(rng: &mut SmallRng, l: &mut Live) {
+        if l.d.node.raft.election_elapsed == 0 {
+            let t = rng.random_range(ELECTION_TICKS..2 * ELECTION_TICKS);
+            l.d.node.raft.set_randomized_election_timeout(t);
         }
     }
 
@@ -520,13 +546,108 @@ impl Sim {
                 self.crash(v, "crashes");
             }
         } else if r < 0.045 {
-            let down: Vec<usize> = (0..n).filter(|&i| self.nodes[i].live.is_none()).collect();
+            let down: Vec<usize> = (0..n)
+                .filter(|&i| self.nodes[i].live.is_none() && !self.nodes[i].gone)
+                .collect();
             if !down.is_empty() {
                 let i = down[self.rng.random_range(0..down.len())];
                 self.open(i)?;
             }
+        } else if r < 0.05 && self.membership {
+            self.change_members()?;
         }
         Ok(())
+    }
+
+    /// The leader's configuration: its voters.
+    fn members(&self) -> Option<Vec<u64>> {
+        let l = self.leader()?;
+        let l = self.nodes[l].live.as_ref()?;
+        Some(l.d.node.store().conf_state().voters)
+    }
+
+    /// Asks the leader to add a new node (started to join) or to remove a
+    /// member (not itself), keeping three to five.
+    fn change_members(&mut self) -> Result<(), String> {
+        let (Some(l), Some(voters), None) = (self.leader(), self.members(), &self.change) else {
+            return Ok(());
+        };
+        let lid = self.nodes[l].id;
+        let add = match voters.len() {
+            0..=3 => true,
+            4 => self.rng.random_bool(0.5),
+            _ => false,
+        };
+        if add {
+            let id = self.nodes.len() as u64 + 1;
+            let peer = Peer {
+                id,
+                raft_addr: format!("127.0.0.1:{}", 7000 + id),
+                client_addr: format!("127.0.0.1:{}", 6000 + id),
+            };
+            self.peers.push(peer.clone());
+            let tick_us = TICK_MS * 1000 * self.rng.random_range(90..=110) / 100;
+            self.nodes.push(SimNode {
+                id,
+                path: self._dir.path().join(format!("n{id}.heap")),
+                snap_file: self._dir.path().join(format!("n{id}.raft-snapshot")),
+                live: None,
+                max_commit: 0,
+                tick_us,
+                join: true,
+                gone: false,
+            });
+            self.open(self.nodes.len() - 1)?;
+            let rx = self.nodes[l]
+                .live
+                .as_ref()
+                .expect("live")
+                .h
+                .change(Some(peer), None);
+            self.note(format!("node {lid} adds node {id}"));
+            self.change = Some(Change { add, id, rx });
+        } else {
+            let others: Vec<u64> = voters.into_iter().filter(|&v| v != lid).collect();
+            let id = others[self.rng.random_range(0..others.len())];
+            let rx = self.nodes[l]
+                .live
+                .as_ref()
+                .expect("live")
+                .h
+                .change(None, Some(id));
+            self.note(format!("node {lid} removes node {id}"));
+            self.change = Some(Change { add, id, rx });
+        }
+        Ok(())
+    }
+
+    /// A membership change answered: a node removed goes for good.
+    fn change_answered(&mut self) {
+        let Some(c) = &self.change else {
+            return;
+        };
+        let r = match c.rx.try_recv() {
+            Ok(r) => r,
+            Err(TryRecvError::Empty) => return,
+            Err(TryRecvError::Disconnected) => Err(ReplError::Stopped("crashed".into())),
+        };
+        let (add, id) = (c.add, c.id);
+        self.change = None;
+        let what = if add { "adding" } else { "removing" };
+        match r {
+            Ok(()) if add => {
+                self.stats.added += 1;
+                self.note(format!("node {id} added"));
+            }
+            Ok(()) => {
+                self.stats.removed += 1;
+                let i = self.nodes.iter().position(|n| n.id == id).expect("a node");
+                self.nodes[i].gone = true;
+                self.crash(i, "removed: stops for good");
+                self.stats.crashes -= 1;
+            }
+            Err(e) => self.note(format!("{what} node {id} failed: {e}")),
+        }
     }
 
     fn clients(&mut self) {
@@ -569,6 +690,7 @@ impl Sim {
 
     /// Collects the answers to proposals and reads, checking them.
     fn answers(&mut self) -> Result<(), String> {
+        self.change_answered();
         let mut props = std::mem::take(&mut self.props);
         let mut err = None;
         props.retain(|p| match p.rx.try_recv() {
@@ -656,6 +778,9 @@ impl Sim {
         for ev in evs {
             go &= l.d.handle(ev);
         }
+        // A reset of the election clock while handling them is drawn
+        // again before the tick below counts on it.
+        Self::draw_timeout(&mut self.rng, l);
         let mut ok = go;
         let mut installed = false;
         let mut led = None;
@@ -838,14 +963,61 @@ impl Sim {
         };
         let ld = &self.nodes[l].live.as_ref().expect("live").d;
         let commit = ld.node.raft.raft_log.committed;
+        let voters = ld.node.store().conf_state().voters;
         self.props.is_empty()
-            && self.nodes.iter().all(|n| {
-                n.live.as_ref().is_some_and(|x| {
-                    x.model.applied == commit
-                        && x.d.node.raft.raft_log.committed == commit
-                        && x.pending.is_empty()
+            && self.change.is_none()
+            && self
+                .nodes
+                .iter()
+                .filter(|n| voters.contains(&n.id))
+                .all(|n| {
+                    n.live.as_ref().is_some_and(|x| {
+                        x.model.applied == commit
+                            && x.d.node.raft.raft_log.committed == commit
+                            && x.pending.is_empty()
+                    })
                 })
-            })
+    }
+
+    /// Each node's state, for a failure's report.
+    fn describe(&self) -> String {
+        let mut out = Vec::new();
+        for n in &self.nodes {
+            let Some(l) = n.live.as_ref() else {
+                out.push(format!(
+                    "node {}: down{}",
+                    n.id,
+                    if n.gone { " (removed)" } else { "" }
+                ));
+                continue;
+            };
+            let r = &l.d.node.raft;
+            let prs: Vec<String> = if r.state == StateRole::Leader {
+                r.prs()
+                    .iter()
+                    .map(|(id, p)| format!("{id}:{}/{}/{:?}", p.matched, p.next_idx, p.state))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            out.push(format!(
+                "node {}: {:?} term {} leader {} commit {} applied {}/{} log {:?} voters {:?} \
+                 pending apply {} snapshots sent {:?} dumping {} progress {prs:?}",
+                n.id,
+                r.state,
+                r.term,
+                r.leader_id,
+                r.raft_log.committed,
+                l.d.applied,
+                l.model.applied,
+                l.d.node.store().range(),
+                l.d.node.store().conf_state().voters,
+                l.pending.len(),
+                l.d.snaps_sent.len(),
+                l.d.dumping,
+            ));
+        }
+        out.join("\n")
     }
 
     fn run(&mut self, steps: u64) -> Result<(), String> {
@@ -862,7 +1034,7 @@ impl Sim {
         self.cut.clear();
         self.note("calm: healed, every node restarts".into());
         for i in 0..self.nodes.len() {
-            if self.nodes[i].live.is_none() {
+            if self.nodes[i].live.is_none() && !self.nodes[i].gone {
                 self.open(i)?;
             }
         }
@@ -870,13 +1042,53 @@ impl Sim {
         while !self.converged() {
             calm += 1;
             if calm > 20_000 {
-                return Err("the nodes did not converge after the network healed".into());
+                return Err(format!(
+                    "the nodes did not converge after the network healed:\n{}",
+                    self.describe()
+                ));
+            }
+            self.step()?;
+        }
+        // An idle cluster goes quiet (a compaction or two may still be
+        // due; one appended after each, as with a setting of 1 before it
+        // was raised to 2, made some 30 entries here).
+        let last = |sim: &Sim| {
+            sim.leader()
+                .and_then(|l| sim.nodes[l].live.as_ref())
+                .map_or(0, |l| l.d.node.raft.raft_log.last_index())
+        };
+        let before = last(self);
+        for _ in 0..600 {
+            self.step()?;
+        }
+        let after = last(self);
+        if after > before + 3 {
+            return Err(format!(
+                "an idle cluster's log went from {before} to {after} ({:?}):\n{}",
+                (before + 1..=after)
+                    .map(|i| self.applied_at.get(&i).map(|(d, _)| d.clone()))
+                    .collect::<Vec<_>>(),
+                self.describe()
+            ));
+        }
+        // (A member may be waiting for a snapshot's report.)
+        while !self.converged() {
+            calm += 1;
+            if calm > 20_000 {
+                return Err(format!(
+                    "the nodes did not converge again:\n{}",
+                    self.describe()
+                ));
             }
             self.step()?;
         }
         // One keyspace everywhere, every acknowledged write in it.
+        let voters = self.members().unwrap_or_default();
         let mut dumps = Vec::new();
         for n in &mut self.nodes {
+            if !voters.contains(&n.id) {
+                continue;
+            }
             let l = n.live.as_mut().expect("live");
             let mut d = dump(&mut *l.model.sess).map_err(|e| e.to_string())?;
             // Pairs in key order (a scan's order is the table's).
@@ -928,8 +1140,13 @@ fn run_seed(seed: u64, steps: u64) -> Stats {
         let trace: Vec<String> = sim.trace.iter().cloned().collect();
         panic!(
             "simulation seed {seed} failed at step {} (EMBER_SIM_SEED={seed} \
-             EMBER_SIM_STEPS={steps} reproduces it): {e}\nlast events:\n{}",
+             EMBER_SIM_STEPS={steps} reproduces it): {e}\n(compact_after {}, drop {:.3}, \
+             duplicate {:.3}, delay up to {} ms)\nlast events:\n{}",
             sim.step,
+            sim.compact_after,
+            sim.p_drop,
+            sim.p_dup,
+            sim.max_delay_ms,
             trace.join("\n")
         );
     }
@@ -952,6 +1169,8 @@ fn replication_glue_survives_loss_partitions_crashes_and_snapshots() {
         total.installs += s.installs;
         total.compactions += s.compactions;
         total.elections += s.elections;
+        total.added += s.added;
+        total.removed += s.removed;
     }
     eprintln!("{} seeds x {steps} steps: {total:?}", seeds.len());
     // The runs exercise what they are for.
