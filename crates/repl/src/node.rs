@@ -1155,6 +1155,14 @@ impl<T: Send + 'static> Driver<T> {
                     if cc.node_id != self.sh.id {
                         peers.retain(|o| o.id != cc.node_id);
                         self.net.remove(cc.node_id);
+                    } else if self.node.raft.state == StateRole::Leader {
+                        // This leader removed itself (the change was
+                        // proposed by an earlier leader). raft-rs leaves it
+                        // leading without its own progress, and its next
+                        // commit check panics: it steps down (the others
+                        // elect a leader; it cannot campaign any more).
+                        let term = self.node.raft.term;
+                        self.node.raft.become_follower(term, raft::INVALID_ID);
                     }
                 }
             }
