@@ -852,6 +852,9 @@ impl<T: Send + 'static> Driver<T> {
     /// False when the node is to stop.
     fn handle(&mut self, ev: Event) -> bool {
         match ev {
+            // A message for another node, relayed through this one by a
+            // member that has no address for it (see `Transport::send`).
+            Event::Message(m) if m.to != self.sh.id => self.net.forward(*m),
             Event::Message(m) => {
                 let _ = self.node.step(*m);
             }
