@@ -1108,9 +1108,12 @@ impl Sim {
         // compaction appended after each, as with a setting of 1 before it
         // was raised to 2, made some 30 in each).
         let last = |sim: &Sim| {
-            sim.leader()
-                .and_then(|l| sim.nodes[l].live.as_ref())
-                .map_or(0, |l| l.d.node.raft.raft_log.last_index())
+            sim.nodes
+                .iter()
+                .filter_map(|n| n.live.as_ref())
+                .map(|l| l.d.node.raft.raft_log.last_index())
+                .max()
+                .unwrap_or(0)
         };
         for _ in 0..600 {
             self.step()?;
