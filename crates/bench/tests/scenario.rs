@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
-const SCENARIOS: [&str; 15] = [
+const SCENARIOS: [&str; 16] = [
     "bullet-fig5",
     "bullet-fig6",
     "bullet-fig7",
@@ -30,6 +30,7 @@ const SCENARIOS: [&str; 15] = [
     "serve-recovery",
     "scripts-txn-pubsub",
     "cluster",
+    "cluster-apply",
 ];
 
 /// Columns every row must carry, non-empty.
@@ -667,6 +668,31 @@ fn cluster() {
         let t: f64 = kills[0][col_of(&h, "failover_ms")].parse().unwrap();
         assert!(t > 0.0 && t < 30_000.0, "{engine}: {t} ms");
         assert_eq!(of(engine, "failover", &|r| r == "max").len(), 1);
+    }
+}
+
+#[test]
+fn cluster_apply() {
+    need("redis-server", "redis-server");
+    let (h, rows) = run(
+        "cluster-apply",
+        &[],
+        &["rps", "catch_up_entries", "catch_up_ms", "applied_per_sec"],
+    );
+    // One round of 1 and of 2 lanes; the follower caught up with every
+    // write, and with 2 lanes applied entries in parallel.
+    let lanes: Vec<&str> = column(&h, &rows, "apply_lanes");
+    assert_eq!(lanes, ["1", "2"], "{rows:?}");
+    for r in &rows {
+        let writes: u64 = r[col_of(&h, "requests")].parse().unwrap();
+        let caught: u64 = r[col_of(&h, "catch_up_entries")].parse().unwrap();
+        assert!(caught >= writes, "{r:?}");
+        let par: u64 = r[col_of(&h, "applied_in_parallel")].parse().unwrap();
+        if r[col_of(&h, "apply_lanes")] == "1" {
+            assert_eq!(par, 0, "{r:?}");
+        } else {
+            assert!(par > 0, "{r:?}");
+        }
     }
 }
 

@@ -3,7 +3,8 @@
 //! lists, intset and hashtable sets, listpack and hashtable hashes, listpack
 //! and skiplist sorted sets, streams with consumer groups) DUMPed by Redis
 //! RESTOREs in Ember with the same contents, and DUMPed by Ember RESTOREs
-//! in Redis; RESTORE's options and errors answer as Redis's.
+//! in Redis; RESTORE's options and errors answer as Redis's; DEBUG DIGEST
+//! and DEBUG DIGEST-VALUE of the same values give Redis's digits.
 
 mod serve_common;
 
@@ -90,4 +91,91 @@ fn restore_options_and_errors_match_redis() {
         let r = conns[1].call(&args);
         assert_eq!(e, r, "{:?}", String::from_utf8_lossy(&args.concat()));
     }
+}
+
+/// DEBUG DIGEST and DEBUG DIGEST-VALUE give redis-server's digits for the
+/// same data (a value of every type and encoding, TTLs, two databases): 40
+/// zeros for an empty dataset and a missing key, and after each change
+/// (a value, a TTL, a key's database, SWAPDB) both servers' digests still
+/// agree and differ from the one before; undoing a change gives the old
+/// digest back, and sets built in another order digest the same.
+#[test]
+fn debug_digest_matches_redis() {
+    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &["--enable-debug-command", "yes"]);
+    let mut conns = [Conn::open(ember.port), Conn::open(redis.port)];
+    let zeros = Reply::Simple("0".repeat(40));
+    fn both(conns: &mut [Conn; 2], args: &[&str]) -> Reply {
+        let [e, r] = conns;
+        let (a, b) = (e.call(args), r.call(args));
+        assert_eq!(a, b, "{args:?}");
+        a
+    }
+    assert_eq!(both(&mut conns, &["DEBUG", "DIGEST"]), zeros);
+    assert_eq!(
+        both(&mut conns, &["DEBUG", "DIGEST-VALUE", "nosuch"]),
+        Reply::Array(vec![zeros.clone()])
+    );
+    assert_eq!(
+        both(&mut conns, &["DEBUG", "DIGEST-VALUE"]),
+        Reply::Array(vec![])
+    );
+    for c in conns.iter_mut() {
+        fill(c);
+    }
+    for k in KEYS {
+        both(&mut conns, &["DEBUG", "DIGEST-VALUE", k]);
+    }
+    let mut digests = vec![both(&mut conns, &["DEBUG", "DIGEST"])];
+    let mut keys = vec!["DEBUG", "DIGEST-VALUE"];
+    keys.extend(KEYS);
+    keys.push("nosuch");
+    let Reply::Array(values) = both(&mut conns, &keys) else {
+        panic!("DIGEST-VALUE");
+    };
+    assert_eq!(values.len(), KEYS.len() + 1);
+    assert!(values[..KEYS.len()].iter().all(|v| *v != zeros));
+    // Each change: the new digest is Redis's, and new, or the digest that
+    // the data had before (given by its index) when the change undid others.
+    let changes: &[(&[&str], Option<usize>)] = &[
+        (&["SET", "s", "hellp"], None),
+        (&["EXPIRE", "s", "1000"], None),
+        // Only whether a key has a TTL counts, not its time.
+        (&["EXPIRE", "s", "2000"], Some(2)),
+        (&["PERSIST", "s"], Some(1)),
+        (&["SET", "s", "hello"], Some(0)),
+        (&["LSET", "bl", "5", "changed"], None),
+        (&["SADD", "si", "999999"], None),
+        (&["HSET", "h", "extra", "v"], None),
+        (&["ZADD", "z", "0.1", "extra"], None),
+        (&["ZINCRBY", "bz", "1e300", "extra"], None),
+        (&["XADD", "x", "999-1", "f", "v"], None),
+        (&["MOVE", "n", "3"], None),
+        (&["SWAPDB", "0", "3"], None),
+        (&["SELECT", "3"], Some(usize::MAX)),
+        (&["PEXPIRE", "l", "100000"], None),
+    ];
+    for &(change, was) in changes {
+        both(&mut conns, change);
+        let d = both(&mut conns, &["DEBUG", "DIGEST"]);
+        match was {
+            Some(usize::MAX) => continue,
+            Some(i) => assert_eq!(d, digests[i], "{change:?}"),
+            None => assert!(!digests.contains(&d), "{change:?} gave an old digest"),
+        }
+        digests.push(d);
+        both(&mut conns, &keys);
+    }
+    // Sets, hashes and sorted sets built in another order digest the same.
+    let [e, _] = &mut conns;
+    e.call(&["SADD", "o1", "a", "b", "c", "1", "2"]);
+    e.call(&["SADD", "o2", "2", "c", "1", "b", "a"]);
+    e.call(&["HSET", "p1", "a", "1", "b", "2"]);
+    e.call(&["HSET", "p2", "b", "2", "a", "1"]);
+    let Reply::Array(d) = e.call(&["DEBUG", "DIGEST-VALUE", "o1", "o2", "p1", "p2"]) else {
+        panic!("DIGEST-VALUE");
+    };
+    assert_eq!((&d[0], &d[2]), (&d[1], &d[3]));
+    assert_ne!(d[0], d[2]);
 }

@@ -7,7 +7,12 @@
 //! - DEL of a 200,000-element list answers at once and the lazy free then
 //!   drains (INFO `lazyfree_pending_objects`), also across a SIGKILL in the
 //!   middle of it;
-//! - FLUSHALL is all-or-nothing across a SIGKILL at a random moment.
+//! - FLUSHALL is all-or-nothing across a SIGKILL at a random moment;
+//! - SWAPDB: replies, errors and effects compared with `redis-server`,
+//!   blocked clients woken and watched keys touched as in Redis, never a key
+//!   missing for a lock-free reader meanwhile, and all-or-nothing across a
+//!   SIGKILL at a random moment;
+//! - CLIENT PAUSE stops expiry (active and on reads) as in Redis 7.0.
 
 mod serve_common;
 
@@ -536,5 +541,428 @@ fn deleting_large_collections_works_in_a_full_heap() {
         let _: () = redis::cmd("SELECT").arg(0).query(&mut con).unwrap();
         let n: i64 = con.exists("l").unwrap();
         assert_eq!(n, 0, "{engine}");
+    }
+}
+
+/// Connects to a server on `port` (Ember or Redis).
+fn connect(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
+/// SWAPDB's replies, errors and effects (keys, TTLs, types, DBSIZE, INFO
+/// keyspace, `SWAPDB n n`) are Redis's.
+#[test]
+fn swapdb_matches_redis() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(dir.path(), &[]);
+    let mut e = srv.client();
+    let mut r = connect(redis.port);
+    let _: () = redis::cmd("FLUSHALL").query(&mut r).unwrap();
+    let run_on = |e: &mut redis::Connection, r: &mut redis::Connection, line: &str| {
+        let args = proto::split_args(line.as_bytes()).unwrap();
+        let mut c = redis::cmd(std::str::from_utf8(&args[0]).unwrap());
+        for a in &args[1..] {
+            c.arg(&a[..]);
+        }
+        let fmt = |v: &redis::RedisResult<redis::Value>| match v {
+            Ok(v) => format!("{v:?}"),
+            Err(e) => format!("error {:?} {:?}", e.code(), e.detail()),
+        };
+        assert_eq!(fmt(&c.query(e)), fmt(&c.query(r)), "{line}");
+    };
+    macro_rules! run {
+        ($line:expr) => {
+            run_on(&mut e, &mut r, $line)
+        };
+    }
+    let setup = "SET a a0
+        SET both b0
+        SET t t0 EX 1000
+        RPUSH l x y z
+        SELECT 1
+        SET both b1
+        HSET h f v
+        SADD s m1 m2
+        SET t1 t1 PX 500000
+        SELECT 0";
+    let checks = "DBSIZE
+        GET a
+        GET both
+        TTL t
+        TTL t1
+        TYPE l
+        TYPE h
+        LRANGE l 0 -1
+        HGETALL h
+        SCARD s
+        SISMEMBER s m2
+        EXISTS a both t l h s t1";
+    for line in setup.lines().map(str::trim) {
+        run!(line);
+    }
+    for swap in [
+        "SWAPDB 0 1",
+        "SWAPDB 1 0",
+        "SWAPDB 0 0",
+        "SWAPDB 1 2",
+        "SWAPDB 0 2",
+    ] {
+        run!(swap);
+        for db in 0..3 {
+            run!(&format!("SELECT {db}"));
+            for line in checks.lines().map(str::trim) {
+                run!(line);
+            }
+        }
+        run!("SELECT 0");
+        // INFO keyspace's counts (avg_ttl is each server's estimate).
+        let keyspace = |con: &mut redis::Connection| -> Vec<String> {
+            let info: String = redis::cmd("INFO").arg("keyspace").query(con).unwrap();
+            info.lines()
+                .filter(|l| l.starts_with("db"))
+                .map(|l| l.split(",avg_ttl").next().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(keyspace(&mut e), keyspace(&mut r), "after {swap}");
+    }
+    for bad in [
+        "SWAPDB a 1",
+        "SWAPDB 1 b",
+        "SWAPDB 0 16",
+        "SWAPDB 16 0",
+        "SWAPDB -1 0",
+        "SWAPDB 0 4294967296",
+        "SWAPDB 1.5 0",
+        "SWAPDB 0",
+        "SWAPDB 0 1 2",
+        "MULTI",
+        "SWAPDB 0 1",
+        "GET both",
+        "EXEC",
+        "GET both",
+        "EVAL \"return redis.call('SWAPDB', 0, 1)\" 0",
+        "GET both",
+        "COMMAND INFO swapdb",
+    ] {
+        run!(bad);
+    }
+}
+
+/// After SWAPDB, a client blocked on a key that the swap brought in is
+/// served, and a transaction watching a key of either database fails; the
+/// same on Ember and on Redis.
+#[test]
+fn swapdb_wakes_blocked_clients_and_touches_watched_keys() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(dir.path(), &[]);
+    for port in [srv.port, redis.port] {
+        let mut con = connect(port);
+        let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+        let _: i64 = con.rpush("q", "x").unwrap();
+        // Blocked in database 1 on `q`, which only database 0 has.
+        let waiter = std::thread::spawn(move || {
+            let mut c = connect(port);
+            let _: () = redis::cmd("SELECT").arg(1).query(&mut c).unwrap();
+            let t0 = Instant::now();
+            let got: Option<(String, String)> =
+                redis::cmd("BLPOP").arg("q").arg(5).query(&mut c).unwrap();
+            (got, t0.elapsed())
+        });
+        // Watchers: `w0` in database 0 (exists only in 1), `w1` in 1
+        // (exists nowhere: not touched), `w2` in 0 (exists in 0).
+        let watch = |db: i64, key: &str| {
+            let mut c = connect(port);
+            let _: () = redis::cmd("SELECT").arg(db).query(&mut c).unwrap();
+            let _: () = redis::cmd("WATCH").arg(key).query(&mut c).unwrap();
+            c
+        };
+        let _: () = con.set("w2", "v").unwrap();
+        let _: () = redis::cmd("SELECT").arg(1).query(&mut con).unwrap();
+        let _: () = con.set("w0", "v").unwrap();
+        let _: () = redis::cmd("SELECT").arg(0).query(&mut con).unwrap();
+        let mut watchers = [
+            (watch(0, "w0"), true),
+            (watch(1, "w1"), false),
+            (watch(0, "w2"), true),
+        ];
+        // Let the waiter block.
+        let blocked = wait_until(Duration::from_secs(5), || {
+            info_field(&mut con, "clients", "blocked_clients") == "1"
+        });
+        assert!(blocked.is_some(), "port {port}: the BLPOP did not block");
+        let _: () = redis::cmd("SWAPDB").arg(0).arg(1).query(&mut con).unwrap();
+        let (got, waited) = waiter.join().unwrap();
+        assert_eq!(got, Some(("q".into(), "x".into())), "port {port}");
+        assert!(waited < Duration::from_secs(4), "port {port}: {waited:?}");
+        for (c, touched) in &mut watchers {
+            let r: Option<Vec<String>> = redis::pipe()
+                .atomic()
+                .cmd("SET")
+                .arg("other")
+                .arg("1")
+                .query(c)
+                .unwrap();
+            assert_eq!(r.is_none(), *touched, "port {port}");
+        }
+    }
+}
+
+/// A reader that takes no lock (GET) never sees a key between its
+/// databases while SWAPDBs run: `k` is in both, so it is always found.
+#[test]
+fn swapdb_is_atomic_for_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(dir.path(), &[]);
+    let mut con = srv.client();
+    for db in 0..2 {
+        let _: () = redis::cmd("SELECT").arg(db).query(&mut con).unwrap();
+        let mut p = redis::pipe();
+        for i in 0..3000 {
+            p.cmd("SET").arg(format!("f{db}-{i}")).arg("v").ignore();
+        }
+        p.cmd("SET").arg("k").arg(format!("v{db}")).ignore();
+        let _: () = p.query(&mut con).unwrap();
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let port = srv.port;
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut c = connect(port);
+                let (mut seen, mut n) = (std::collections::BTreeSet::new(), 0);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let v: Option<String> = c.get("k").unwrap();
+                    assert!(v.is_some(), "GET k found nothing during a SWAPDB");
+                    seen.insert(v.unwrap());
+                    n += 1;
+                }
+                (seen, n)
+            })
+        })
+        .collect();
+    let _: () = redis::cmd("SELECT").arg(0).query(&mut con).unwrap();
+    for _ in 0..20 {
+        let _: () = redis::cmd("SWAPDB").arg(0).arg(1).query(&mut con).unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in readers {
+        let (seen, n) = r.join().unwrap();
+        assert!(n > 0);
+        println!("reader: {n} GETs saw {seen:?}");
+    }
+    let v: String = con.get("k").unwrap();
+    assert_eq!(v, "v0", "20 swaps leave the databases as they were");
+    assert_eq!(dbsize(&mut con), 3001);
+}
+
+/// SWAPDB is all-or-nothing across a SIGKILL at a random moment: after
+/// the restart both databases are as before or wholly swapped, and an
+/// acknowledged swap is there.
+#[test]
+fn swapdb_is_all_or_nothing_across_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut srv = Server::start(dir.path(), &[]);
+    let mut rng = SmallRng::seed_from_u64(34);
+    let (mut before, mut after, mut acked_n, mut finished) = (0, 0, 0, 0);
+    // What database 0 holds: false = its own keys, true = database 1's.
+    let mut swapped = false;
+    let sizes = [20_000i64, 7_000];
+    {
+        let mut con = srv.client();
+        for (db, &n) in sizes.iter().enumerate() {
+            let _: () = redis::cmd("SELECT").arg(db).query(&mut con).unwrap();
+            let mut p = redis::pipe();
+            for i in 0..n {
+                p.cmd("SET")
+                    .arg(format!("k{i}"))
+                    .arg(format!("{db}"))
+                    .ignore();
+            }
+            p.cmd("RPUSH")
+                .arg("list")
+                .arg((0..3000).map(|i| format!("e{db}-{i}")).collect::<Vec<_>>())
+                .ignore();
+            p.cmd("SET")
+                .arg(format!("ttl{db}"))
+                .arg("x")
+                .arg("EX")
+                .arg(100_000)
+                .ignore();
+            let _: () = p.query(&mut con).unwrap();
+        }
+    }
+    // Kills land anywhere from before the swap to after its reply.
+    let took = {
+        let mut con = srv.client();
+        let t0 = Instant::now();
+        for _ in 0..2 {
+            let _: () = redis::cmd("SWAPDB").arg(0).arg(1).query(&mut con).unwrap();
+        }
+        (t0.elapsed().as_millis() as u64 / 2).max(5)
+    };
+    for cycle in 0..10 {
+        let port = srv.port;
+        let swapper = std::thread::spawn(move || {
+            let c = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+            c.get_connection().is_ok_and(|mut c| {
+                redis::cmd("SWAPDB")
+                    .arg(0)
+                    .arg(1)
+                    .query::<()>(&mut c)
+                    .is_ok()
+            })
+        });
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..took * 2)));
+        srv.kill9();
+        let acked = swapper.join().unwrap();
+        srv.restart();
+        finished += usize::from(srv.log().contains("finishing a SWAPDB"));
+        let mut con = srv.client();
+        let mut state = Vec::new();
+        for db in 0..2 {
+            let _: () = redis::cmd("SELECT").arg(db).query(&mut con).unwrap();
+            let k0: String = con.get("k0").unwrap();
+            let last: Option<String> = con.get("k19999").unwrap();
+            let head: String = con.lindex("list", 0).unwrap();
+            let ttls: (i64, i64) = (con.ttl("ttl0").unwrap(), con.ttl("ttl1").unwrap());
+            let expires = info_field(&mut con, "keyspace", &format!("db{db}"));
+            state.push((dbsize(&mut con), k0, last.is_some(), head, ttls, expires));
+        }
+        let holds = |db: usize, of: usize| {
+            let s = &state[db];
+            s.0 == sizes[of] + 2
+                && s.1 == of.to_string()
+                && s.2 == (of == 0)
+                && s.3 == format!("e{of}-0")
+                && (s.4 .0 > 0) == (of == 0)
+                && (s.4 .1 > 0) == (of == 1)
+                && s.5
+                    .starts_with(&format!("keys={},expires=1,", sizes[of] + 2))
+        };
+        let now = if holds(0, 0) && holds(1, 1) {
+            false
+        } else {
+            assert!(
+                holds(0, 1) && holds(1, 0),
+                "cycle {cycle}: a swap half done: {state:?}"
+            );
+            true
+        };
+        if now == swapped {
+            assert!(!acked, "cycle {cycle}: SWAPDB acknowledged, not done");
+            before += 1;
+        } else if acked {
+            acked_n += 1;
+        } else {
+            after += 1;
+        }
+        swapped = now;
+    }
+    println!(
+        "swapdb under SIGKILL (a swap takes {took} ms): {before} not begun, {after} done \
+         unacknowledged ({finished} finished at the restart), {acked_n} acknowledged"
+    );
+}
+
+/// During a CLIENT PAUSE (WRITE or ALL) the dataset stays as it is, as in
+/// Redis 7.0: keys past their TTL are not expired actively (DBSIZE and
+/// INFO `expired_keys` do not move, no `expired` event is published), a
+/// read reports them missing without deleting them (GET nil, EXISTS 0, TTL
+/// -2, KEYS leaves them out); when the pause ends they go. The same on
+/// Ember and on redis-server.
+#[test]
+fn client_pause_stops_expiry() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(dir.path(), &[]);
+    for port in [srv.port, redis.port] {
+        for mode in ["WRITE", "ALL"] {
+            let at = format!(
+                "{} {mode}",
+                if port == srv.port { "ember" } else { "redis" }
+            );
+            let mut con = connect(port);
+            let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+            let _: () = con.set("keep", "v").unwrap();
+            for k in ["k1", "k2", "k3"] {
+                let _: () = redis::cmd("PSETEX")
+                    .arg(k)
+                    .arg(300)
+                    .arg("v")
+                    .query(&mut con)
+                    .unwrap();
+            }
+            let expired0: i64 = info_field(&mut con, "stats", "expired_keys")
+                .parse()
+                .unwrap();
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("notify-keyspace-events")
+                .arg("Ex")
+                .query(&mut con)
+                .unwrap();
+            let mut sub_con = connect(port);
+            let mut sub = sub_con.as_pubsub();
+            sub.subscribe("__keyevent@0__:expired").unwrap();
+            let _: () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(1500)
+                .arg(mode)
+                .query(&mut con)
+                .unwrap();
+            let t0 = Instant::now();
+            // Under ALL every command waits: only WRITE lets reads look.
+            if mode == "WRITE" {
+                std::thread::sleep(Duration::from_millis(500));
+                assert_eq!(dbsize(&mut con), 4, "{at}: active expiry ran");
+                let v: Option<String> = con.get("k1").unwrap();
+                assert_eq!(v, None, "{at}");
+                let n: i64 = con.exists(&["k1", "k2", "keep"]).unwrap();
+                assert_eq!(n, 1, "{at}");
+                let ttl: i64 = con.ttl("k2").unwrap();
+                assert_eq!(ttl, -2, "{at}");
+                let keys: Vec<String> = con.keys("*").unwrap();
+                assert_eq!(keys, ["keep"], "{at}");
+                // Reads deleted nothing either.
+                assert_eq!(dbsize(&mut con), 4, "{at}: a read deleted");
+                let expired: i64 = info_field(&mut con, "stats", "expired_keys")
+                    .parse()
+                    .unwrap();
+                assert_eq!(expired, expired0, "{at}");
+                assert!(t0.elapsed() < Duration::from_millis(1400), "{at}: too slow");
+            }
+            // Under either mode no `expired` event comes during the pause
+            // (Pub/Sub messages are delivered meanwhile), three after it.
+            let wait = Duration::from_millis(1200).saturating_sub(t0.elapsed());
+            sub.set_read_timeout(Some(wait)).unwrap();
+            let early = sub.get_message();
+            assert!(early.is_err(), "{at}: an expiry during the pause");
+            sub.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut keys: Vec<String> = (0..3)
+                .map(|_| sub.get_message().unwrap().get_payload().unwrap())
+                .collect();
+            keys.sort();
+            assert_eq!(keys, ["k1", "k2", "k3"], "{at}");
+            assert!(
+                t0.elapsed() >= Duration::from_millis(1400),
+                "{at}: expired during the pause"
+            );
+            // After the pause the keys go.
+            let gone = wait_until(Duration::from_secs(5), || dbsize(&mut con) == 1);
+            assert!(
+                gone.is_some(),
+                "{at}: the expired keys stayed after the pause"
+            );
+            assert!(
+                t0.elapsed() >= Duration::from_millis(1400),
+                "{at}: gone during the pause"
+            );
+        }
     }
 }

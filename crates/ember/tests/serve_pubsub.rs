@@ -23,7 +23,12 @@
 //! - `message_sequences_match_redis`: the messages a subscriber receives
 //!   for the same commands (keyspace notifications of strings, keys,
 //!   lists, hashes, sets and sorted sets included) compared exactly with a
-//!   real `redis-server`, in RESP2 and RESP3.
+//!   real `redis-server`, in RESP2 and RESP3, with `KEA`, `KEAn`, `KEAm`
+//!   and `Em` (`keymiss` of read commands and of write commands' sources);
+//! - `redis_crate_pubsub` and `redis_py_pubsub`: the client libraries'
+//!   Pub/Sub objects (the `redis` crate's `as_pubsub`, redis-py's
+//!   `pubsub()` with `get_message`, `listen` and `run_in_thread`), RESP2 and
+//!   RESP3, on Ember and on redis-server alike.
 
 mod serve_common;
 
@@ -786,6 +791,44 @@ const SEQUENCE: &[&str] = &[
     "DEL other c1",
 ];
 
+/// Commands that look up keys that do not exist: read commands, and write
+/// commands' source keys, are `keymiss` events (not OBJECT's lookups, nor
+/// a write command's own key).
+const MISSES: &[&str] = &[
+    "GET m:1",
+    "SET m:x 1",
+    "MGET m:x m:2 m:3",
+    "EXISTS m:4 m:x",
+    "TYPE m:5",
+    "TTL m:6",
+    "STRLEN m:7",
+    "GETRANGE m:8 0 1",
+    "OBJECT ENCODING m:9",
+    "LRANGE m:10 0 -1",
+    "LLEN m:11",
+    "HGET m:12 f",
+    "HGETALL m:13",
+    "SMEMBERS m:14",
+    "SINTER m:15 m:x",
+    "SCARD m:16",
+    "ZRANGE m:17 0 -1",
+    "ZSCORE m:18 a",
+    "XRANGE m:19 - +",
+    "BITCOUNT m:20",
+    "PFCOUNT m:21",
+    "GEOPOS m:22 a",
+    "SORT_RO m:23",
+    "INCR m:24",
+    "LPUSH m:25 a",
+    "RPOPLPUSH m:26 m:27",
+    "SUNIONSTORE m:28 m:29 m:30",
+    "COPY m:31 m:32",
+    "PFMERGE m:33 m:34",
+    "BITOP OR m:35 m:36",
+    "DEL m:37",
+    "DUMP m:38",
+];
+
 /// Runs `SEQUENCE` against the server at `port` with a subscriber to every
 /// keyspace channel (and to `done`, which ends the run) in protocol
 /// `resp3`, and returns the messages it received, in order.
@@ -811,6 +854,10 @@ fn message_sequence(port: u16, resp3: bool, flags: &str) -> Vec<Reply> {
     call(&mut w, "SET lazy v PX 1");
     std::thread::sleep(Duration::from_millis(20));
     call(&mut w, "GET lazy");
+    // Reads of missing keys (`keymiss` with `m`), OBJECT's excepted.
+    for line in MISSES {
+        call(&mut w, line);
+    }
     call(&mut w, "PUBLISH done x");
     let out = collect_until_done(&mut sub);
     call(&mut admin, "CONFIG SET notify-keyspace-events \"\"");
@@ -822,10 +869,10 @@ fn message_sequences_match_redis() {
     let (_d, s) = start();
     let redis = RedisServer::start();
     for resp3 in [false, true] {
-        for flags in ["KEA", "KEAn"] {
+        for flags in ["KEA", "KEAn", "KEAm", "Em"] {
             let want = message_sequence(redis.port, resp3, flags);
             let got = message_sequence(s.port, resp3, flags);
-            assert!(want.len() > 100, "{}", want.len());
+            assert!(want.len() > 20, "{}", want.len());
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(
                     g,
@@ -937,4 +984,184 @@ fn one_worker_delivers_its_own_messages() {
         msg(&["message", "__keyevent@0__:expired", "t"])
     );
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+/// PUBSUB NUMSUB rc1 rc2 and PUBSUB NUMPAT.
+fn numsub(con: &mut redis::Connection) -> ([(String, i64); 2], i64) {
+    let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg("rc1")
+        .arg("rc2")
+        .query(con)
+        .unwrap();
+    let pats: i64 = redis::cmd("PUBSUB").arg("NUMPAT").query(con).unwrap();
+    (subs.try_into().unwrap(), pats)
+}
+
+/// The `redis` crate's PubSub API, RESP2 and RESP3, on Ember and on
+/// redis-server alike: SUBSCRIBE and PSUBSCRIBE through `as_pubsub`,
+/// messages published from another connection (on the other worker) read
+/// with `get_message`, binary payloads, PUBLISH's receiver counts, and
+/// UNSUBSCRIBE/PUNSUBSCRIBE ending delivery.
+#[test]
+fn redis_crate_pubsub() {
+    let redis = RedisServer::start();
+    let (_d, s) = start();
+    for port in [s.port, redis.port] {
+        for proto in ["", "?protocol=resp3"] {
+            let at = format!("{} {proto}", if port == s.port { "ember" } else { "redis" });
+            let client = redis::Client::open(format!("redis://127.0.0.1:{port}/{proto}")).unwrap();
+            let mut con = client.get_connection().unwrap();
+            let mut publisher = client.get_connection().unwrap();
+            let mut publish = |ch: &str, payload: &[u8]| -> i64 {
+                redis::cmd("PUBLISH")
+                    .arg(ch)
+                    .arg(payload)
+                    .query(&mut publisher)
+                    .unwrap()
+            };
+            let mut ps = con.as_pubsub();
+            ps.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            ps.subscribe(&["rc1", "rc2"]).unwrap();
+            ps.psubscribe("rp.*").unwrap();
+            // With RESP3 the crate sends SUBSCRIBE without awaiting its
+            // confirmation (a push): the subscriptions are waited for here.
+            let mut watcher = client.get_connection().unwrap();
+            wait_for("the subscriptions", || {
+                numsub(&mut watcher) == ([("rc1".into(), 1), ("rc2".into(), 1)], 1)
+            });
+            assert_eq!(publish("rc1", b"one"), 1, "{at}");
+            assert_eq!(publish("rp.x", b"\x00bin\xff"), 1, "{at}");
+            assert_eq!(publish("nobody", b"x"), 0, "{at}");
+            let m = ps.get_message().unwrap();
+            assert_eq!(m.get_channel_name(), "rc1", "{at}");
+            assert_eq!(m.get_payload::<String>().unwrap(), "one", "{at}");
+            assert_eq!(m.get_pattern::<Option<String>>().unwrap(), None, "{at}");
+            let m = ps.get_message().unwrap();
+            assert_eq!(m.get_channel_name(), "rp.x", "{at}");
+            assert_eq!(m.get_payload_bytes(), b"\x00bin\xff", "{at}");
+            assert_eq!(
+                m.get_pattern::<Option<String>>().unwrap().as_deref(),
+                Some("rp.*"),
+                "{at}"
+            );
+            ps.unsubscribe("rc1").unwrap();
+            ps.punsubscribe("rp.*").unwrap();
+            let mut publisher = client.get_connection().unwrap();
+            wait_for("the unsubscribes", || {
+                numsub(&mut publisher) == ([("rc1".into(), 0), ("rc2".into(), 1)], 0)
+            });
+            for (ch, want) in [("rc1", 0), ("rp.y", 0), ("rc2", 1)] {
+                let n: i64 = redis::cmd("PUBLISH")
+                    .arg(ch)
+                    .arg("two")
+                    .query(&mut publisher)
+                    .unwrap();
+                assert_eq!(n, want, "{at} {ch}");
+            }
+            // Only rc2's message arrives.
+            let m = ps.get_message().unwrap();
+            assert_eq!(
+                (m.get_channel_name(), m.get_payload::<String>().unwrap()),
+                ("rc2", "two".to_string()),
+                "{at}"
+            );
+            ps.unsubscribe(&[] as &[&str]).unwrap();
+            drop(ps);
+            // Out of subscriber mode, the connection takes commands again.
+            let pong: String = redis::cmd("PING").query(&mut con).unwrap();
+            assert_eq!(pong, "PONG", "{at}");
+        }
+    }
+}
+
+/// redis-py's PubSub object, RESP2 and RESP3, on Ember and on
+/// redis-server alike (the script's expectations are checked against
+/// both): subscribe/psubscribe confirmations and messages from
+/// `get_message`, `listen()` with messages published from another thread
+/// and connection, handlers with `run_in_thread`, `ignore_subscribe_messages`,
+/// PUBSUB NUMSUB/NUMPAT, unsubscribes with their counts.
+#[test]
+fn redis_py_pubsub() {
+    let redis = RedisServer::start();
+    let (_d, s) = start();
+    for port in [s.port, redis.port] {
+        for protocol in [2, 3] {
+            let script = format!(
+                r#"
+import redis, threading, time
+r = redis.Redis(port={port}, protocol={protocol})
+pub = redis.Redis(port={port}, protocol={protocol})
+p = r.pubsub()
+p.subscribe("ch1", "ch2")
+got = [p.get_message(timeout=5) for _ in range(2)]
+assert [(m["type"], m["channel"], m["data"]) for m in got] == [
+    ("subscribe", b"ch1", 1), ("subscribe", b"ch2", 2)], got
+p.psubscribe("news.*")
+m = p.get_message(timeout=5)
+assert (m["type"], m["channel"], m["data"]) == ("psubscribe", b"news.*", 3), m
+assert pub.publish("ch1", "hello") == 1
+assert pub.publish("news.tech", b"\x00\xff") == 1
+assert pub.publish("nobody", "x") == 0
+m = p.get_message(timeout=5)
+assert m == {{"type": "message", "pattern": None, "channel": b"ch1", "data": b"hello"}}, m
+m = p.get_message(timeout=5)
+assert m == {{"type": "pmessage", "pattern": b"news.*", "channel": b"news.tech",
+              "data": b"\x00\xff"}}, m
+assert p.get_message(timeout=0.2) is None
+assert pub.pubsub_numsub("ch1", "ch2", "nobody") == [(b"ch1", 1), (b"ch2", 1), (b"nobody", 0)]
+assert pub.pubsub_numpat() == 1
+assert sorted(pub.pubsub_channels()) == [b"ch1", b"ch2"]
+
+# listen(), fed from another thread's connection.
+def later():
+    time.sleep(0.1)
+    for i in range(5):
+        pub.publish("ch2", str(i))
+threading.Thread(target=later).start()
+seen = []
+for m in p.listen():
+    assert m["type"] == "message" and m["channel"] == b"ch2", m
+    seen.append(m["data"])
+    if len(seen) == 5:
+        break
+assert seen == [b"0", b"1", b"2", b"3", b"4"], seen
+
+# Unsubscribes and their counts.
+p.unsubscribe("ch1")
+m = p.get_message(timeout=5)
+assert (m["type"], m["channel"], m["data"]) == ("unsubscribe", b"ch1", 2), m
+p.punsubscribe()
+m = p.get_message(timeout=5)
+assert (m["type"], m["channel"], m["data"]) == ("punsubscribe", b"news.*", 1), m
+assert pub.publish("ch1", "x") == 0 and pub.publish("news.x", "x") == 0
+p.unsubscribe()
+m = p.get_message(timeout=5)
+assert (m["type"], m["channel"], m["data"]) == ("unsubscribe", b"ch2", 0), m
+assert pub.publish("ch2", "x") == 0
+assert p.get_message(timeout=0.2) is None
+p.close()
+
+# Handlers in a background thread, confirmations ignored.
+q = r.pubsub(ignore_subscribe_messages=True)
+events = []
+q.subscribe(**{{"ev": lambda m: events.append(m["data"])}})
+q.psubscribe(**{{"ev.*": lambda m: events.append((m["pattern"], m["channel"], m["data"]))}})
+t = q.run_in_thread(sleep_time=0.01)
+assert pub.publish("ev", "a") == 1
+assert pub.publish("ev.b", "b") == 1
+deadline = time.time() + 5
+while len(events) < 2 and time.time() < deadline:
+    time.sleep(0.01)
+t.stop()
+t.join(5)
+q.close()
+assert events == [b"a", (b"ev.*", b"ev.b", b"b")], events
+assert pub.pubsub_numsub("ev") == [(b"ev", 0)]
+print("redis-py ok")
+"#
+            );
+            serve_common::run_redis_py(&script);
+        }
+    }
 }

@@ -15,7 +15,7 @@ use rand::{RngExt, SeedableRng};
 use redis::Commands;
 use serve_common::Server;
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,7 +40,8 @@ fn fill(con: &mut redis::Connection) {
 
 /// Moves elements back and forth until stopped; returns the acknowledged
 /// increments of the counter and whether one was in flight.
-fn client(port: u16, seed: u64, stop: Arc<AtomicBool>) -> (i64, bool) {
+/// `acks` counts every acknowledged command (the kill waits for some).
+fn client(port: u16, seed: u64, stop: Arc<AtomicBool>, acks: Arc<AtomicU64>) -> (i64, bool) {
     let Ok(c) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) else {
         return (0, false);
     };
@@ -99,6 +100,7 @@ fn client(port: u16, seed: u64, stop: Arc<AtomicBool>) -> (i64, bool) {
         if r.is_err() {
             return (acked, false);
         }
+        acks.fetch_add(1, Ordering::Relaxed);
     }
     (acked, false)
 }
@@ -148,16 +150,23 @@ fn kill_cycles(extra: &[&str], cycles: usize, seed: u64) {
     let mut counts = vec![(0i64, false); 2];
     for cycle in 0..cycles {
         let stop = Arc::new(AtomicBool::new(false));
+        let acks = Arc::new(AtomicU64::new(0));
         let port = srv.port;
         let handles: Vec<_> = (0..2u64)
             .map(|id| {
-                let stop = stop.clone();
+                let (stop, acks) = (stop.clone(), acks.clone());
                 // Client `id` counts in h{id}: seed % 2 == id.
                 let s = 2 * (seed * 100 + cycle as u64 * 10) + id;
-                std::thread::spawn(move || client(port, s, stop))
+                std::thread::spawn(move || client(port, s, stop, acks))
             })
             .collect();
         std::thread::sleep(Duration::from_millis(rng.random_range(200..800u64)));
+        // A loaded machine may have acknowledged little by then: the kill
+        // waits for some commands (at most 20 s).
+        let t = std::time::Instant::now();
+        while acks.load(Ordering::Relaxed) < 60 && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         srv.kill9();
         stop.store(true, Ordering::Relaxed);
         let mut progress = 0;

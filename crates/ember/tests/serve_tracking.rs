@@ -25,7 +25,9 @@
 //!   `flush_all` reach Redis-side trackers;
 //! - `many_trackers_on_both_workers`: each tracker gets each key it read,
 //!   once, whichever worker wrote it;
-//! - `redis_py_cache_is_invalidated`: redis-py's client-side cache.
+//! - `redis_py_cache_is_invalidated`: redis-py's client-side cache;
+//! - `swapdb_invalidates_as_a_flush`: SWAPDB sends one null (Redis sends
+//!   nothing).
 
 mod serve_common;
 
@@ -806,4 +808,35 @@ print("redis-py ok")
         port = ember.port
     );
     serve_common::run_redis_py(&script);
+}
+
+/// SWAPDB sends every tracking client one null, as a flush does (beyond
+/// Redis 7.0, which invalidates nothing there and leaves caches of either
+/// database stale), and no invalidation per moved key.
+#[test]
+fn swapdb_invalidates_as_a_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let ember = Server::start(dir.path(), &[]);
+    let mut t = Cx::open(ember.port);
+    let mut w = Cx::open(ember.port);
+    t.call(&a("HELLO 3"));
+    t.call(&a("CLIENT TRACKING on"));
+    for i in 0..100 {
+        w.call(&a(&format!("SET k{i} v")));
+    }
+    t.call(&a("GET k1"));
+    w.call(&a("SWAPDB 0 1"));
+    assert_eq!(
+        pushes_within(&mut t, Duration::from_secs(5)),
+        [">2\r\n$10\r\ninvalidate\r\n_\r\n"]
+    );
+    // The key is tracked again after the null: a write to it invalidates it.
+    w.call(&a("SELECT 1"));
+    t.call(&a("SELECT 1"));
+    t.call(&a("GET k1"));
+    w.call(&a("SET k1 w"));
+    assert_eq!(
+        pushes_within(&mut t, Duration::from_secs(5)),
+        [">2\r\n$10\r\ninvalidate\r\n*1\r\n$2\r\nk1\r\n"]
+    );
 }

@@ -178,6 +178,8 @@ fn scan_raft_keys(sess: &mut dyn Session, probs: &mut Problems) -> Found {
                 b.copy_from_slice(idx);
                 f.entries.insert(u64::from_be_bytes(b));
             }
+            // A virtual apply lane's mark (`storage::lane_key`).
+            [b'v', l] if u64::from(*l) < crate::storage::VLANES => {}
             _ if k == APPLIED_KEY || k == PEERS_KEY || k == SNAP_MARK || known.contains(&k) => {}
             _ => f.unknown.push(k),
         }

@@ -7,10 +7,12 @@
 //!   at most one tick, ticks, and handles a Ready: sends the messages that
 //!   need nothing persisted, persists the new entries and hard state as one
 //!   batch, then sends the rest, and passes committed entries on.
-//! - **apply** (`raft-apply`): applies committed entries in log order
-//!   through the server's [`StateMachine`], which persists each entry's
-//!   index with its effects (exactly once across restarts), then completes
-//!   the proposer's waiter and reports the applied index back.
+//! - **apply** (`raft-apply`, and `raft-apply-N` with several lanes):
+//!   applies committed entries through the server's [`StateMachine`] (in
+//!   log order, or in parallel where they commute: [`crate::apply`]), which
+//!   persists each entry's index with its effects (exactly once across
+//!   restarts), then completes the proposer's waiter and reports the
+//!   applied index back.
 //!
 //! # Proposals
 //! A writer (a server worker) proposes bytes with [`Handle::propose`] and
@@ -115,6 +117,9 @@ pub struct NodeConfig {
     /// Where a snapshot received is kept while it is installed (beside the
     /// heap); None: this node cannot install one.
     pub snapshot_file: Option<std::path::PathBuf>,
+    /// Threads applying committed entries (see [`crate::apply`]): 1 applies
+    /// every entry in log order on one thread.
+    pub apply_lanes: usize,
 }
 
 /// Why a proposal did not apply.
@@ -139,7 +144,23 @@ pub trait StateMachine<T> {
     /// same crash-atomic batch as the effects. Called once per committed
     /// entry, in log order, for entries after the applied index found at
     /// start. `own` is true when this node proposed it in this run.
-    fn apply(&mut self, index: u64, data: &[u8], own: bool) -> T;
+    /// The index is recorded under `mark` ([`crate::APPLIED_KEY`], or a
+    /// lane's mark when entries are applied in parallel: see
+    /// [`crate::apply`]).
+    fn apply(&mut self, index: u64, data: &[u8], own: bool, mark: &[u8]) -> T;
+    /// What a data entry writes, for parallel apply: the hash of every
+    /// store key it writes into `keys`, and the hash of the one owner of
+    /// those keys (entries of different owners are applied in parallel),
+    /// or None when it has several or none (it is then applied alone, in
+    /// log order). Called on any apply thread's state machine.
+    fn footprint(&self, _data: &[u8], _keys: &mut Vec<u64>) -> Option<u64> {
+        None
+    }
+    /// The lane marks in the store ([`crate::storage::read_lane_marks`]),
+    /// read once at start.
+    fn lane_marks(&mut self) -> Result<Vec<u64>, String> {
+        Ok(vec![0; crate::storage::VLANES as usize])
+    }
     /// Persists `index` as applied for an entry without data (a new term's
     /// empty entry, a configuration change).
     fn skip(&mut self, index: u64);
@@ -175,6 +196,10 @@ pub struct Status {
     pub matched: Vec<(u64, u64)>,
     /// Set when the log or the state machine failed: the node stopped.
     pub failed: Option<String>,
+    /// Apply threads, and the entries applied while another thread applied
+    /// others (see [`crate::apply`]).
+    pub apply_lanes: usize,
+    pub applied_in_parallel: u64,
 }
 
 /// Messages to the raft thread.
@@ -201,7 +226,7 @@ pub enum Event {
     Stop,
 }
 
-type Waiter<T> = SyncSender<Result<T, ReplError>>;
+pub(crate) type Waiter<T> = SyncSender<Result<T, ReplError>>;
 
 /// An entry's first byte: a proposer's data follows.
 pub(crate) const TAG_DATA: u8 = 0;
@@ -214,29 +239,53 @@ pub(crate) const TAG_EVENT: u8 = 2;
 type ReadWaiter = SyncSender<Result<(), ReplError>>;
 
 /// What the apply thread is handed.
-enum ApplyMsg {
+pub(crate) enum ApplyMsg {
     Entries(Vec<Entry>),
     /// Dump the keyspace for a snapshot (answered with `Event::Dumped`).
     Dump,
 }
 
-struct Shared<T> {
-    id: u64,
-    status: Mutex<Status>,
-    waiters: Mutex<HashMap<u64, Waiter<T>>>,
+pub(crate) struct Shared<T> {
+    pub(crate) id: u64,
+    pub(crate) status: Mutex<Status>,
+    pub(crate) waiters: Mutex<HashMap<u64, Waiter<T>>>,
     reads: Mutex<HashMap<u64, ReadWaiter>>,
     changes: Mutex<HashMap<u64, ReadWaiter>>,
     /// Every member, this node included (changes with the configuration).
     peers: Mutex<Vec<Peer>>,
     /// Held by the apply thread while it applies a run of entries: a
     /// snapshot's install takes it to keep the apply thread out.
-    apply_lock: Mutex<()>,
+    pub(crate) apply_lock: Mutex<()>,
     next_seq: AtomicU64,
     stop: Arc<AtomicBool>,
-    applied: AtomicU64,
+    pub(crate) applied: AtomicU64,
     /// Whether this node leads and takes proposals (one load for callers
     /// on every write).
-    leader: AtomicBool,
+    pub(crate) leader: AtomicBool,
+    pub(crate) apply_lanes: usize,
+    pub(crate) applied_in_parallel: AtomicU64,
+}
+
+#[cfg(test)]
+impl<T> Shared<T> {
+    /// A node's shared state for tests of the apply threads alone.
+    pub(crate) fn for_test(id: u64) -> Arc<Shared<T>> {
+        Arc::new(Shared {
+            id,
+            status: Mutex::new(Status::default()),
+            waiters: Mutex::new(HashMap::new()),
+            reads: Mutex::new(HashMap::new()),
+            changes: Mutex::new(HashMap::new()),
+            peers: Mutex::new(Vec::new()),
+            apply_lock: Mutex::new(()),
+            next_seq: AtomicU64::new(1),
+            stop: Arc::new(AtomicBool::new(false)),
+            applied: AtomicU64::new(0),
+            leader: AtomicBool::new(false),
+            apply_lanes: 1,
+            applied_in_parallel: AtomicU64::new(0),
+        })
+    }
 }
 
 /// A running node: cheap to clone, shared by the server's threads.
@@ -262,7 +311,7 @@ fn ctx_bytes(id: u64, seq: u64) -> Vec<u8> {
     v
 }
 
-fn parse_ctx(c: &[u8]) -> Option<(u64, u64)> {
+pub(crate) fn parse_ctx(c: &[u8]) -> Option<(u64, u64)> {
     let id = u64::from_le_bytes(c.get(0..8)?.try_into().ok()?);
     let seq = u64::from_le_bytes(c.get(8..16)?.try_into().ok()?);
     Some((id, seq))
@@ -275,7 +324,7 @@ impl<T: Send + 'static> Handle<T> {
     pub fn start(
         cfg: NodeConfig,
         log_session: Box<dyn FnOnce() -> engine::Result<Box<dyn engine::Session>> + Send>,
-        make_sm: Box<dyn FnOnce() -> Box<dyn StateMachine<T>> + Send>,
+        make_sm: crate::apply::MakeStateMachine<T>,
     ) -> Result<Handle<T>, String> {
         if !cfg.peers.iter().any(|p| p.id == cfg.id) {
             return Err(format!("node id {} is not in --peers", cfg.id));
@@ -294,15 +343,26 @@ impl<T: Send + 'static> Handle<T> {
             changes: Mutex::new(HashMap::new()),
             peers: Mutex::new(cfg.peers.clone()),
             apply_lock: Mutex::new(()),
-            next_seq: AtomicU64::new(1),
+            // Past every sequence number an earlier run of this node put
+            // in entries still to be applied (one per proposal: fewer than
+            // the nanoseconds between two starts), so that none of them is
+            // taken for a proposal of this run.
+            next_seq: AtomicU64::new(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64),
+            ),
             stop: stop.clone(),
             applied: AtomicU64::new(0),
             leader: AtomicBool::new(false),
+            apply_lanes: cfg.apply_lanes.clamp(1, crate::apply::MAX_LANES),
+            applied_in_parallel: AtomicU64::new(0),
         });
         let (tx, rx) = std::sync::mpsc::channel();
         crate::net::serve(listener, tx.clone(), stop.clone());
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<(), String>>(1);
         let (apply_tx, apply_rx) = std::sync::mpsc::channel::<ApplyMsg>();
+        let lanes = cfg.apply_lanes;
         {
             let sh = sh.clone();
             let cfg = cfg.clone();
@@ -333,7 +393,17 @@ impl<T: Send + 'static> Handle<T> {
             let inbox = tx.clone();
             std::thread::Builder::new()
                 .name("raft-apply".into())
-                .spawn(move || apply_loop(&sh, make_sm(), &apply_rx, &inbox))
+                .spawn(
+                    move || match crate::apply::Applier::start(sh.clone(), make_sm, lanes) {
+                        Ok(a) => a.run(&apply_rx, &inbox),
+                        Err(why) => {
+                            sh.status.lock().unwrap_or_else(|p| p.into_inner()).failed =
+                                Some(why.clone());
+                            fail_all(&sh, &ReplError::Stopped(why));
+                            let _ = inbox.send(Event::Stop);
+                        }
+                    },
+                )
                 .map_err(|e| e.to_string())?;
         }
         Ok(Handle {
@@ -418,11 +488,15 @@ impl<T: Send + 'static> Handle<T> {
 
     /// The node's state now.
     pub fn status(&self) -> Status {
-        self.sh
+        let mut st = self
+            .sh
             .status
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .clone();
+        st.apply_lanes = self.sh.apply_lanes;
+        st.applied_in_parallel = self.sh.applied_in_parallel.load(Ordering::Relaxed);
+        st
     }
 
     /// Whether this node is the leader now (a relaxed load).
@@ -523,7 +597,7 @@ fn fail_read<T>(sh: &Shared<T>, seq: u64, e: ReplError) {
 }
 
 /// Fails every proposal and read still waiting.
-fn fail_all<T>(sh: &Shared<T>, e: &ReplError) {
+pub(crate) fn fail_all<T>(sh: &Shared<T>, e: &ReplError) {
     let reads: Vec<ReadWaiter> = sh
         .reads
         .lock()
@@ -555,74 +629,6 @@ fn fail_all<T>(sh: &Shared<T>, e: &ReplError) {
         .collect();
     for w in all {
         let _ = w.send(Err(e.clone()));
-    }
-}
-
-fn apply_loop<T>(
-    sh: &Shared<T>,
-    mut sm: Box<dyn StateMachine<T>>,
-    rx: &Receiver<ApplyMsg>,
-    inbox: &Sender<Event>,
-) {
-    let mut done = Vec::new();
-    while let Ok(msg) = rx.recv() {
-        let ents = match msg {
-            ApplyMsg::Entries(ents) => ents,
-            ApplyMsg::Dump => {
-                let index = sh.applied.load(Ordering::Acquire);
-                let data = sm.dump();
-                if inbox.send(Event::Dumped { index, data }).is_err() {
-                    return;
-                }
-                continue;
-            }
-        };
-        let _run = sh.apply_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let mut last = 0;
-        for e in ents {
-            // A proposal of this node whose proposer still waits: it gets
-            // the result (and does the bookkeeping its command does).
-            let waiter = parse_ctx(&e.context)
-                .filter(|&(id, _)| id == sh.id)
-                .and_then(|(_, seq)| {
-                    sh.waiters
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&seq)
-                });
-            let normal = e.get_entry_type() == EntryType::EntryNormal;
-            if normal && matches!(e.data.first(), Some(&TAG_DATA | &TAG_EVENT)) {
-                let r = if e.data[0] == TAG_DATA {
-                    sm.apply(e.index, &e.data[1..], waiter.is_some())
-                } else {
-                    sm.event(e.index, &e.data[1..], waiter.is_some())
-                };
-                if let Some(w) = waiter {
-                    done.push((w, r));
-                }
-            } else {
-                sm.skip(e.index);
-            }
-            if let Some(why) = sm.failed() {
-                sh.status.lock().unwrap_or_else(|p| p.into_inner()).failed = Some(why.clone());
-                sh.leader.store(false, Ordering::Relaxed);
-                for (w, _) in done.drain(..) {
-                    let _ = w.send(Err(ReplError::Stopped(why.clone())));
-                }
-                fail_all(sh, &ReplError::Stopped(why));
-                let _ = inbox.send(Event::Stop);
-                return;
-            }
-            last = e.index;
-        }
-        sm.sync();
-        for (w, r) in done.drain(..) {
-            let _ = w.send(Ok(r));
-        }
-        sh.applied.store(last, Ordering::Release);
-        if inbox.send(Event::Applied(last)).is_err() {
-            return;
-        }
     }
 }
 

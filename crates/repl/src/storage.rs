@@ -49,6 +49,36 @@ pub const SNAP_MARK: &[u8] = &[0xFF, 0xFF, b'r', b'a', b'f', b't', b'/', b's'];
 /// configuration so that members added online are known after a restart.
 pub const PEERS_KEY: &[u8] = &[0xFF, 0xFF, b'r', b'a', b'f', b't', b'/', b'p'];
 
+/// Virtual apply lanes: a data entry whose keys have one owner is applied
+/// on lane `owner % VLANES` (mapped onto the node's apply threads), and
+/// records its index under that lane's mark ([`lane_key`]).
+pub const VLANES: u64 = 64;
+
+/// The store key of virtual lane `v`'s mark: the index of the last entry
+/// applied on that lane (u64 little-endian), written in the entry's batch.
+pub fn lane_key(v: u64) -> Vec<u8> {
+    let mut k = meta_key(b'v');
+    k.push(v as u8);
+    k
+}
+
+/// Every virtual lane's mark (0 where none was written).
+pub fn read_lane_marks(sess: &mut dyn Session) -> engine::Result<Vec<u64>> {
+    let mut v = Vec::new();
+    (0..VLANES)
+        .map(|l| {
+            if !sess.get(&lane_key(l), &mut v)? {
+                return Ok(0);
+            }
+            let b: [u8; 8] = v
+                .as_slice()
+                .try_into()
+                .map_err(|_| engine::Error::Corrupt(format!("raft lane {l}'s mark")))?;
+            Ok(u64::from_le_bytes(b))
+        })
+        .collect()
+}
+
 fn meta_key(tag: u8) -> Vec<u8> {
     let mut k = RAFT_PREFIX.to_vec();
     k.push(tag);

@@ -211,10 +211,10 @@ struct Sm {
 }
 
 impl StateMachine<u64> for Sm {
-    fn apply(&mut self, index: u64, data: &[u8], _own: bool) -> u64 {
+    fn apply(&mut self, index: u64, data: &[u8], _own: bool, mark: &[u8]) -> u64 {
         let mut b = WriteBatch::new();
         b.put(data, data);
-        b.put(APPLIED_KEY, &index.to_le_bytes());
+        b.put(mark, &index.to_le_bytes());
         self.sess.apply_batch(&b, &mut Vec::new()).unwrap();
         self.seen.lock().unwrap().push((index, data.to_vec()));
         index
@@ -260,6 +260,7 @@ fn start(id: u64, peers: &[Peer]) -> TestNode {
         // machine) is sent entries, never a snapshot, which these
         // in-process nodes cannot install (a snapshot restarts the process).
         compact_after: 1000,
+        apply_lanes: 1,
         join: false,
         snapshot_file: None,
     };
@@ -268,10 +269,10 @@ fn start(id: u64, peers: &[Peer]) -> TestNode {
     let h = Handle::start(
         cfg,
         Box::new(move || Ok(Box::new(s1.session()?) as Box<dyn Session>)),
-        Box::new(move || {
+        Arc::new(move |_| {
             Box::new(Sm {
                 sess: Box::new(s2.session().unwrap()),
-                seen: seen2,
+                seen: seen2.clone(),
             }) as Box<dyn StateMachine<u64>>
         }),
     )

@@ -80,6 +80,29 @@ fn parse_access(s: &str) -> u8 {
     })
 }
 
+/// The positions of the keys that request `args` (table entry `i`) only
+/// reads, when it is a write command (Redis looks those up with
+/// `lookupKeyRead`: ZUNIONSTORE's sources, COPY's source; all of PFMERGE's
+/// keys). A read-only command's keys are all read: not listed here.
+pub fn read_keys(i: usize, args: &[Vec<u8>]) -> Vec<usize> {
+    let c = cmd(resolve(i, args).unwrap_or(i));
+    if !c.flags.contains(Flags::WRITE)
+        || (c.keys.first == 0 && !c.flags.contains(Flags::MOVABLEKEYS))
+    {
+        return Vec::new();
+    }
+    let keys: Vec<usize> = if c.flags.contains(Flags::MOVABLEKEYS) {
+        crate::cmd::movable_keys(&c.name, args)
+    } else {
+        c.keys.indexes(args.len()).collect()
+    };
+    keys.into_iter()
+        .enumerate()
+        .filter(|&(n, _)| c.name == "pfmerge" || c.access[usize::from(n > 0)] == READ)
+        .map(|(_, k)| k)
+        .collect()
+}
+
 impl AclCmd {
     /// Whether `n` arguments (the name, and the parent's for a subcommand,
     /// included) satisfy the arity.

@@ -212,6 +212,9 @@ pub struct Client {
     /// On a cluster's follower: its connection to the leader for the
     /// requests forwarded there, and READONLY (reads served here).
     pub(crate) fwd: Option<Box<crate::cluster::Forward>>,
+    /// A blocking command forwarded to the leader whose reply has not come
+    /// (see `cluster::forward_blocking`); its input waits meanwhile.
+    pub(crate) fwd_wait: Option<Box<crate::cluster::FwdWait>>,
     pub(crate) readonly: bool,
     /// The Raft index of its last replicated write (WAIT counts the
     /// followers that have it).
@@ -275,6 +278,7 @@ impl Client {
             block_seq: 0,
             multi: None,
             fwd: None,
+            fwd_wait: None,
             readonly: false,
             repl_index: 0,
             watching: Default::default(),

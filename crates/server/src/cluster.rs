@@ -26,10 +26,12 @@
 //! queue with its EXEC, WATCH) and reads to the leader over that client's
 //! own connection to it ([`Forward`]), and relays the leader's replies as
 //! they come; after READONLY, reads are served from the follower's applied
-//! state (possibly behind the leader). Blocking pops are refused with
-//! Redis's replica error (`-READONLY You can't write against a read only
-//! replica.`), which is also what a write gets on a node that is not the
-//! leader. A follower deletes no expired key on its own (as a Redis
+//! state (possibly behind the leader). A blocking pop is forwarded too and
+//! waits at the leader on a thread of its own, so the worker serves its
+//! other clients meanwhile (`forward_blocking`); CLIENT UNBLOCK of such a
+//! client is passed on. A write at a node that is not the leader and cannot
+//! be forwarded gets Redis's replica error (`-READONLY You can't write
+//! against a read only replica.`). A follower deletes no expired key on its own (as a Redis
 //! replica): the leader's deletions arrive as entries. The lazy free of a
 //! deleted collection's pieces is local on every node
 //! (`Keyspace::set_local`).
@@ -50,6 +52,10 @@ pub struct Cluster {
     /// How long a write waits for its entry before it is answered with an
     /// error (the node steps down well before, when it loses its quorum).
     pub write_timeout: Duration,
+    /// Clients of this node waiting in a blocking command forwarded to the
+    /// leader: this node's client id -> (the leader, its connection's
+    /// client id there), for CLIENT UNBLOCK.
+    pub fwd_blocked: std::sync::Mutex<std::collections::HashMap<u64, (u64, u64)>>,
 }
 
 /// Why a replicated write failed, as the client is told.
@@ -120,6 +126,111 @@ impl Cluster {
     }
 }
 
+/// The first byte of an event entry's data: a Pub/Sub message (0 and 1:
+/// its shard flag, see [`Cluster::publish`]) or keyspace events.
+const EVENT_NOTIFY: u8 = 2;
+
+/// At a cluster's leader, as a worker publishes its keyspace events: the
+/// same events go to the other nodes' subscribers in an event entry,
+/// proposed without waiting (the writes they tell of are already
+/// committed). Called by [`crate::notify::flush_pending`].
+pub fn replicate_events(sh: &Shared, ks: &Keyspace) {
+    if !ks.replicates() {
+        return;
+    }
+    let Some(cl) = sh.cluster.get() else {
+        return;
+    };
+    if !cl.is_leader() {
+        return;
+    }
+    let mut data = vec![EVENT_NOTIFY];
+    data.extend_from_slice(&cl.node.id().to_le_bytes());
+    encode_note(ks, &mut data);
+    cl.node.abandon(cl.node.propose_event(&data));
+}
+
+/// The keyspace events `ks` holds: per event u8 kind (0 a key found
+/// expired, 1 a command's event, 2 a key a write created), u32 class, u8
+/// name length, name, u32 store-key length, store key.
+fn encode_note(ks: &Keyspace, v: &mut Vec<u8>) {
+    let mut put = |kind: u8, class: u32, name: &str, sk: &[u8]| {
+        v.push(kind);
+        v.extend_from_slice(&class.to_le_bytes());
+        v.push(name.len() as u8);
+        v.extend_from_slice(name.as_bytes());
+        v.extend_from_slice(&(sk.len() as u32).to_le_bytes());
+        v.extend_from_slice(sk);
+    };
+    for sk in &ks.expired_log {
+        put(0, crate::notify::EXPIRED, "expired", sk);
+    }
+    for (class, name, sk) in &ks.events {
+        put(1, *class, name, sk);
+    }
+    for sk in &ks.created_log {
+        put(2, crate::notify::NEW, "new", sk);
+    }
+}
+
+/// An entry's note read back into `ks`'s pending events (published by
+/// [`crate::notify::flush_pending`]); false when it is malformed.
+fn decode_note(ks: &mut Keyspace, mut b: &[u8]) -> bool {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (h, t) = (b.get(..n)?, b.get(n..)?);
+        *b = t;
+        Some(h)
+    }
+    while !b.is_empty() {
+        let Some(kind) = take(&mut b, 1).map(|k| k[0]) else {
+            return false;
+        };
+        let Some(class) =
+            take(&mut b, 4).map(|c| u32::from_le_bytes(c.try_into().unwrap_or_default()))
+        else {
+            return false;
+        };
+        let Some(n) = take(&mut b, 1).map(|n| n[0] as usize) else {
+            return false;
+        };
+        let Some(name) = take(&mut b, n).and_then(intern) else {
+            return false;
+        };
+        let Some(n) =
+            take(&mut b, 4).map(|n| u32::from_le_bytes(n.try_into().unwrap_or_default()) as usize)
+        else {
+            return false;
+        };
+        let Some(sk) = take(&mut b, n) else {
+            return false;
+        };
+        match kind {
+            0 => ks.expired_log.push(sk.to_vec()),
+            2 => ks.created_log.push(sk.to_vec()),
+            _ => ks.events.push((class, name, sk.to_vec())),
+        }
+    }
+    true
+}
+
+/// Event names as `&'static str` (the keyspace's event list holds Redis's
+/// names as static strings): each distinct name read from an entry is
+/// kept once (Redis has about a hundred).
+fn intern(name: &[u8]) -> Option<&'static str> {
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let name = std::str::from_utf8(name).ok()?;
+    let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(n) = names.iter().find(|n| **n == name) {
+        return Some(n);
+    }
+    if names.len() >= 1024 {
+        return None;
+    }
+    let n: &'static str = Box::leak(name.to_string().into_boxed_str());
+    names.push(n);
+    Some(n)
+}
+
 /// A publish event's parts: (shard channel?, channel, payload).
 fn decode_publish(data: &[u8]) -> Option<(bool, &[u8], &[u8])> {
     let shard = *data.first()? == 1;
@@ -150,7 +261,34 @@ fn deterministic(e: &engine::Error) -> bool {
     )
 }
 
-/// The apply thread's state machine.
+/// What an entry's batch writes (see `repl::StateMachine::footprint`): the
+/// hash of every store key, and the owner: the one client key (database
+/// and name) among them. Internal keys (pieces, lazy-free entries, the
+/// collections marker) have no owner of their own: a collection's pieces
+/// go with its key, and any key two entries of different owners both write
+/// sends them to one thread anyway (the hashes of every key are compared).
+fn footprint(data: &[u8], keys: &mut Vec<u64>) -> Option<u64> {
+    use std::hash::BuildHasher;
+    // Fixed seeds: every node and every restart puts an entry in the same
+    // lane (its mark depends on it).
+    let h = foldhash::fast::FixedState::with_seed(0x656d_6265_725f_6c61);
+    let batch = WriteBatch::from_bytes(data).ok()?;
+    let mut owner = None;
+    for (k, _) in batch.iter() {
+        let kh = h.hash_one(k);
+        keys.push(kh);
+        if k.first() != Some(&crate::keyspace::PIECE_PREFIX) {
+            match owner {
+                None => owner = Some(kh),
+                Some(o) if o == kh => {}
+                Some(_) => return None,
+            }
+        }
+    }
+    owner
+}
+
+/// An apply thread's state machine.
 struct Applier {
     ks: Keyspace,
     sh: Arc<Shared>,
@@ -158,9 +296,9 @@ struct Applier {
 }
 
 impl Applier {
-    fn mark(&mut self, index: u64) {
+    fn mark(&mut self, key: &[u8], index: u64) {
         let mut b = WriteBatch::new();
-        b.put(repl::APPLIED_KEY, &index.to_le_bytes());
+        b.put(key, &index.to_le_bytes());
         if let Err(e) = self.ks.sess.apply_batch(&b, &mut Vec::new()) {
             self.failed = Some(format!("recording applied index {index}: {e}"));
         }
@@ -168,7 +306,7 @@ impl Applier {
 }
 
 impl repl::StateMachine<ApplyOut> for Applier {
-    fn apply(&mut self, index: u64, data: &[u8], own: bool) -> ApplyOut {
+    fn apply(&mut self, index: u64, data: &[u8], own: bool, mark: &[u8]) -> ApplyOut {
         let batch = match WriteBatch::from_bytes(data) {
             Ok(b) => b,
             Err(e) => {
@@ -179,15 +317,22 @@ impl repl::StateMachine<ApplyOut> for Applier {
         let r = if own {
             // The proposer does the bookkeeping (key counts, TTL index,
             // WATCH) with these outcomes, as after its own apply.
-            self.ks.apply_entry_raw(batch, index).map(|o| (index, o))
-        } else {
             self.ks
-                .apply_entry(batch, index)
-                .map(|()| (index, Vec::new()))
+                .apply_entry_raw(batch, index, mark)
+                .map(|o| (index, o))
+        } else {
+            let r = self
+                .ks
+                .apply_entry(batch, index, mark)
+                .map(|()| (index, Vec::new()));
+            // Its keyspace events (`new` too) come in the event entry the
+            // leader proposes after it.
+            self.ks.created_log.clear();
+            r
         };
         if let Err(e) = &r {
             if deterministic(e) {
-                self.mark(index);
+                self.mark(mark, index);
             } else {
                 self.failed = Some(format!("applying entry {index}: {e}"));
             }
@@ -196,13 +341,24 @@ impl repl::StateMachine<ApplyOut> for Applier {
     }
 
     fn skip(&mut self, index: u64) {
-        self.mark(index);
+        self.mark(repl::APPLIED_KEY, index);
+    }
+
+    fn footprint(&self, data: &[u8], keys: &mut Vec<u64>) -> Option<u64> {
+        footprint(data, keys)
+    }
+
+    fn lane_marks(&mut self) -> Result<Vec<u64>, String> {
+        repl::storage::read_lane_marks(&mut *self.ks.sess).map_err(|e| e.to_string())
     }
 
     fn sync(&mut self) {
         if let Err(e) = self.ks.sess.commit() {
             self.failed = Some(format!("committing applied entries: {e}"));
         }
+        // Clients of this node that track keys the entries changed (a
+        // follower's READONLY readers) are told, as after a local write.
+        crate::tracking::flush_turn(&self.sh, &mut self.ks);
     }
 
     fn failed(&self) -> Option<String> {
@@ -213,12 +369,27 @@ impl repl::StateMachine<ApplyOut> for Applier {
         // A message published at the leader: delivered to this node's
         // subscribers (the proposer's node delivers it itself, counting
         // its receivers for the reply).
-        if !own {
+        if data.first() == Some(&EVENT_NOTIFY) {
+            // Keyspace events, published here unless this node proposed
+            // them (its worker published them first).
+            let from = data
+                .get(1..9)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
+            if from != Some(self.sh.cluster.get().map_or(0, |c| c.node.id())) {
+                if decode_note(&mut self.ks, &data[9..]) {
+                    crate::notify::flush_pending(&self.sh, &mut self.ks);
+                } else {
+                    self.ks.events.clear();
+                    self.ks.expired_log.clear();
+                    self.ks.created_log.clear();
+                }
+            }
+        } else if !own {
             if let Some((shard, channel, payload)) = decode_publish(data) {
                 self.sh.pubsub.publish(shard, channel, payload);
             }
         }
-        self.mark(index);
+        self.mark(repl::APPLIED_KEY, index);
         Ok((index, Vec::new()))
     }
 
@@ -260,6 +431,7 @@ pub fn start(sh: &Arc<Shared>) -> Result<Option<Arc<Cluster>>, String> {
         election_ticks: c.raft_election_ticks as usize,
         heartbeat_ticks: 2.min(c.raft_election_ticks as usize - 1).max(1),
         compact_after: c.raft_log_keep,
+        apply_lanes: c.raft_apply_lanes,
         join: c.join,
         snapshot_file: Some({
             let mut p = c.heap.clone().into_os_string();
@@ -272,15 +444,18 @@ pub fn start(sh: &Arc<Shared>) -> Result<Option<Arc<Cluster>>, String> {
     let node = repl::Handle::start(
         cfg,
         Box::new(move || s1.store.session()),
-        Box::new(move || {
+        Arc::new(move |lane| {
             let sess = s2
                 .store
                 .session()
                 .expect("a store session for the apply thread");
-            // The key counts' shard after the workers' is this thread's.
-            let shard = s2.cfg().threads;
+            // The key counts' shards after the workers' are the apply
+            // threads'.
+            let shard = s2.cfg().threads + lane;
             let mut ks = Keyspace::new(sess, s2.counts.clone(), shard, s2.hk.clone());
             ks.set_watches(s2.watches.clone());
+            ks.track.set_registry(s2.tracking.clone());
+            ks.notify = s2.pubsub.notify_flags().clone();
             Box::new(Applier {
                 ks,
                 sh: s2.clone(),
@@ -291,6 +466,7 @@ pub fn start(sh: &Arc<Shared>) -> Result<Option<Arc<Cluster>>, String> {
     Ok(Some(Arc::new(Cluster {
         node,
         write_timeout: Duration::from_secs(30),
+        fwd_blocked: Default::default(),
     })))
 }
 
@@ -385,7 +561,7 @@ pub fn info_section(sh: &Shared) -> Option<String> {
     }
     let _ = write!(
         o,
-        "master_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_repl_offset:{}\r\nraft_node_id:{}\r\nraft_leader_id:{}\r\nraft_term:{}\r\nraft_commit_index:{}\r\nraft_applied_index:{}\r\nraft_last_index:{}\r\nraft_first_index:{}\r\nraft_failed:{}\r\n\r\n",
+        "master_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_repl_offset:{}\r\nraft_node_id:{}\r\nraft_leader_id:{}\r\nraft_term:{}\r\nraft_commit_index:{}\r\nraft_applied_index:{}\r\nraft_last_index:{}\r\nraft_first_index:{}\r\nraft_failed:{}\r\nraft_apply_lanes:{}\r\nraft_applied_in_parallel:{}\r\n\r\n",
         sh.run_id,
         st.applied,
         st.id,
@@ -396,6 +572,8 @@ pub fn info_section(sh: &Shared) -> Option<String> {
         st.last_index,
         st.first_index,
         st.failed.as_deref().unwrap_or("no"),
+        st.apply_lanes,
+        st.applied_in_parallel,
     );
     Some(o)
 }
@@ -580,14 +758,78 @@ pub struct Forward {
     stream: std::net::TcpStream,
     db: u8,
     buf: Vec<u8>,
+    /// The connection's client id at the leader (CLIENT UNBLOCK of a
+    /// forwarded blocking command names it there).
+    leader_client: u64,
+}
+
+/// A blocking command forwarded to the leader (BLPOP, BLMOVE, BZPOPMIN...
+/// at a follower): a thread waits for the leader's reply, so that the
+/// worker serves its other clients meanwhile; the client's own input waits
+/// (as a blocked client's does) until the worker takes the reply
+/// ([`FwdWait::take`]).
+pub struct FwdWait {
+    slot: Arc<std::sync::Mutex<Option<FwdDone>>>,
+    /// Shut down when the client goes: the leader then ends the wait, and
+    /// takes nothing for it.
+    stream: Option<std::net::TcpStream>,
+    /// This client's id here, registered in [`Cluster::fwd_blocked`].
+    id: u64,
+}
+
+/// The leader's reply (or why there is none) and the connection back.
+type FwdDone = (Result<Vec<u8>, String>, Option<Box<Forward>>);
+
+impl FwdWait {
+    /// The reply once it came: appended to the client's output, its
+    /// connection to the leader given back; false while it waits.
+    pub(crate) fn take(c: &mut crate::server::Client, cl: &Cluster) -> bool {
+        let Some(w) = c.fwd_wait.as_ref() else {
+            return true;
+        };
+        let Some((r, f)) = w.slot.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return false;
+        };
+        cl.fwd_blocked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&w.id);
+        c.fwd_wait = None;
+        c.meta
+            .blocked
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        c.fwd = f;
+        match r {
+            Ok(r) => c.out.extend_from_slice(&r),
+            Err(e) => c.err(&format!("TRYAGAIN forwarding to the leader failed: {e}")),
+        }
+        true
+    }
+
+    /// The client goes while it waits.
+    pub(crate) fn abandon(c: &mut crate::server::Client, cl: Option<&Cluster>) {
+        if let Some(w) = c.fwd_wait.take() {
+            c.meta
+                .blocked
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            if let Some(s) = &w.stream {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            if let Some(cl) = cl {
+                cl.fwd_blocked
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&w.id);
+            }
+        }
+    }
 }
 
 /// The node when request `spec` from `c` is the leader's business: this
 /// node is a follower, and the command writes or may (a script, a
 /// transaction's EXEC, WATCH), or reads keys and the client did not ask
-/// for local reads with READONLY. [`forward`] sends it there (a blocking
-/// pop it refuses). Pub/Sub, XREAD BLOCK and the connection's own
-/// commands stay here.
+/// for local reads with READONLY. [`forward`] sends it there. Pub/Sub,
+/// XREAD BLOCK and the connection's own commands stay here.
 pub fn forwarded<'a>(
     sh: &'a Shared,
     c: &crate::server::Client,
@@ -606,9 +848,8 @@ pub fn forwarded<'a>(
     }
     let write = f.contains(Flags::WRITE) || f.contains(Flags::MAY_REPLICATE);
     if f.contains(Flags::BLOCKING) {
-        // A blocking pop would hold this node's worker while it waits at
-        // the leader: refused as a Redis replica refuses it (see
-        // `forward`); XREAD BLOCK (a read) waits here.
+        // A blocking pop (or XREADGROUP) waits at the leader, on a thread
+        // of its own (`forward_blocking`); XREAD BLOCK (a read) waits here.
         return write.then_some(cl);
     }
     let read = f.contains(Flags::READONLY) && !c.readonly;
@@ -705,8 +946,10 @@ impl Forward {
             stream,
             db: 0,
             buf: Vec::new(),
+            leader_client: 0,
         };
-        // The same password and protocol as the client's.
+        // The same password and protocol as the client's; then the
+        // connection's id there.
         let mut setup: Vec<Vec<Vec<u8>>> = Vec::new();
         if let Some(pw) = sh.cfg().requirepass.clone() {
             setup.push(vec![b"AUTH".to_vec(), pw.into_bytes()]);
@@ -714,15 +957,23 @@ impl Forward {
         if c.resp == proto::Version::Resp3 {
             setup.push(vec![b"HELLO".to_vec(), b"3".to_vec()]);
         }
-        if !setup.is_empty() {
-            let mut out = Vec::new();
-            for r in &setup {
-                encode_request(&mut out, r);
+        setup.push(vec![b"CLIENT".to_vec(), b"ID".to_vec()]);
+        let mut out = Vec::new();
+        for r in &setup {
+            encode_request(&mut out, r);
+        }
+        f.stream.write_all(&out).map_err(|e| e.to_string())?;
+        for i in 0..setup.len() {
+            let n = f.read_reply()?;
+            if i + 1 == setup.len() {
+                // `:<id>\r\n`
+                f.leader_client = std::str::from_utf8(&f.buf[..n])
+                    .ok()
+                    .and_then(|r| r.strip_prefix(':'))
+                    .and_then(|r| r.trim_end().parse().ok())
+                    .unwrap_or(0);
             }
-            f.stream.write_all(&out).map_err(|e| e.to_string())?;
-            for _ in &setup {
-                f.read_reply()?;
-            }
+            f.buf.drain(..n);
         }
         Ok(f)
     }
@@ -812,8 +1063,7 @@ pub fn forward(
         _ => args,
     };
     if spec.flags.contains(crate::cmd::Flags::BLOCKING) {
-        c.err(&error_text(&repl::ReplError::NotLeader(None)));
-        return true;
+        return forward_blocking(cl, sh, c, args);
     }
     let multi = if spec.name == "exec" {
         c.multi.take()
@@ -829,17 +1079,9 @@ pub fn forward(
     reqs.push(args);
     let mut result = Err(String::new());
     for _attempt in 0..2 {
-        let leader = cl.node.status().leader;
-        if c.fwd.as_ref().is_none_or(|f| Some(f.leader) != leader) {
-            c.fwd = None;
-            match Forward::open(cl, sh, c) {
-                Ok(f) => c.fwd = Some(Box::new(f)),
-                Err(e) => {
-                    // Nothing was sent: the command did not run.
-                    result = Err(format!("{e} (the command was not sent)"));
-                    break;
-                }
-            }
+        if let Err(e) = connect_leader(cl, sh, c) {
+            result = Err(e);
+            break;
         }
         let Some(f) = c.fwd.as_mut() else { break };
         result = f.call(c.db, &reqs);
@@ -869,6 +1111,111 @@ pub fn forward(
             true
         }
     }
+}
+
+/// Opens the client's connection to the leader unless it has one to the
+/// current leader. Err: nothing was sent, the command did not run.
+fn connect_leader(cl: &Cluster, sh: &Shared, c: &mut crate::server::Client) -> Result<(), String> {
+    let leader = cl.node.status().leader;
+    if c.fwd.as_ref().is_none_or(|f| Some(f.leader) != leader) {
+        c.fwd = None;
+        let f = Forward::open(cl, sh, c).map_err(|e| format!("{e} (the command was not sent)"))?;
+        c.fwd = Some(Box::new(f));
+    }
+    Ok(())
+}
+
+/// A blocking command at a follower: sent to the leader over the client's
+/// connection there, on a thread that waits for the reply (the leader
+/// applies its timeout; CLIENT UNBLOCK here is passed on); the worker takes
+/// the reply on its loop (`Worker::reap_forwards`). True when it failed at
+/// once (answered).
+fn forward_blocking(
+    cl: &Cluster,
+    sh: &Shared,
+    c: &mut crate::server::Client,
+    args: &[Vec<u8>],
+) -> bool {
+    let Some((worker, _)) = c.home else {
+        // The in-process executor (a script, a transaction) never forwards.
+        c.err(&error_text(&repl::ReplError::NotLeader(None)));
+        return true;
+    };
+    if let Err(e) = connect_leader(cl, sh, c) {
+        c.err(&format!("TRYAGAIN forwarding to the leader failed: {e}"));
+        return true;
+    }
+    let Some(mut f) = c.fwd.take() else {
+        return true;
+    };
+    let slot = Arc::new(std::sync::Mutex::new(None));
+    let stream = f.stream.try_clone().ok();
+    cl.fwd_blocked
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(c.id, (f.leader, f.leader_client));
+    c.meta
+        .blocked
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    c.fwd_wait = Some(Box::new(FwdWait {
+        slot: slot.clone(),
+        stream,
+        id: c.id,
+    }));
+    let (db, args) = (c.db, args.to_vec());
+    let waker = sh.pubsub.waker(worker);
+    let write_timeout = cl.write_timeout;
+    let spawned = std::thread::Builder::new()
+        .name("fwd-block".into())
+        .spawn(move || {
+            // The wait is the command's: no read timeout of ours.
+            let _ = f.stream.set_read_timeout(None);
+            let r = f.call(db, &[&args]);
+            let _ = f.stream.set_read_timeout(Some(write_timeout));
+            let back = r.is_ok().then_some(f);
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some((r, back));
+            // The worker takes it on its next loop turn.
+            if let Some(w) = waker {
+                let _ = w.wake();
+            }
+        });
+    if let Err(e) = spawned {
+        FwdWait::abandon(c, Some(cl));
+        c.err(&format!("TRYAGAIN forwarding to the leader failed: {e}"));
+        return true;
+    }
+    false
+}
+
+/// CLIENT UNBLOCK at a follower of a client waiting in a forwarded blocking
+/// command: passed on to the leader for that client's connection there.
+/// None when `id` is not such a client.
+pub fn unblock_forwarded(
+    cl: &Cluster,
+    sh: &Shared,
+    c: &crate::server::Client,
+    id: u64,
+    error: bool,
+) -> Option<bool> {
+    let (leader, there) = *cl
+        .fwd_blocked
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&id)?;
+    let mut f = Forward::open(cl, sh, c).ok()?;
+    if f.leader != leader {
+        return Some(false);
+    }
+    let mut req = vec![
+        b"CLIENT".to_vec(),
+        b"UNBLOCK".to_vec(),
+        there.to_string().into_bytes(),
+    ];
+    if error {
+        req.push(b"ERROR".to_vec());
+    }
+    let r = f.call(0, &[&req]).ok()?;
+    Some(r.starts_with(b":1"))
 }
 
 /// READONLY: a follower's reads of this connection are served from its own

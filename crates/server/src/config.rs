@@ -191,6 +191,12 @@ pub struct ServeArgs {
     /// further behind is sent a snapshot [default: 10000].
     #[arg(long, value_name = "N")]
     pub raft_log_keep: Option<u64>,
+    /// Threads applying committed entries: entries on different keys are
+    /// applied in parallel (Blizzard's commutativity), those that share a
+    /// key or touch several keys in log order; 1 = one thread, every entry
+    /// in log order [default: 1].
+    #[arg(long, value_name = "N")]
+    pub raft_apply_lanes: Option<u64>,
     /// Output a client may have pending: "<class> <hard> <soft> <seconds>"
     /// for class normal, replica or pubsub, as Redis's directive; a client
     /// above the hard limit, or above the soft limit for longer than the
@@ -441,6 +447,8 @@ pub struct Config {
     /// cluster; `raft-log-keep`: applied entries kept for lagging members.
     pub join: bool,
     pub raft_log_keep: u64,
+    /// `raft-apply-lanes`: threads applying committed entries.
+    pub raft_apply_lanes: usize,
     /// `client-output-buffer-limit` per class (`OBUF_CLASSES`).
     pub client_output_buffer_limit: [ObufLimit; 3],
     /// Bytes above which a sparse HyperLogLog becomes dense (Redis's
@@ -517,6 +525,7 @@ impl Default for Config {
             raft_election_ticks: 10,
             join: false,
             raft_log_keep: 10_000,
+            raft_apply_lanes: 1,
             memcached_item_size_max: MB,
             // Redis 7.0's defaults.
             client_output_buffer_limit: [
@@ -665,6 +674,7 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("raft-election-ticks", false),
     ("join", false),
     ("raft-log-keep", false),
+    ("raft-apply-lanes", false),
     ("client-output-buffer-limit", true),
     ("hll-sparse-max-bytes", true),
     ("tracking-table-max-keys", true),
@@ -948,6 +958,15 @@ impl Config {
                     .filter(|n| (1..=1_000_000_000).contains(n))
                     .ok_or_else(|| "raft-log-keep must be between 1 and 1000000000".to_string())?
             }
+            "raft-apply-lanes" => {
+                self.raft_apply_lanes = one()?
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=repl::MAX_LANES).contains(n))
+                    .ok_or_else(|| {
+                        format!("raft-apply-lanes must be between 1 and {}", repl::MAX_LANES)
+                    })?
+            }
             "memcached-item-size-max" => {
                 let n = parse_size(one()?)?;
                 if !(1024..=512 * MB).contains(&n) {
@@ -1145,6 +1164,10 @@ impl Config {
         set("join", a.join.clone())?;
         set("raft-log-keep", a.raft_log_keep.map(|v| v.to_string()))?;
         set(
+            "raft-apply-lanes",
+            a.raft_apply_lanes.map(|v| v.to_string()),
+        )?;
+        set(
             "client-output-buffer-limit",
             a.client_output_buffer_limit.clone(),
         )?;
@@ -1213,6 +1236,7 @@ impl Config {
             "raft-election-ticks" => self.raft_election_ticks.to_string(),
             "join" => if self.join { "yes" } else { "no" }.into(),
             "raft-log-keep" => self.raft_log_keep.to_string(),
+            "raft-apply-lanes" => self.raft_apply_lanes.to_string(),
             "client-output-buffer-limit" => OBUF_CLASSES
                 .iter()
                 .zip(&self.client_output_buffer_limit)

@@ -202,6 +202,13 @@ impl KeyCounts {
         self.avg_ttl[db as usize].load(Ordering::Relaxed)
     }
 
+    /// SWAPDB: the databases' `avg_ttl` estimates go with their keys.
+    pub fn swap_avg_ttl(&self, x: u8, y: u8) {
+        let (a, b) = (&self.avg_ttl[x as usize], &self.avg_ttl[y as usize]);
+        let t = a.swap(b.load(Ordering::Relaxed), Ordering::Relaxed);
+        b.store(t, Ordering::Relaxed);
+    }
+
     /// Forgets `db`'s estimate (FLUSHDB, or no key with a TTL left there).
     pub fn reset_avg_ttl(&self, db: u8) {
         self.avg_ttl[db as usize].store(0, Ordering::Relaxed);

@@ -519,7 +519,9 @@ pub fn make_room(ctx: &mut Ctx) -> Result<(), CmdError> {
 pub fn make_room_for(ctx: &mut Ctx, bytes: u64) -> Result<(), CmdError> {
     let sh = ctx.sh;
     let ev = &sh.evict;
-    if ctx.ks.in_unit() {
+    // Nor while clients are paused: the dataset stays as it is (Redis 7.0's
+    // `isSafeToPerformEvictions`).
+    if ctx.ks.in_unit() || sh.hk.paused() {
         return Ok(());
     }
     let Some(mut limit) = ev.limit() else {

@@ -31,10 +31,12 @@ impl Worker {
             }
         }
         let sh = self.sh.clone();
+        // Nothing expires actively while clients are paused (Redis 7.0).
         if sh
             .hk
             .active_expire
             .load(std::sync::atomic::Ordering::Relaxed)
+            && !sh.hk.paused()
         {
             housekeep::expire_cycle(&sh, &mut self.ks, deadline);
         }

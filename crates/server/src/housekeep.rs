@@ -27,7 +27,7 @@ use crate::keyspace::{Keyspace, KsError, PIECE_PREFIX};
 use crate::server::Shared;
 use indexmap::IndexSet;
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,14 @@ pub const LAZY_MIN_PIECES: u64 = 64;
 pub const GC_PREFIX: &[u8] = &[PIECE_PREFIX, PIECE_PREFIX, b'g', b'c'];
 /// The prefix of the flush markers' keys (`0xFF 0xFF "flush" ‖ db`, 8 bytes).
 pub const FLUSH_PREFIX: &[u8] = &[PIECE_PREFIX, PIECE_PREFIX, b'f', b'l', b'u', b's', b'h'];
+
+/// The SWAPDB marker's key (`0xFF 0xFF "swapdb"`, 0xFF being
+/// [`PIECE_PREFIX`]); its value is the two databases and the phase reached
+/// (see `cmd::keys::swap_dbs`).
+pub const SWAP_MARKER: &[u8] = b"\xff\xffswapdb";
+/// The prefix under which a SWAPDB parks the first database's keys
+/// (`0xFF 0xFF "swaptmp" ‖ key`, the value unchanged).
+pub const SWAP_TMP: &[u8] = b"\xff\xffswaptmp";
 
 /// Set in a free-list entry's first byte (with the kind) while a COPY is
 /// still writing the collection: the entry is then followed by the
@@ -109,6 +117,8 @@ pub struct Housekeeping {
     pub freed: AtomicU64,
     /// Whether the active expiry cycle runs (`DEBUG SET-ACTIVE-EXPIRE`).
     pub active_expire: AtomicBool,
+    /// The end of a CLIENT PAUSE (Unix ms; 0: none): see [`Self::paused`].
+    paused_until: AtomicI64,
     /// This run's random number (see [`IN_PROGRESS`]).
     pub run: u64,
     /// The keys' access stamps, which reads and writes update (see
@@ -117,6 +127,27 @@ pub struct Housekeeping {
 }
 
 impl Housekeeping {
+    /// CLIENT PAUSE (WRITE or ALL) for `ms` from now: a later pause keeps
+    /// the later end. `None`: CLIENT UNPAUSE.
+    pub fn pause(&self, ms: Option<u64>) {
+        match ms {
+            Some(ms) => {
+                let end = crate::keyspace::now_ms().saturating_add(ms.min(i64::MAX as u64) as i64);
+                self.paused_until.fetch_max(end, Ordering::Relaxed);
+            }
+            None => self.paused_until.store(0, Ordering::Relaxed),
+        }
+    }
+
+    /// Whether clients are paused: as in Redis 7.0, the dataset then stays
+    /// as it is, so active expiry and eviction delete nothing, and a key
+    /// found expired is reported missing but left in place (DBSIZE still
+    /// counts it) until the pause ends.
+    pub fn paused(&self) -> bool {
+        let until = self.paused_until.load(Ordering::Relaxed);
+        until != 0 && crate::keyspace::now_ms() < until
+    }
+
     /// `pass`: whether the store may hold keys with a TTL or free-list
     /// entries that a start pass must find.
     pub fn new(pass: bool) -> Housekeeping {
@@ -129,6 +160,7 @@ impl Housekeeping {
             job: Mutex::new(None),
             freed: AtomicU64::new(0),
             active_expire: AtomicBool::new(true),
+            paused_until: AtomicI64::new(0),
             run: crate::coll::new_id(),
             access: crate::evict::Access::new(),
         }
@@ -316,7 +348,9 @@ pub fn start_pass(
                 Ok((Some(h), false)) if h.expire.is_some() => hk.note_ttl(k),
                 // Deleted here as the expiry cycle would; left indexed for
                 // it while background expiry is off (DEBUG SET-ACTIVE-EXPIRE).
-                Ok((None, true)) if !hk.active_expire.load(Ordering::Relaxed) => hk.note_ttl(k),
+                Ok((None, true)) if !hk.active_expire.load(Ordering::Relaxed) || hk.paused() => {
+                    hk.note_ttl(k)
+                }
                 Ok((None, true)) => {
                     let _g = sh.stripes.lock(k);
                     ks.lookup_expiring(k, now)?;

@@ -112,7 +112,12 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, crate::keyspace:
             "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\ntracking_clients:{}\r\n\r\n",
             sh.connected.load(Ordering::Relaxed),
             cfg.maxclients,
-            sh.blocking.blocked_clients(),
+            // Those waiting in a blocking command sent to the cluster's
+            // leader count too.
+            sh.blocking.blocked_clients()
+                + sh.cluster.get().map_or(0, |cl| {
+                    cl.fwd_blocked.lock().unwrap_or_else(|p| p.into_inner()).len()
+                }),
             sh.tracking.counts().0
         );
     }

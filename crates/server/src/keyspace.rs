@@ -29,7 +29,8 @@
 //! The batch is the unit a log, a replica or a transaction takes.
 //!
 //! # Atomicity
-//! String gets of one key take no lock (MGET of several keys and
+//! String gets of one key take no lock (they read again under it when a
+//! SWAPDB moved keys meanwhile: [`Stripes::moving`]; MGET of several keys and
 //! collection reads take the keys' stripe locks: see [`crate::coll`]). Every command that writes takes the stripe locks of its
 //! keys (sorted, so multi-key commands cannot deadlock) around its
 //! read-modify-write and applies its batch before it releases them, so
@@ -39,9 +40,9 @@
 //! engines ([`engine::Session::apply_batch`]): after a restart MSET, MSETNX,
 //! RENAME and every other command that applies one batch left all of its
 //! writes or none, and an acknowledged one all; a batch that fails (an
-//! increment of a non-integer) applies nothing. FLUSHDB and FLUSHALL are
-//! several batches behind a flush marker that a restart completes
-//! (`cmd::finish_flushes`). The `volatile` engine applies a batch operation
+//! increment of a non-integer) applies nothing. FLUSHDB, FLUSHALL and
+//! SWAPDB are several batches behind a marker that a restart completes
+//! (`cmd::finish_flushes`, `cmd::finish_swap`). The `volatile` engine applies a batch operation
 //! by operation.
 
 use crate::counts::{Delta, KeyCounts};
@@ -187,6 +188,11 @@ pub struct Stripes {
     /// Seeded per process (the stripes are not persistent). Keys that share a
     /// stripe only take turns at its lock: there is no chain to walk.
     hasher: foldhash::fast::RandomState,
+    /// A sequence lock for the readers that take no lock: odd while a
+    /// SWAPDB (holding every stripe) moves keys between databases, bumped
+    /// again when it is done. A reader that saw it odd or changed reads
+    /// again under its key's stripe lock ([`Keyspace::get`]).
+    moving: std::sync::atomic::AtomicU64,
 }
 
 impl Stripes {
@@ -194,7 +200,16 @@ impl Stripes {
         Stripes {
             locks: (0..n.next_power_of_two()).map(|_| Mutex::new(())).collect(),
             hasher: foldhash::fast::RandomState::default(),
+            moving: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Marks the start (then the end) of keys moving between databases
+    /// while every stripe is held (SWAPDB): lock-free readers meanwhile
+    /// read again under their stripe lock.
+    pub fn moving(&self) {
+        self.moving
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn index(&self, skey: &[u8]) -> usize {
@@ -307,6 +322,15 @@ pub struct Keyspace {
     pub notify: Arc<std::sync::atomic::AtomicU32>,
     pub expired_log: Vec<Vec<u8>>,
     pub created_log: Vec<Vec<u8>>,
+    /// The running command reads (Redis's `lookupKeyRead`): a key its
+    /// lookups ([`Self::get`], [`Self::lookup_locked`]) do not find is a
+    /// `keymiss` event while that class is on. Set by the dispatcher for
+    /// read-only commands.
+    pub reading: bool,
+    /// The store keys a write command only reads (its misses are `keymiss`
+    /// events too: `acl::read_keys`); set by the dispatcher while that class
+    /// is on.
+    pub read_keys: Vec<Vec<u8>>,
     /// Events of the running command, published when it ends (class,
     /// Redis's name, store key).
     pub events: Vec<(u32, &'static str, Vec<u8>)>,
@@ -376,6 +400,8 @@ impl Keyspace {
             notify: Arc::default(),
             expired_log: Vec::new(),
             created_log: Vec::new(),
+            reading: false,
+            read_keys: Vec::new(),
             events: Vec::new(),
             counts,
             shard,
@@ -628,17 +654,25 @@ impl Keyspace {
         Ok(())
     }
 
+    /// Whether this keyspace's writes are replicated (a cluster node's
+    /// worker; not its apply threads').
+    pub fn replicates(&self) -> bool {
+        self.repl.is_some()
+    }
+
     /// Applies a committed entry's batch that this node's proposer awaits,
-    /// with `index` recorded as applied in the same batch; returns the
+    /// with `index` recorded as applied under `mark` in the same batch
+    /// (`repl::APPLIED_KEY` or an apply lane's mark); returns the
     /// outcomes of the batch's own operations (the proposer's
     /// [`Self::apply`] does the bookkeeping with them).
     pub fn apply_entry_raw(
         &mut self,
         mut batch: WriteBatch,
         index: u64,
+        mark: &[u8],
     ) -> engine::Result<Vec<Outcome>> {
         let n = batch.len();
-        batch.put(repl::APPLIED_KEY, &index.to_le_bytes());
+        batch.put(mark, &index.to_le_bytes());
         let mut out = Vec::with_capacity(n + 1);
         self.sess.apply_batch(&batch, &mut out)?;
         out.truncate(n);
@@ -647,9 +681,14 @@ impl Keyspace {
 
     /// Applies a committed entry's batch proposed elsewhere (a follower's
     /// apply, or a new leader's of its predecessor's entries), `index`
-    /// recorded as applied in the same batch, with the bookkeeping a local
+    /// recorded as applied under `mark` in the same batch, with the bookkeeping a local
     /// write does (key counts, TTL index, lazy free, WATCH).
-    pub fn apply_entry(&mut self, batch: WriteBatch, index: u64) -> engine::Result<()> {
+    pub fn apply_entry(
+        &mut self,
+        batch: WriteBatch,
+        index: u64,
+        mark: &[u8],
+    ) -> engine::Result<()> {
         debug_assert!(!self.has_staged() && self.repl.is_none());
         // What each removal deletes (whether it had a TTL), for the counts.
         let mut before = Vec::with_capacity(batch.len() + 1);
@@ -664,7 +703,7 @@ impl Keyspace {
             });
         }
         self.staged = batch;
-        self.staged.put(repl::APPLIED_KEY, &index.to_le_bytes());
+        self.staged.put(mark, &index.to_le_bytes());
         before.push(None);
         self.before = before;
         match self.apply() {
@@ -864,10 +903,29 @@ impl Keyspace {
     /// counts as accessed (its access stamp, see [`crate::evict`]).
     pub fn get(&mut self, stripes: &Stripes, db: u8, key: &[u8], now: i64) -> KsResult<Found> {
         let r = self.get_untouched(stripes, db, key, now);
-        if let Ok(Some(_)) = r {
-            self.hk.access.touch(&self.kbuf, now);
+        match r {
+            Ok(Some(_)) => self.hk.access.touch(&self.kbuf, now),
+            Ok(None) => {
+                let sk = std::mem::take(&mut self.kbuf);
+                self.note_miss(&sk);
+                self.kbuf = sk;
+            }
+            Err(_) => {}
         }
         r
+    }
+
+    /// Logs a `keymiss` event for a read command's lookup that did not
+    /// find `skey` (Redis's `lookupKey` without `LOOKUP_NONOTIFY`), while
+    /// that class is on.
+    fn note_miss(&mut self, skey: &[u8]) {
+        if (self.reading || self.read_keys.iter().any(|k| k == skey))
+            && self.notify.load(std::sync::atomic::Ordering::Relaxed) & crate::notify::KEY_MISS != 0
+            && skey.first() != Some(&PIECE_PREFIX)
+        {
+            self.events
+                .push((crate::notify::KEY_MISS, "keymiss", skey.to_vec()));
+        }
     }
 
     /// [`Self::get`] without counting an access (OBJECT, as Redis's
@@ -887,28 +945,55 @@ impl Keyspace {
     }
 
     fn get_sk(&mut self, stripes: &Stripes, sk: &[u8], now: i64) -> KsResult<Found> {
-        let (f, expired) = self.lookup_raw(sk, now)?;
-        if expired && self.in_unit() {
-            // The unit's runner holds the key's lock.
-            return self.lookup_locked(sk, now);
+        use std::sync::atomic::{fence, Ordering};
+        if self.in_unit() {
+            let (f, expired) = self.lookup_raw(sk, now)?;
+            if expired {
+                // The unit's runner holds the key's lock.
+                return self.lookup_locked_quiet(sk, now);
+            }
+            return Ok(f);
         }
-        if expired {
-            let _g = stripes.lock(sk);
-            return self.lookup_expiring(sk, now);
+        let seq = stripes.moving.load(Ordering::Acquire);
+        if seq & 1 == 0 {
+            let (f, expired) = self.lookup_raw(sk, now)?;
+            fence(Ordering::Acquire);
+            if stripes.moving.load(Ordering::Relaxed) == seq {
+                if expired {
+                    let _g = stripes.lock(sk);
+                    return self.lookup_expiring(sk, now);
+                }
+                return Ok(f);
+            }
         }
-        Ok(f)
+        // A SWAPDB moved keys during the read (one key may have been
+        // between its databases): read again under the key's stripe lock,
+        // which the SWAPDB holds until every key is in place.
+        let _g = stripes.lock(sk);
+        self.lookup_expiring(sk, now)
     }
 
     /// Looks up with the stripe lock held: the removal of an expired key is
     /// staged (the caller applies it).
     pub fn lookup_locked(&mut self, skey: &[u8], now: i64) -> KsResult<Found> {
+        let f = self.lookup_locked_quiet(skey, now)?;
+        if f.is_none() {
+            self.note_miss(skey);
+        }
+        Ok(f)
+    }
+
+    /// [`Self::lookup_locked`] without its `keymiss` event (the lookups
+    /// inside [`Self::get`], which notes its own).
+    fn lookup_locked_quiet(&mut self, skey: &[u8], now: i64) -> KsResult<Found> {
         let (f, expired) = self.lookup_raw(skey, now)?;
         if f.is_some() {
             self.hk.access.touch(skey, now);
         }
         // A follower leaves the key for the leader's deletion, which
-        // arrives as an entry (as a Redis replica does).
-        if expired && !self.follower() {
+        // arrives as an entry (as a Redis replica does); during a CLIENT
+        // PAUSE it stays until the pause ends (as in Redis 7.0).
+        if expired && !self.follower() && !self.hk.paused() {
             self.free_pieces_of_raw()?;
             self.stage_remove(skey, true);
             self.note_expired(skey);
@@ -955,7 +1040,7 @@ impl Keyspace {
     /// the removal of an expired key is applied at once (stripe lock held by
     /// the caller).
     pub fn lookup_expiring(&mut self, skey: &[u8], now: i64) -> KsResult<Found> {
-        let f = self.lookup_locked(skey, now)?;
+        let f = self.lookup_locked_quiet(skey, now)?;
         self.apply()?;
         Ok(f)
     }

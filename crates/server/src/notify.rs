@@ -20,8 +20,11 @@
 //! first event on that key (MSET's `new`/`set` pairs alternate, as Redis
 //! fires them), and those left after the command's events. `evicted`
 //! (class `e`) is published by an eviction round (`crate::evict`), before
-//! the command that needed the room runs. `keymiss` (class `m`) is not
-//! published.
+//! the command that needed the room runs. `keymiss` (class `m`, not in
+//! `A`) is logged by the keyspace's lookups that find no key while a read
+//! runs (`Keyspace::reading`: a read-only command other than OBJECT, or a
+//! write command's keys that it only reads, `acl::read_keys`; Redis's
+//! `lookupKeyRead`), in order with the command's other events.
 
 use crate::cmd::Ctx;
 use crate::keyspace::Keyspace;
@@ -129,6 +132,8 @@ pub fn flush_pending(sh: &Shared, ks: &mut Keyspace) {
     if ks.expired_log.is_empty() && ks.created_log.is_empty() && ks.events.is_empty() {
         return;
     }
+    // A cluster's leader sends them to the other nodes too.
+    crate::cluster::replicate_events(sh, ks);
     let f = sh.pubsub.notify_flags().load(Ordering::Relaxed);
     for k in std::mem::take(&mut ks.expired_log) {
         if f & EXPIRED != 0 {

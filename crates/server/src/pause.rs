@@ -9,7 +9,10 @@
 //! A worker that meets a held request leaves it in the buffer and notes the
 //! connection (`Worker::paused`); its poll sleeps no longer than the pause,
 //! and UNPAUSE wakes every worker. One relaxed load per request when no
-//! pause is on. Active expiry keeps running during a pause (Redis stops it).
+//! pause is on. As in Redis 7.0, the dataset stays as it is during a pause
+//! of either mode (`Housekeeping::paused`): active expiry and eviction
+//! delete nothing, and a key read after its time is reported missing but
+//! left in place (DBSIZE still counts it) until the pause ends.
 
 use crate::client::Client;
 use crate::cmd::{Flags, TABLE};

@@ -364,6 +364,11 @@ impl Pubsub {
         }
     }
 
+    /// Worker `id`'s poll waker, once it started.
+    pub(crate) fn waker(&self, id: usize) -> Option<Arc<Waker>> {
+        self.inboxes.get(id)?.waker.get().cloned()
+    }
+
     /// The `notify-keyspace-events` flags, shared (see [`crate::notify`]).
     pub fn notify_flags(&self) -> &Arc<AtomicU32> {
         &self.notify

@@ -95,9 +95,9 @@ impl Shared {
         workers: usize,
         tcp_port: u16,
     ) -> Result<Shared, String> {
-        // One shard of key counts per worker, and one for a cluster node's
-        // apply thread.
-        let counts = crate::counts::load(&store, workers + 1)
+        // One shard of key counts per worker, and one per apply thread of
+        // a cluster node.
+        let counts = crate::counts::load(&store, workers + cfg.raft_apply_lanes.max(1))
             .map_err(|e| format!("cannot read the key counts: {e}"))?;
         let pieced = crate::coll::has_pieced(&store)
             .map_err(|e| format!("cannot read the collections marker: {e}"))?;
@@ -147,6 +147,7 @@ impl Shared {
             tcp_port,
             cluster: std::sync::OnceLock::new(),
         };
+        crate::cmd::finish_swap(&sh).map_err(|e| format!("cannot finish a SWAPDB: {e:?}"))?;
         crate::cmd::finish_flushes(&sh).map_err(|e| format!("cannot finish a flush: {e:?}"))?;
         crate::lua::load_functions(&sh)
             .map_err(|e| format!("cannot load the function libraries: {e}"))?;
@@ -311,6 +312,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                     pump_woke: false,
                     kill_epoch: 0,
                     paused: Vec::new(),
+                    fwd_waiting: Vec::new(),
                 }
                 .run()
             })

@@ -174,6 +174,8 @@ pub(crate) struct Worker {
     pub(crate) kill_epoch: u64,
     /// Connections whose next request waits for CLIENT PAUSE to end.
     pub(crate) paused: Vec<Token>,
+    /// Connections waiting for a blocking command's reply from the leader.
+    pub(crate) fwd_waiting: Vec<Token>,
 }
 
 impl Worker {
@@ -256,6 +258,7 @@ impl Worker {
             // released with the batch's commit.
             crate::tracking::flush_turn(&self.sh, &mut self.ks);
             self.deliver_pubsub(&mut ready);
+            self.reap_forwards(&mut ready);
             let served = self.batch_requests;
             if group {
                 self.ws.group_commit_batches.add(1);
@@ -736,7 +739,7 @@ impl Worker {
     ) -> bool {
         loop {
             // A blocked client's input waits, unparsed, until it is unblocked.
-            if c.close_after || c.kill || c.blocked.is_some() {
+            if c.close_after || c.kill || c.blocked.is_some() || c.fwd_wait.is_some() {
                 return true;
             }
             let pending = c.out.len() - c.outpos;
@@ -808,6 +811,9 @@ impl Worker {
                     self.batch_requests += 1;
                     if let (Some(_), Some((_, token))) = (&c.blocked, c.home) {
                         self.note_blocked(c, token);
+                    }
+                    if let (Some(_), Some((_, token))) = (&c.fwd_wait, c.home) {
+                        self.fwd_waiting.push(token);
                     }
                 }
                 Ok(None) => {
@@ -934,8 +940,36 @@ impl Worker {
         }
     }
 
+    /// Clients whose blocking command forwarded to the leader got its
+    /// reply (see `cluster::forward_blocking`): the reply goes out with the
+    /// batch and their pipelined requests run.
+    fn reap_forwards(&mut self, ready: &mut Vec<Token>) {
+        if self.fwd_waiting.is_empty() {
+            return;
+        }
+        let Some(cl) = self.sh.cluster.get() else {
+            return;
+        };
+        let mut i = 0;
+        while i < self.fwd_waiting.len() {
+            let t = self.fwd_waiting[i];
+            let Some(c) = self.clients.get_mut(&t) else {
+                self.fwd_waiting.swap_remove(i);
+                continue;
+            };
+            if crate::cluster::FwdWait::take(c, cl) {
+                self.fwd_waiting.swap_remove(i);
+                ready.push(t);
+                self.pending.push(t);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     fn drop_client(&mut self, t: Token) {
         if let Some(mut c) = self.clients.remove(&t) {
+            crate::cluster::FwdWait::abandon(&mut c, self.sh.cluster.get().map(|c| &**c));
             self.forget_blocked(&mut c, t);
             self.sh.watches.unwatch_all(c.id, &mut c.watching);
             crate::tracking::disable(&self.sh.tracking, &c.meta);
@@ -991,7 +1025,10 @@ impl Worker {
                 .clients
                 .iter()
                 .filter(|(_, c)| {
-                    c.last_active.elapsed() > limit && c.out.is_empty() && c.blocked.is_none()
+                    c.last_active.elapsed() > limit
+                        && c.out.is_empty()
+                        && c.blocked.is_none()
+                        && c.fwd_wait.is_none()
                 })
                 .map(|(t, _)| *t)
                 .collect();

@@ -126,10 +126,22 @@ struct EmberCluster {
     fence_ns: u64,
     nodes: Vec<Option<Server>>,
     dirs: Vec<TempDir>,
+    /// More arguments for every node.
+    extra: Vec<String>,
 }
 
 impl EmberCluster {
     fn start(ctx: &Ctx, msync: bool, threads: usize, tag: &str) -> BenchResult<EmberCluster> {
+        Self::start_with(ctx, msync, threads, tag, &[])
+    }
+
+    fn start_with(
+        ctx: &Ctx,
+        msync: bool,
+        threads: usize,
+        tag: &str,
+        extra: &[String],
+    ) -> BenchResult<EmberCluster> {
         let ember = ctx.ember()?;
         let ports: Vec<(u16, u16)> = (0..3)
             .map(|_| Ok((free_port()?, free_port()?)))
@@ -152,6 +164,7 @@ impl EmberCluster {
             fence_ns: ctx.fence_ns,
             nodes: (0..3).map(|_| None).collect(),
             dirs,
+            extra: extra.to_vec(),
         };
         for i in 0..3 {
             c.launch(i, ctx.stop_flag())?;
@@ -167,14 +180,17 @@ impl EmberCluster {
             ember: &self.ember,
             fence_ns: self.fence_ns,
             heap_mib: 1024,
-            extra: vec![
+            extra: [
                 "--node-id".into(),
                 (i + 1).to_string(),
                 "--peers".into(),
                 self.peers.clone(),
                 "--threads".into(),
                 self.threads.to_string(),
-            ],
+            ]
+            .into_iter()
+            .chain(self.extra.iter().cloned())
+            .collect(),
         }
     }
 
@@ -1096,4 +1112,165 @@ fn failover_row(round: String, ms: &str, version: String) -> Vec<String> {
         String::new(),
         version,
     ]
+}
+
+/// Apply threads compared by `cluster-apply`.
+const APPLY_LANES: [usize; 2] = [1, 2];
+/// Writes a follower misses and then catches up with.
+const CATCH_UP_WRITES: u64 = 60_000;
+
+/// Serial against parallel apply (`--raft-apply-lanes` 1 and 2, alternating
+/// each round): SET from 50 clients on a 3-node cluster with one follower
+/// down (the leader and the other follower apply as they go: the live
+/// throughput), then the follower restarts and catches up with those
+/// entries (the log keeps them all: no snapshot); its catch-up time, from
+/// its launch to its applied index reaching the leader's commit index, and
+/// the entries applied per second.
+pub fn run_apply(ctx: &mut Ctx) -> BenchResult<Report> {
+    let msync = ctx.strategy == "msync";
+    let durability = if msync { "msync" } else { "pmem" };
+    load_preamble(ctx)?;
+    let rounds = ctx.rounds(3);
+    let writes: u64 = if ctx.quick { 2_000 } else { CATCH_UP_WRITES };
+    ctx.progress.plan((rounds * APPLY_LANES.len()) as u64);
+    let columns = [
+        "test",
+        "apply_lanes",
+        "clients",
+        "requests",
+        "round",
+        "rps",
+        "p50_ms",
+        "p99_ms",
+        "catch_up_entries",
+        "catch_up_ms",
+        "applied_per_sec",
+        "applied_in_parallel",
+    ];
+    let mut table = Table::new(ctx, &columns);
+    // [lanes] -> (live rps, catch-up entries/s) per round.
+    let mut live = vec![Vec::new(); APPLY_LANES.len()];
+    let mut catch = vec![Vec::new(); APPLY_LANES.len()];
+    let mut note = String::new();
+    for round in 1..=rounds {
+        for (li, &lanes) in APPLY_LANES.iter().enumerate() {
+            ctx.check_stop()?;
+            let tag = format!("apply-{durability}-l{lanes}-{round}");
+            ctx.progress
+                .start(format!("{lanes} apply lane(s), round {round}"));
+            let extra = [
+                "--raft-apply-lanes".to_string(),
+                lanes.to_string(),
+                "--raft-log-keep".into(),
+                "100000000".into(),
+            ];
+            let mut c = EmberCluster::start_with(ctx, msync, ctx.max_threads, &tag, &extra)?;
+            let leader = c.leader(ctx.stop_flag())?;
+            let mut lab = labels_of(ctx, Kind::Ember { msync }, c.server(leader)?)?;
+            lab.variant = format!("{}, 3-node Raft, {lanes} apply lane(s)", lab.variant);
+            note = lab.strategy.clone();
+            let down = (leader + 1) % 3;
+            let port = c.ports[down];
+            let from: u64 = info_of(port, "replication", "raft_applied_index")
+                .and_then(|v| v.parse().ok())
+                .ok_or("the follower's applied index")?;
+            c.nodes[down]
+                .take()
+                .ok_or("the follower is not running")?
+                .kill()?;
+            let o = respload::writes(
+                &WriteLoad {
+                    port: c.ports[leader],
+                    clients: CLIENTS,
+                    requests: writes,
+                    write: WriteCmd::Set,
+                    wait: None,
+                    keyspace: KEYSPACE,
+                    value_size: VALUE_SIZE,
+                    seed: round as u64,
+                },
+                ctx.stop_flag(),
+            )
+            .map_err(|e| format!("{tag}: {e}"))?;
+            let commit: u64 = info_of(c.ports[leader], "replication", "raft_commit_index")
+                .and_then(|v| v.parse().ok())
+                .ok_or("the leader's commit index")?;
+            let t0 = Instant::now();
+            c.launch(down, ctx.stop_flag())?;
+            wait_for("the follower to catch up", ctx.stop_flag(), || {
+                let a: u64 = info_of(port, "replication", "raft_applied_index")?
+                    .parse()
+                    .ok()?;
+                (a >= commit).then_some(())
+            })?;
+            let secs = t0.elapsed().as_secs_f64();
+            let entries = commit.saturating_sub(from);
+            let par = info_of(port, "replication", "raft_applied_in_parallel").unwrap_or_default();
+            live[li].push(o.per_sec());
+            catch[li].push(entries as f64 / secs);
+            table.push(
+                &lab,
+                vec![
+                    "set+catch-up".into(),
+                    lanes.to_string(),
+                    CLIENTS.to_string(),
+                    o.units.to_string(),
+                    round.to_string(),
+                    format!("{:.0}", o.per_sec()),
+                    ms(o.p50_ms),
+                    ms(o.p99_ms),
+                    entries.to_string(),
+                    format!("{:.0}", secs * 1e3),
+                    format!("{:.0}", entries as f64 / secs),
+                    par,
+                ],
+            );
+            ctx.progress.done(&format!(
+                "SET {:.1}k/s; catch-up of {entries} entries in {:.0} ms ({:.1}k/s)",
+                o.per_sec() / 1e3,
+                secs * 1e3,
+                entries as f64 / secs / 1e3
+            ));
+        }
+    }
+    let med = |v: &[f64]| median(v);
+    let ratio = |v: &[Vec<f64>]| med(&v[1]) / med(&v[0]).max(1e-9);
+    eprintln!(
+        "cluster-apply ({durability}): live SET {:.0} / {:.0} per s ({:.2}x), catch-up {:.0} / {:.0} entries per s ({:.2}x), lanes {:?}",
+        med(&live[0]),
+        med(&live[1]),
+        ratio(&live),
+        med(&catch[0]),
+        med(&catch[1]),
+        ratio(&catch),
+        APPLY_LANES
+    );
+    let series = |v: &[Vec<f64>]| -> Vec<(String, Vec<Option<f64>>)> {
+        APPLY_LANES
+            .iter()
+            .zip(v)
+            .map(|(l, r)| (format!("{l} lane(s)"), vec![Some(med(r))]))
+            .collect()
+    };
+    Ok(Report {
+        table,
+        chart: Chart {
+            title: "cluster-apply: serial against parallel apply of committed entries".into(),
+            subtitle: ctx.subtitle(&format!("Ember durability {durability} ({note})")),
+            panels: vec![
+                Panel::Bars(Bars {
+                    title: "SET from 50 clients, one follower down".into(),
+                    y_label: "writes/s".into(),
+                    groups: vec!["median".into()],
+                    series: series(&live),
+                }),
+                Panel::Bars(Bars {
+                    title: format!("a follower catching up with {writes} entries"),
+                    y_label: "entries applied/s".into(),
+                    groups: vec!["median".into()],
+                    series: series(&catch),
+                }),
+            ],
+        },
+    })
 }

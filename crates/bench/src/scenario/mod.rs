@@ -219,6 +219,11 @@ const SCENARIOS: &[Scenario] = &[
         about: "Replication: SET/INCR/LPUSH from 50 clients on a 3-node Ember cluster (pmem; msync with --strategy msync, then also against etcd if installed) against Redis + 2 replicas with WAIT 2 0, Ember --threads 1 and N; failover time after SIGKILL of the leader, Ember against Redis Sentinel",
         run: cluster::run,
     },
+    Scenario {
+        name: "cluster-apply",
+        about: "Replication: serial against parallel apply (--raft-apply-lanes 1 and 2): SET from 50 clients with a follower down, then the follower's catch-up rate (entries applied per second)",
+        run: cluster::run_apply,
+    },
 ];
 
 /// Everything a scenario needs: the options, the machine, where to write, and

@@ -399,23 +399,12 @@ impl Sim {
             compact_after: self.compact_after,
             join: n.join,
             snapshot_file: Some(n.snap_file.clone()),
+            // The harness applies in log order, as one lane does.
+            apply_lanes: 1,
         };
-        let sh = Arc::new(Shared {
-            id: n.id,
-            status: Mutex::new(Status {
-                id: n.id,
-                ..Status::default()
-            }),
-            waiters: Mutex::new(HashMap::new()),
-            reads: Mutex::new(HashMap::new()),
-            changes: Mutex::new(HashMap::new()),
-            peers: Mutex::new(self.peers.clone()),
-            apply_lock: Mutex::new(()),
-            next_seq: AtomicU64::new(1),
-            stop: Arc::new(AtomicBool::new(false)),
-            applied: AtomicU64::new(0),
-            leader: AtomicBool::new(false),
-        });
+        let sh = Shared::for_test(n.id);
+        sh.status.lock().unwrap().id = n.id;
+        *sh.peers.lock().unwrap() = self.peers.clone();
         let (tx, inbox) = std::sync::mpsc::channel();
         let (apply_tx, apply_rx) = std::sync::mpsc::channel();
         let st2 = store.clone();

@@ -370,6 +370,10 @@ pub fn debug(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     if a.len() == 2 && eq(&a[1], "help") {
         let lines = [
             "DEBUG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "DIGEST",
+            "    Output a hex signature representing the current DB content.",
+            "DIGEST-VALUE <key> [<key> ...]",
+            "    Output a hex signature of the values of all the specified keys.",
             "OBJECT <key>",
             "    Show low level info about the `key` and associated value.",
             "PROTOCOL <type>",
@@ -401,6 +405,12 @@ pub fn debug(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
         }
         c.ok();
         return Ok(());
+    }
+    if a.len() == 2 && eq(&a[1], "digest") {
+        return super::digest::dataset(ctx, c);
+    }
+    if eq(&a[1], "digest-value") {
+        return super::digest::values(ctx, c, &a[2..]);
     }
     if a.len() == 3 && eq(&a[1], "object") {
         return debug_object(ctx, c, &a[2]);

@@ -423,7 +423,14 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 Some(_) => return Err(CmdError::UnblockReason),
             };
             let id = super::int_arg(&a[2])?;
-            let done = u64::try_from(id).is_ok_and(|id| ctx.sh.blocking.unblock(id, error));
+            let done = u64::try_from(id).is_ok_and(|id| {
+                ctx.sh.blocking.unblock(id, error)
+                    // A client waiting in a blocking command it sent to the
+                    // cluster's leader through this node.
+                    || ctx.sh.cluster.get().is_some_and(|cl| {
+                        crate::cluster::unblock_forwarded(cl, ctx.sh, c, id, error) == Some(true)
+                    })
+            });
             c.int(i64::from(done));
         }
         "no-evict" | "no-touch" => {
@@ -534,11 +541,13 @@ pub fn client(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
                 return Err(CmdError::Msg("timeout is negative"));
             }
             ctx.sh.pause.pause(ms as u64, all);
+            ctx.sh.hk.pause(Some(ms as u64));
             c.ok();
         }
         "unpause" => {
             arity(2)?;
             ctx.sh.pause.unpause();
+            ctx.sh.hk.pause(None);
             super::acl::wake_workers(ctx);
             c.ok();
         }

@@ -2,7 +2,7 @@
 
 use super::{eq, int_arg, locked, CmdError, Ctx, R};
 use crate::glob::Glob;
-use crate::housekeep::flush_key;
+use crate::housekeep::{flush_key, SWAP_MARKER, SWAP_TMP};
 use crate::keyspace::{
     skey, type_name, Keyspace, KsError, KIND_HASH, KIND_LIST, KIND_SET, KIND_STREAM, KIND_STRING,
     KIND_ZSET, PIECE_PREFIX,
@@ -323,6 +323,221 @@ pub fn flushall(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
     let dbs: Vec<u8> = (0..ctx.sh.cfg().databases).map(|d| d as u8).collect();
     flush_dbs(ctx, &dbs)?;
     c.ok();
+    Ok(())
+}
+
+/// SWAPDB index1 index2: every client of either database sees the other's
+/// keys from then on (see [`swap_dbs`]); a database swapped with itself is
+/// left as it is.
+pub fn swapdb(ctx: &mut Ctx, c: &mut Client, a: &[Vec<u8>]) -> R {
+    // Redis reads each index as a C int, with its own message.
+    let index = |arg: &[u8], msg: &'static str| match proto::int::parse_i64(arg) {
+        Some(n) if i32::try_from(n).is_ok() => Ok(n),
+        _ => Err(CmdError::Msg(msg)),
+    };
+    let x = index(&a[1], "invalid first DB index")?;
+    let y = index(&a[2], "invalid second DB index")?;
+    let dbs = 0..ctx.sh.cfg().databases as i64;
+    if !dbs.contains(&x) || !dbs.contains(&y) {
+        return Err(CmdError::DbIndexOutOfRange);
+    }
+    if x != y {
+        swap_dbs(ctx, x as u8, y as u8)?;
+    }
+    c.ok();
+    Ok(())
+}
+
+/// Keys moved per batch by a SWAPDB.
+const SWAP_BATCH: usize = 64;
+
+/// Swaps databases `x` and `y` (different), all-or-nothing across a crash.
+///
+/// A database is the first byte of its keys' store keys (`keyspace`), so
+/// unlike Redis's pointer swap this is O(n) in the keys of both databases:
+/// the keys move. The command holds [`FLUSHING`] and every stripe lock
+/// throughout (no other command reads or writes a key meanwhile; readers
+/// that take no lock read again under their lock, see
+/// [`crate::keyspace::Stripes::moving`]), and moves:
+/// 0. one batch writes the marker [`SWAP_MARKER`] = `x y 1`;
+/// 1. every key of `x` is parked under [`SWAP_TMP`] (`0xFF 0xFF "swaptmp"
+///    ‖ key`, value unchanged: a collection's pieces are keyed by its id and
+///    stay; the TTL is in the value), then the marker says phase 2;
+/// 2. every key of `y` moves to `x`, then the marker says phase 3;
+/// 3. every parked key moves to `y`, and one batch removes the marker.
+///
+/// Each key moves in one batch (its new store key put, its old one
+/// removed), [`SWAP_BATCH`] keys a batch. A start that finds the marker
+/// finishes the swap from its phase ([`finish_swap`]): a phase moves what
+/// is left under its source prefix, and the marker's phase keeps phase 2's
+/// keys (now in `x`) from being taken for phase 1's. So after a crash the
+/// swap is wholly done or not begun. A full heap (the marker refused) fails
+/// it before anything moved; one that refuses a move midway leaves the swap
+/// partly done until the next start or the next SWAPDB finishes it (the
+/// error says so).
+///
+/// The moves publish no keyspace event (Redis publishes none) and touch
+/// the watched keys of both databases that exist in either (Redis's
+/// `touchAllWatchedKeysInDb`); clients blocked on a key of either database
+/// are woken to look again. Beyond Redis 7.0 (which invalidates nothing), a
+/// tracking client gets one null, as for a flush: its cached keys may have
+/// changed.
+fn swap_dbs(ctx: &mut Ctx, x: u8, y: u8) -> R {
+    let sh = ctx.sh;
+    // A transaction or script runs SWAPDB holding FLUSHING and every stripe
+    // (`cmd::unit`).
+    let unit = ctx.ks.in_unit();
+    let flushing = (!unit).then(|| FLUSHING.lock().unwrap_or_else(|p| p.into_inner()));
+    let stripes = (!unit).then(|| sh.stripes.lock_all());
+    let (events, created) = (ctx.ks.events.len(), ctx.ks.created_log.len());
+    // An earlier swap that a full heap stopped midway is finished first:
+    // its marker must not be overwritten.
+    let mut stopped = Vec::new();
+    if !ctx.ks.sess.get(SWAP_MARKER, &mut stopped)? {
+        stopped.clear();
+        ctx.ks.put_piece(SWAP_MARKER, &[x, y, 1]);
+        ctx.ks.apply()?;
+    }
+    crate::tracking::flushing(ctx, true);
+    sh.stripes.moving();
+    let woken = sh.blocking.any();
+    let mut moved = Vec::new();
+    let mut r = Ok(());
+    if let &[a, b, phase] = stopped.as_slice() {
+        r = swap_phases(ctx.ks, a, b, phase, None);
+        if r.is_ok() {
+            ctx.ks.put_piece(SWAP_MARKER, &[x, y, 1]);
+            r = ctx.ks.apply();
+        }
+    }
+    if r.is_ok() {
+        r = swap_phases(ctx.ks, x, y, 1, woken.then_some(&mut moved));
+    }
+    sh.stripes.moving();
+    crate::tracking::flushing(ctx, false);
+    // The moves' `new` events are not the command's.
+    ctx.ks.events.truncate(events);
+    ctx.ks.created_log.truncate(created);
+    if let Err(e) = r {
+        eprintln!(
+            "ember: SWAPDB {x} {y} stopped midway ({e:?}); the next start or SWAPDB finishes it"
+        );
+        return Err(CmdError::Msg(
+            "SWAPDB could not move every key (the heap is full?): the two databases stay partly swapped until the next start or SWAPDB finishes the swap",
+        ));
+    }
+    sh.counts.swap_avg_ttl(x, y);
+    // The waiters are woken after the locks are released, as a unit's are.
+    drop(stripes);
+    drop(flushing);
+    if woken {
+        let mut keys = Vec::with_capacity(moved.len() * 2);
+        for k in &moved {
+            keys.push(skey(x, k));
+            keys.push(skey(y, k));
+        }
+        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        sh.blocking.signal(&refs);
+    }
+    Ok(())
+}
+
+/// Phases `from..=3` of a swap of `x` and `y` (see [`swap_dbs`]), then the
+/// marker's removal; the client keys moved out of `x` and `y` are added to
+/// `moved` when given.
+fn swap_phases(
+    ks: &mut Keyspace,
+    x: u8,
+    y: u8,
+    from: u8,
+    mut moved: Option<&mut Vec<Vec<u8>>>,
+) -> Result<(), KsError> {
+    for phase in from..=3 {
+        let (src, dst): (&[u8], &[u8]) = match phase {
+            1 => (&[x], SWAP_TMP),
+            2 => (&[y], &[x]),
+            _ => (SWAP_TMP, &[y]),
+        };
+        move_prefix(ks, src, dst, phase < 3, moved.as_deref_mut())?;
+        if phase < 3 {
+            ks.put_piece(SWAP_MARKER, &[x, y, phase + 1]);
+        } else {
+            ks.remove_piece(SWAP_MARKER);
+        }
+        ks.apply()?;
+    }
+    Ok(())
+}
+
+/// Moves every store key that begins with `src` to `dst` ‖ the rest (one
+/// scan of the store, [`SWAP_BATCH`] keys per batch), the values unchanged;
+/// the client keys of a database source are added to `moved` when given
+/// (`from_db`: the source is a database).
+fn move_prefix(
+    ks: &mut Keyspace,
+    src: &[u8],
+    dst: &[u8],
+    from_db: bool,
+    mut moved: Option<&mut Vec<Vec<u8>>>,
+) -> Result<(), KsError> {
+    let mut cursor = 0;
+    let mut page = Vec::new();
+    let mut raw = Vec::new();
+    let mut to = Vec::new();
+    loop {
+        page.clear();
+        cursor = ks.sess.scan(cursor, 256, &mut page)?;
+        page.retain(|k| k.starts_with(src));
+        page.sort_unstable();
+        page.dedup();
+        for chunk in page.chunks(SWAP_BATCH) {
+            for k in chunk {
+                // The scan may return a key twice: the second time it is gone.
+                if !ks.sess.get(k, &mut raw)? {
+                    continue;
+                }
+                to.clear();
+                to.extend_from_slice(dst);
+                to.extend_from_slice(&k[src.len()..]);
+                if from_db {
+                    let ttl = crate::keyspace::decode(&raw).is_some_and(|h| h.expire.is_some());
+                    ks.remove_known(k, ttl);
+                    if let Some(m) = moved.as_deref_mut() {
+                        m.push(k[1..].to_vec());
+                    }
+                } else {
+                    ks.remove_piece(k);
+                }
+                if dst.len() == 1 {
+                    ks.put_raw(&to, &raw);
+                } else {
+                    ks.put_piece(&to, &raw);
+                }
+            }
+            ks.apply()?;
+        }
+        if cursor == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// At start, before any command: finishes a SWAPDB that a crash
+/// interrupted, from the phase its marker names (see [`swap_dbs`]). Costs
+/// one read when none was.
+pub fn finish_swap(sh: &Shared) -> Result<(), KsError> {
+    let sess = sh.store.session()?;
+    let mut ks = Keyspace::new(sess, sh.counts.clone(), 0, sh.hk.clone());
+    let mut v = Vec::new();
+    if !ks.sess.get(SWAP_MARKER, &mut v)? {
+        return Ok(());
+    }
+    let &[x, y, phase] = v.as_slice() else {
+        return Err(KsError::Corrupt);
+    };
+    eprintln!("ember: finishing a SWAPDB {x} {y} that a crash interrupted (phase {phase})");
+    swap_phases(&mut ks, x, y, phase, None)?;
+    ks.sess.commit()?;
     Ok(())
 }
 

@@ -5,6 +5,7 @@ mod acl;
 pub(crate) mod admin;
 mod bits;
 pub(crate) mod conn;
+mod digest;
 pub(crate) mod dump;
 mod error;
 mod geo;
@@ -33,8 +34,8 @@ pub use table::{
 pub(crate) use bits::bitfield_reads_only;
 pub use conn::REDIS_COMPAT_VERSION;
 pub use error::CmdError;
-pub use keys::finish_flushes;
 pub(crate) use keys::flush_dbs;
+pub use keys::{finish_flushes, finish_swap};
 pub(crate) use strings::float_arg;
 
 use crate::clock::Stamp;
@@ -326,7 +327,26 @@ pub(crate) fn precheck(
 /// with its error; true when it failed.
 fn run_spec(ctx: &mut Ctx, c: &mut Client, spec: &Spec, args: &[Vec<u8>]) -> bool {
     let mark = c.out.len();
+    // Read-only commands' misses are `keymiss` events (OBJECT's are not:
+    // Redis looks up with LOOKUP_NONOTIFY there).
+    let reading = std::mem::replace(
+        &mut ctx.ks.reading,
+        spec.flags.contains(Flags::READONLY) && spec.name != "object",
+    );
+    let misses = ctx.sh.pubsub.notify_flags().load(Ordering::Relaxed) & crate::notify::KEY_MISS;
+    let read_keys = if misses != 0 && spec.flags.contains(Flags::WRITE) {
+        let i = lookup(spec.name.as_bytes()).unwrap_or(0);
+        let keys = crate::acl::read_keys(i, args)
+            .into_iter()
+            .map(|k| crate::keyspace::skey(c.db, &args[k]))
+            .collect();
+        std::mem::replace(&mut ctx.ks.read_keys, keys)
+    } else {
+        std::mem::take(&mut ctx.ks.read_keys)
+    };
     let r = (spec.run)(ctx, c, args);
+    ctx.ks.reading = reading;
+    ctx.ks.read_keys = read_keys;
     // Every write was applied under its command's locks (see `locked`), or
     // is held by the unit the command runs in. A handler that left writes
     // staged is a bug the tests catch; a release build still applies them

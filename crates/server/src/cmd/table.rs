@@ -519,6 +519,8 @@ pub static TABLE: &[Spec] = &[
     spec!("dbsize", 1, [READONLY, FAST], [KEYSPACE], (0, 0, 0), "server", "1.0.0", "Returns the number of keys in the database.", keys::dbsize),
     spec!("flushdb", -1, [WRITE], [KEYSPACE, DANGEROUS], (0, 0, 0), "server", "1.0.0", "Remove all keys from the current database.", keys::flushdb),
     spec!("flushall", -1, [WRITE], [KEYSPACE, DANGEROUS], (0, 0, 0), "server", "1.0.0", "Removes all keys from all databases.", keys::flushall),
+    // FAST as in Redis's table, though here the keys move (`keys::swap_dbs`).
+    spec!("swapdb", 3, [WRITE, FAST], [KEYSPACE, DANGEROUS], (0, 0, 0), "server", "4.0.0", "Swaps two Redis databases.", keys::swapdb),
     spec!("randomkey", 1, [READONLY], [KEYSPACE], (0, 0, 0), "generic", "1.0.0", "Returns a random key name from the database.", keys::randomkey),
     spec!("expire", -3, [WRITE, FAST], [KEYSPACE], (1, 1, 1), "generic", "1.0.0", "Sets the expiration time of a key in seconds.", keys::expire),
     spec!("pexpire", -3, [WRITE, FAST], [KEYSPACE], (1, 1, 1), "generic", "2.6.0", "Sets the expiration time of a key in milliseconds.", keys::pexpire),

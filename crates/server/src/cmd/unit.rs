@@ -215,7 +215,8 @@ pub fn call_at(ctx: &mut Ctx, c: &mut Client, i: usize, args: &[Vec<u8>]) {
 /// Runs a request that a command builds for itself inside its unit (RESTORE
 /// filling a key, DUMP reading one) and returns its reply, which is not
 /// written to the client: no ACL check (the command itself was checked),
-/// no statistics (the client did not send it) and no keyspace events.
+/// no statistics (the client did not send it) and no keyspace events but
+/// `keymiss`.
 pub fn internal(
     ctx: &mut Ctx,
     c: &mut Client,
@@ -242,7 +243,12 @@ pub fn internal(
     c.resp = proto::Version::Resp2;
     run_spec(ctx, c, spec, &args);
     c.resp = resp;
-    ctx.ks.events.truncate(events);
+    // But its `keymiss` is (DUMP of a missing key misses it once, as
+    // Redis's lookup does).
+    let tail = ctx.ks.events.split_off(events);
+    ctx.ks
+        .events
+        .extend(tail.into_iter().filter(|e| e.0 == crate::notify::KEY_MISS));
     let r = proto::reply::parse_reply(&c.out[mark..]);
     c.out.truncate(mark);
     match r {
