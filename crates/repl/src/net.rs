@@ -7,7 +7,9 @@
 //! connection and the messages (Raft resends what matters). Incoming
 //! connections each get a reader thread that hands decoded messages to the
 //! node's inbox. Plain threads and blocking sockets: a node has a handful of
-//! peers, and the raft-rs state machine is synchronous.
+//! peers, and the raft-rs state machine is synchronous. A message for a node
+//! whose address is not known here goes to every peer, which forwards it
+//! ([`Transport::send`]).
 
 use protobuf::Message as _;
 use raft::eraftpb::Message;
@@ -22,6 +24,24 @@ use std::time::Duration;
 /// The largest frame accepted (a batch of entries; raft-rs keeps messages
 /// near `max_size_per_msg`).
 const MAX_FRAME: usize = 256 << 20;
+
+/// Where the raft thread sends its messages: [`Transport`] in a server; a
+/// simulated network in the replication simulation (tests), which decides
+/// when each message arrives, if ever.
+pub trait Net {
+    /// Queues `m` for its recipient. A recipient whose address is not
+    /// known here gets it through every peer that is, which forward it
+    /// (see [`Transport::send`]).
+    fn send(&mut self, m: Message);
+    /// Queues `m`, a message another node relayed through this one, for
+    /// its recipient if its address is known here (never relayed again).
+    fn forward(&mut self, m: Message);
+    /// Starts sending to peer `id` at `addr` (a member added; a new
+    /// address replaces the old).
+    fn add(&mut self, id: u64, addr: &str);
+    /// Stops sending to peer `id` (a member removed).
+    fn remove(&mut self, id: u64);
+}
 
 /// Outgoing queues, one per peer.
 pub struct Transport {
@@ -61,11 +81,42 @@ impl Transport {
         self.peers.remove(&id);
     }
 
-    /// Queues `m` for its recipient (dropped when it is not a peer).
+    /// Queues `m` for its recipient. A recipient with no address here
+    /// gets it through every peer, which forward it to its recipient: a
+    /// member whose configuration predates the addition of the node that
+    /// now leads has no address for it and could not otherwise answer it,
+    /// so it would never get the entries (or the snapshot) that bring the
+    /// address, and would stay behind for good.
     pub fn send(&self, m: Message) {
         if let Some(tx) = self.peers.get(&m.to) {
             let _ = tx.send(m);
+            return;
         }
+        for tx in self.peers.values() {
+            let _ = tx.send(m.clone());
+        }
+    }
+
+    /// Queues `m` for its recipient if it is a peer (a relayed message).
+    pub fn forward(&self, m: Message) {
+        if let Some(tx) = self.peers.get(&m.to) {
+            let _ = tx.send(m);
+        }
+    }
+}
+
+impl Net for Transport {
+    fn send(&mut self, m: Message) {
+        Transport::send(self, m);
+    }
+    fn forward(&mut self, m: Message) {
+        Transport::forward(self, m);
+    }
+    fn add(&mut self, id: u64, addr: &str) {
+        Transport::add(self, id, addr);
+    }
+    fn remove(&mut self, id: u64) {
+        Transport::remove(self, id);
     }
 }
 

@@ -635,7 +635,15 @@ pub(crate) fn fail_all<T>(sh: &Shared<T>, e: &ReplError) {
 struct Driver<T> {
     node: RawNode<HeapStorage>,
     sh: Arc<Shared<T>>,
-    net: crate::net::Transport,
+    net: Box<dyn crate::net::Net>,
+    /// The time now (the wall clock; the simulated one in the simulation).
+    clock: Box<dyn Fn() -> Instant>,
+    /// Whether a snapshot's install ends with this process starting again
+    /// on its heap (a server). When false (the simulation), the install
+    /// sets `installed` instead, and the caller drops this driver and
+    /// opens the node again.
+    restart_process: bool,
+    installed: bool,
     apply: Sender<ApplyMsg>,
     /// A dump asked of the apply thread and not answered yet.
     dumping: bool,
@@ -658,11 +666,17 @@ struct Driver<T> {
     /// Reads confirmed at a commit index, waiting for it to be applied.
     reads_ready: Vec<(u64, Vec<u64>)>,
     next_round: u64,
+    /// At least 2: a compaction is an entry itself, and with 1 it would
+    /// make the next one due, and so on: an idle cluster would append
+    /// compactions forever, and a member restarting would be cut off
+    /// again by the time it has installed its snapshot.
     compact_after: u64,
     /// Committed compaction entries not yet applied: (index, point).
     compactions: Vec<(u64, u64)>,
     /// The point of the compaction this leader proposed last.
     compaction_proposed: u64,
+    /// The term when this driver opened the log.
+    started_term: u64,
 }
 
 impl<T: Send + 'static> Driver<T> {
@@ -671,6 +685,21 @@ impl<T: Send + 'static> Driver<T> {
         log_session: Box<dyn FnOnce() -> engine::Result<Box<dyn engine::Session>> + Send>,
         sh: Arc<Shared<T>>,
         apply: Sender<ApplyMsg>,
+    ) -> Result<Driver<T>, String> {
+        let stop = sh.stop.clone();
+        Self::open_with(cfg, log_session, sh, apply, |others| {
+            Box::new(crate::net::Transport::start(others, stop))
+        })
+    }
+
+    /// [`Self::open`] with the transport `net` makes for the other members
+    /// (id, raft address).
+    fn open_with(
+        cfg: NodeConfig,
+        log_session: Box<dyn FnOnce() -> engine::Result<Box<dyn engine::Session>> + Send>,
+        sh: Arc<Shared<T>>,
+        apply: Sender<ApplyMsg>,
+        net: impl FnOnce(&[(u64, String)]) -> Box<dyn crate::net::Net>,
     ) -> Result<Driver<T>, String> {
         let sess = log_session().map_err(|e| e.to_string())?;
         let voters: Vec<u64> = if cfg.join {
@@ -727,12 +756,16 @@ impl<T: Send + 'static> Driver<T> {
             .filter(|p| p.id != cfg.id)
             .map(|p| (p.id, p.raft_addr.clone()))
             .collect();
-        let net = crate::net::Transport::start(&others, sh.stop.clone());
+        let net = net(&others);
         sh.applied.store(applied, Ordering::Release);
+        let started_term = node.raft.term;
         Ok(Driver {
             node,
             sh,
             net,
+            clock: Box::new(Instant::now),
+            restart_process: true,
+            installed: false,
             apply,
             dumping: false,
             snaps_sent: Vec::new(),
@@ -746,9 +779,10 @@ impl<T: Send + 'static> Driver<T> {
             reads_sent: HashMap::new(),
             reads_ready: Vec::new(),
             next_round: 1,
-            compact_after: cfg.compact_after.max(1),
+            compact_after: cfg.compact_after.max(2),
             compactions: Vec::new(),
             compaction_proposed: 0,
+            started_term,
         })
     }
 
@@ -774,38 +808,59 @@ impl<T: Send + 'static> Driver<T> {
                 Err(RecvTimeoutError::Disconnected) => return,
             }
             self.snapshot_work();
-            if Instant::now() >= next_tick {
-                self.maybe_propose_compaction();
-                self.node.tick();
+            let tick = Instant::now() >= next_tick;
+            if tick {
                 next_tick += self.tick;
                 if next_tick < Instant::now() {
                     next_tick = Instant::now() + self.tick;
                 }
             }
-            // raft-rs drops a ReadIndex (silently) at a leader that has not
-            // committed an entry of its term yet: reads wait for that.
-            if !self.reads_new.is_empty()
-                && self.node.raft.state == StateRole::Leader
-                && self.node.raft.commit_to_current_term()
-            {
-                let id = self.next_round;
-                self.next_round += 1;
-                self.reads_sent
-                    .insert(id, std::mem::take(&mut self.reads_new));
-                self.node.read_index(id.to_le_bytes().to_vec());
-            }
-            if let Err(e) = self.on_ready() {
-                self.halt(e);
+            if !self.turn(tick) {
                 return;
             }
-            self.after_role();
-            self.release_reads();
         }
+    }
+
+    /// What follows the events handled: a tick if `tick` (and a compaction
+    /// proposed when due), a ReadIndex round for the reads waiting, the
+    /// Ready, and the bookkeeping of the role. False when the node is to
+    /// stop (or, in the simulation, to be opened again after a snapshot's
+    /// install). The caller does the snapshot chores first.
+    fn turn(&mut self, tick: bool) -> bool {
+        if tick {
+            self.maybe_propose_compaction();
+            self.node.tick();
+        }
+        // raft-rs drops a ReadIndex (silently) at a leader that has not
+        // committed an entry of its term yet: reads wait for that.
+        if !self.reads_new.is_empty()
+            && self.node.raft.state == StateRole::Leader
+            && self.node.raft.commit_to_current_term()
+        {
+            let id = self.next_round;
+            self.next_round += 1;
+            self.reads_sent
+                .insert(id, std::mem::take(&mut self.reads_new));
+            self.node.read_index(id.to_le_bytes().to_vec());
+        }
+        if let Err(e) = self.on_ready() {
+            self.halt(e);
+            return false;
+        }
+        if self.installed {
+            return false;
+        }
+        self.after_role();
+        self.release_reads();
+        true
     }
 
     /// False when the node is to stop.
     fn handle(&mut self, ev: Event) -> bool {
         match ev {
+            // A message for another node, relayed through this one by a
+            // member that has no address for it (see `Transport::send`).
+            Event::Message(m) if m.to != self.sh.id => self.net.forward(*m),
             Event::Message(m) => {
                 let _ = self.node.step(*m);
             }
@@ -856,6 +911,18 @@ impl<T: Send + 'static> Driver<T> {
                         seq,
                         ReplError::Stopped(
                             "the log is not compacted yet; try again shortly".into(),
+                        ),
+                    );
+                } else if self.node.raft.has_pending_conf() {
+                    // raft-rs would take the proposal and append an empty
+                    // entry in its place (a change not yet applied, or a
+                    // new leader that has not applied its log yet): the
+                    // waiter would never be answered.
+                    fail_change(
+                        &self.sh,
+                        seq,
+                        ReplError::Stopped(
+                            "a membership change is pending; try again shortly".into(),
                         ),
                     );
                 } else if let Err(e) = self
@@ -912,6 +979,10 @@ impl<T: Send + 'static> Driver<T> {
                 .map_err(|e| format!("installing a snapshot: {e}"))?;
             // Still holding the apply thread: entries queued for it are
             // covered by the snapshot and must not be applied on top.
+            if !self.restart_process {
+                self.installed = true;
+                return Ok(());
+            }
             let why = restart_process();
             eprintln!("ember: {why}; exiting (the next start resumes from the heap)");
             std::process::exit(1);
@@ -939,7 +1010,8 @@ impl<T: Send + 'static> Driver<T> {
             .mut_store()
             .persist(rd.entries(), rd.hs())
             .map_err(|e| e.to_string())?;
-        let committed = rd.take_committed_entries();
+        let mut committed = rd.take_committed_entries();
+        self.forget_old_proposals(&mut committed);
         self.on_committed(&committed)?;
         if !committed.is_empty() {
             self.apply
@@ -963,7 +1035,8 @@ impl<T: Send + 'static> Driver<T> {
             self.note_sent(&m);
             self.net.send(m);
         }
-        let committed = light.take_committed_entries();
+        let mut committed = light.take_committed_entries();
+        self.forget_old_proposals(&mut committed);
         self.on_committed(&committed)?;
         if !committed.is_empty() {
             self.apply
@@ -973,13 +1046,30 @@ impl<T: Send + 'static> Driver<T> {
         Ok(())
     }
 
+    /// Clears the proposer's context of the committed entries that this
+    /// node proposed before it last started. Their proposers are gone, and
+    /// the sequence numbers start again at 1 at each start: a waiter of
+    /// this run with the same number would be answered with the result of
+    /// that other write (and its proposer would do the bookkeeping of it).
+    /// This run proposes only as the leader of terms after the one it
+    /// started in (a term a node led is persisted before it could lead).
+    fn forget_old_proposals(&self, ents: &mut [Entry]) {
+        for e in ents {
+            if e.term <= self.started_term
+                && parse_ctx(&e.context).is_some_and(|(id, _)| id == self.sh.id)
+            {
+                e.context = Default::default();
+            }
+        }
+    }
+
     /// Notes a snapshot sent: raft-rs waits for its delivery report.
     fn note_sent(&mut self, m: &Message) {
         if m.get_msg_type() == MessageType::MsgSnapshot {
             // Time to send it and for the member to install and restart.
             let secs = 1 + m.get_snapshot().data.len() as u64 / (20 << 20);
             self.snaps_sent
-                .push((m.to, Instant::now() + Duration::from_secs(secs)));
+                .push((m.to, (self.clock)() + Duration::from_secs(secs)));
         }
     }
 
@@ -997,7 +1087,7 @@ impl<T: Send + 'static> Driver<T> {
         if self.snaps_sent.is_empty() {
             return;
         }
-        let now = Instant::now();
+        let now = (self.clock)();
         let mut due = Vec::new();
         self.snaps_sent.retain(|&(to, at)| {
             if at <= now {
@@ -1074,6 +1164,14 @@ impl<T: Send + 'static> Driver<T> {
                     if cc.node_id != self.sh.id {
                         peers.retain(|o| o.id != cc.node_id);
                         self.net.remove(cc.node_id);
+                    } else if self.node.raft.state == StateRole::Leader {
+                        // This leader removed itself (the change was
+                        // proposed by an earlier leader). raft-rs leaves it
+                        // leading without its own progress, and its next
+                        // commit check panics: it steps down (the others
+                        // elect a leader; it cannot campaign any more).
+                        let term = self.node.raft.term;
+                        self.node.raft.become_follower(term, raft::INVALID_ID);
                     }
                 }
             }
@@ -1194,8 +1292,15 @@ impl<T: Send + 'static> Driver<T> {
             let p = matched.max(keep).min(self.applied).min(2);
             (p, p >= 2)
         } else {
+            // Counted from the point proposed last, which the log's start
+            // reaches only once that entry is applied: from the start, a
+            // compaction's own entry (applied) would make the next due
+            // before the first is applied, and so on, on an idle cluster.
             let p = matched.max(keep).min(self.applied);
-            (p, p >= first + self.compact_after)
+            (
+                p,
+                p >= first.max(self.compaction_proposed) + self.compact_after,
+            )
         };
         if !due || point <= self.compaction_proposed {
             return;
@@ -1263,3 +1368,6 @@ fn restart_process() -> String {
         .exec();
     format!("restarting after a snapshot: {err}")
 }
+
+#[cfg(test)]
+mod sim;
