@@ -280,8 +280,12 @@ pub fn run_redis_py(script: &str) {
 /// Runs a Python script that uses the client library `module` (named `lib`
 /// in messages); it must print `<lib> ok`. Skipped (with a note) when
 /// python3 or the module is not installed (scripts/test.sh installs them).
+/// A script that hangs (a client library waiting for a reply that never
+/// comes) is stopped after two minutes with every thread's stack printed.
 pub fn run_python(script: &str, module: &str, lib: &str) {
-    match Command::new("python3").args(["-c", script]).output() {
+    let script =
+        format!("import faulthandler; faulthandler.dump_traceback_later(120, exit=True)\n{script}");
+    match Command::new("python3").args(["-c", &script]).output() {
         Ok(out) if out.status.success() => {
             assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("{lib} ok")));
         }
