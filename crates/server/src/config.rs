@@ -955,8 +955,8 @@ impl Config {
                 self.raft_log_keep = one()?
                     .parse()
                     .ok()
-                    .filter(|n| (1..=1_000_000_000).contains(n))
-                    .ok_or_else(|| "raft-log-keep must be between 1 and 1000000000".to_string())?
+                    .filter(|n| (2..=1_000_000_000).contains(n))
+                    .ok_or_else(|| "raft-log-keep must be between 2 and 1000000000".to_string())?
             }
             "raft-apply-lanes" => {
                 self.raft_apply_lanes = one()?
