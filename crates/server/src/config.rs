@@ -1471,6 +1471,30 @@ mod tests {
         assert!(e.contains("no, yes, optional"), "{e}");
     }
 
+    /// A cluster node's default workers; `threads` given (flag or file)
+    /// wins, and a lone server keeps one per CPU but one.
+    #[test]
+    fn a_cluster_node_runs_more_workers_by_default() {
+        let node = |threads: Option<usize>| ServeArgs {
+            node_id: Some(1),
+            peers: Some("1=127.0.0.1:1:2".into()),
+            threads,
+            ..Default::default()
+        };
+        assert_eq!(Config::load(&node(None)).unwrap().threads, CLUSTER_THREADS);
+        assert_eq!(Config::load(&node(Some(3))).unwrap().threads, 3);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("t.conf");
+        std::fs::write(&f, "threads 2\n").unwrap();
+        let a = ServeArgs {
+            config: Some(f),
+            ..node(None)
+        };
+        assert_eq!(Config::load(&a).unwrap().threads, 2);
+        let lone = Config::load(&ServeArgs::default()).unwrap();
+        assert_eq!(lone.threads, default_threads());
+    }
+
     #[test]
     fn users_and_aclfile() {
         let dir = tempfile::tempdir().unwrap();
