@@ -100,6 +100,15 @@ fn fail_done<T>(done: Vec<(Waiter<T>, T)>, why: &str) {
     }
 }
 
+/// The state machine failed (or could not start): the node stops rather
+/// than diverge, and every waiter is told why.
+pub(crate) fn stop<T>(sh: &Shared<T>, why: String, inbox: &Sender<Event>) {
+    sh.status.lock().unwrap_or_else(|p| p.into_inner()).failed = Some(why.clone());
+    sh.leader.store(false, Ordering::Relaxed);
+    fail_all(sh, &ReplError::Stopped(why));
+    let _ = inbox.send(Event::Stop);
+}
+
 /// A lane thread (1..): applies what the apply thread hands it.
 fn lane_loop<T>(
     mut sm: Box<dyn StateMachine<T>>,
@@ -192,8 +201,6 @@ impl<T: Send + 'static> Applier<T> {
             let _run = sh.apply_lock.lock().unwrap_or_else(|p| p.into_inner());
             let last = ents.last().map_or(0, |e| e.index);
             if let Err(why) = self.apply_run(ents) {
-                sh.status.lock().unwrap_or_else(|p| p.into_inner()).failed = Some(why.clone());
-                sh.leader.store(false, Ordering::Relaxed);
                 fail_done(std::mem::take(&mut self.done0), &why);
                 for items in &mut self.seg {
                     for it in items.drain(..) {
@@ -202,8 +209,7 @@ impl<T: Send + 'static> Applier<T> {
                         }
                     }
                 }
-                fail_all(&sh, &ReplError::Stopped(why));
-                let _ = inbox.send(Event::Stop);
+                stop(&sh, why, inbox);
                 return;
             }
             if last == 0 {

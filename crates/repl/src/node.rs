@@ -343,15 +343,9 @@ impl<T: Send + 'static> Handle<T> {
             changes: Mutex::new(HashMap::new()),
             peers: Mutex::new(cfg.peers.clone()),
             apply_lock: Mutex::new(()),
-            // Past every sequence number an earlier run of this node put
-            // in entries still to be applied (one per proposal: fewer than
-            // the nanoseconds between two starts), so that none of them is
-            // taken for a proposal of this run.
-            next_seq: AtomicU64::new(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(1, |d| d.as_nanos() as u64),
-            ),
+            // An earlier run's entries may carry the same numbers: the
+            // driver clears their context (`started_term`).
+            next_seq: AtomicU64::new(1),
             stop: stop.clone(),
             applied: AtomicU64::new(0),
             leader: AtomicBool::new(false),
@@ -396,12 +390,7 @@ impl<T: Send + 'static> Handle<T> {
                 .spawn(
                     move || match crate::apply::Applier::start(sh.clone(), make_sm, lanes) {
                         Ok(a) => a.run(&apply_rx, &inbox),
-                        Err(why) => {
-                            sh.status.lock().unwrap_or_else(|p| p.into_inner()).failed =
-                                Some(why.clone());
-                            fail_all(&sh, &ReplError::Stopped(why));
-                            let _ = inbox.send(Event::Stop);
-                        }
+                        Err(why) => crate::apply::stop(&sh, why, &inbox),
                     },
                 )
                 .map_err(|e| e.to_string())?;
