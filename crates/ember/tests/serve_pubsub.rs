@@ -1147,7 +1147,14 @@ q = r.pubsub(ignore_subscribe_messages=True)
 events = []
 q.subscribe(**{{"ev": lambda m: events.append(m["data"])}})
 q.psubscribe(**{{"ev.*": lambda m: events.append((m["pattern"], m["channel"], m["data"]))}})
-t = q.run_in_thread(sleep_time=0.01)
+# The confirmations are ignored, so wait until the server has registered
+# both subscriptions before publishing (another connection, which another
+# worker thread may serve before this one's commands are read).
+deadline = time.time() + 5
+while (pub.pubsub_numsub("ev") != [(b"ev", 1)] or pub.pubsub_numpat() != 1) \
+        and time.time() < deadline:
+    time.sleep(0.01)
+t = q.run_in_thread(sleep_time=0.01, daemon=True)
 assert pub.publish("ev", "a") == 1
 assert pub.publish("ev.b", "b") == 1
 deadline = time.time() + 5
