@@ -129,7 +129,8 @@ fn check(srv: &Server, id: usize, k: &Known) {
     }
 }
 
-fn kill_cycles(extra: &[&str], cycles: usize, seed: u64) {
+/// Returns the server (running, after a clean restart) and its directory.
+fn kill_cycles(extra: &[&str], cycles: usize, seed: u64) -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let mut srv = Server::start(dir.path(), extra);
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -173,6 +174,7 @@ fn kill_cycles(extra: &[&str], cycles: usize, seed: u64) {
     for (id, k) in knowns.iter().enumerate() {
         check(&srv, id, k);
     }
+    (srv, dir)
 }
 
 #[test]
@@ -189,6 +191,71 @@ fn sigkill_bullet_small_logs_gleaning() {
         2,
         2,
     );
+}
+
+/// Bullet's bounded frontend (`--frontend-max-keys`): the DRAM table holds at
+/// most 50 of the clients' 400 keys, the rest are read from the heap, and
+/// every acknowledged write survives SIGKILL all the same. INFO shows the
+/// bound, the evictions and the resident set's parts.
+#[test]
+fn sigkill_bullet_bounded_frontend() {
+    let (srv, _dir) = kill_cycles(
+        &[
+            "--engine",
+            "bullet",
+            "--frontend-max-keys",
+            "50",
+            "--log-size",
+            "2mb",
+        ],
+        2,
+        7,
+    );
+    let mut con = srv.client();
+    let field = |con: &mut redis::Connection, s: &str, f: &str| -> u64 {
+        serve_common::info_field(con, s, f).parse().unwrap()
+    };
+    // Reads of every key (misses load them from the heap); then, once the
+    // epoch of those loads is over (entries used in the current epoch stay),
+    // misses of absent keys (each evicts from a few buckets) bring the
+    // frontend back within its bound.
+    let t = std::time::Instant::now();
+    let mut entries = u64::MAX;
+    while t.elapsed() < Duration::from_secs(20) {
+        for id in 0..4 {
+            for i in 0..200 {
+                let _: Option<String> = con.get(format!("k:{id}:{i}")).unwrap();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        for i in 0..300 {
+            let _: Option<String> = con.get(format!("absent:{i}")).unwrap();
+        }
+        entries = field(&mut con, "ember", "frontend_entries");
+        if entries <= 50 {
+            break;
+        }
+    }
+    assert!(
+        entries <= 50,
+        "{entries} frontend entries over a bound of 50"
+    );
+    assert_eq!(field(&mut con, "ember", "frontend_max_keys"), 50);
+    assert!(field(&mut con, "ember", "frontend_evictions") > 0);
+    assert!(field(&mut con, "ember", "backend_loads") > 0);
+    let rss = field(&mut con, "memory", "used_memory_rss");
+    let heap = field(&mut con, "memory", "used_memory_rss_heap");
+    let dram = field(&mut con, "memory", "used_memory_rss_dram");
+    assert!(
+        heap > 0 && dram > 0 && heap + dram <= rss,
+        "{heap} + {dram} > {rss}"
+    );
+    let v: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("frontend-max-keys")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(v, ["frontend-max-keys", "50"]);
 }
 
 #[test]

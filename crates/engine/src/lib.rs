@@ -151,6 +151,10 @@ pub struct StoreStats {
     /// records) over the store's life: the sum of the logs' tail positions
     /// (Bullet only).
     pub log_bytes_appended: u64,
+    /// Bytes of log buffer behind the heads given back to the kernel
+    /// (`Pool::release_behind`: out of the resident set until the next lap)
+    /// over this process's life (Bullet only).
+    pub log_bytes_released: u64,
     /// Frontend misses served from the backend.
     pub backend_loads: u64,
     /// Frontend entries evicted (bounded cache).

@@ -1,6 +1,7 @@
 //! Log pages mapped writable ahead of the writer (`Pool::populate_ahead`): the
 //! appends into them take no page faults, laps are populated again, and nothing
-//! in the log changes.
+//! in the log changes. Pages behind the head given back (`Pool::release_behind`):
+//! out of the resident set, their bytes kept, mapped again for the next lap.
 
 use engine::crl::{Pool, RecPtr, BACKEND_HASH};
 use pmem::{Geometry, Heap, HeapOptions, PPtr};
@@ -33,6 +34,21 @@ fn append(pool: &Pool, i: usize, bytes: u64, n: &mut u64) -> i64 {
         *n += 1;
     }
     thread_minor_faults() - before
+}
+
+/// The records of log `i` between positions `from` and `tail`, each of
+/// which must check.
+fn records(pool: &Pool, i: usize, mut pos: u64, tail: u64) -> u64 {
+    let mut seen = 0;
+    loop {
+        pos = pool.skip_gap(pos).min(tail);
+        if pos >= tail {
+            return seen;
+        }
+        let h = pool.header(RecPtr::new(i, pos)).unwrap();
+        seen += 1;
+        pos += h.len as u64;
+    }
 }
 
 /// A 32 MiB heap `name` in `d` with a pool of `logs` logs of `LOG` bytes (no
@@ -96,19 +112,15 @@ fn populated_log_pages_take_no_faults_and_keep_their_records() {
     );
 
     // Every record of log 0 still checks, in order.
-    let mut pos = pool.logs[0].head.load(Acquire);
-    let tail = pool.logs[0].tail.load(Acquire);
-    let mut seen = 0;
-    loop {
-        pos = pool.skip_gap(pos).min(tail);
-        if pos >= tail {
-            break;
-        }
-        let h = pool.header(RecPtr::new(0, pos)).unwrap();
-        seen += 1;
-        pos += h.len as u64;
-    }
-    assert_eq!(seen, written, "records lost or damaged by populate");
+    let (head, tail) = (
+        pool.logs[0].head.load(Acquire),
+        pool.logs[0].tail.load(Acquire),
+    );
+    assert_eq!(
+        records(&pool, 0, head, tail),
+        written,
+        "records lost or damaged by populate"
+    );
 }
 
 #[test]
@@ -188,4 +200,106 @@ fn preallocate_under_msync_writes_the_new_buffers_out() {
         append(&pool, 0, 4096, &mut n);
         assert!(pool.logs[0].tail.load(std::sync::atomic::Ordering::Acquire) >= 4096);
     }
+}
+
+/// Applied records' pages leave the process's resident set (a lap of every
+/// log no longer stays resident for good), keep their bytes (the heap is a
+/// shared file mapping), are not given back twice, and the next lap's
+/// population maps them again. Pages the next lap already needs are kept.
+#[test]
+fn applied_log_pages_leave_the_resident_set_and_keep_their_bytes() {
+    use std::sync::atomic::Ordering::{Acquire, Release};
+    let d = tempfile::tempdir().unwrap();
+    let (heap, pool, _) = new_pool(d.path(), "h", 1);
+    pool.ensure_buffer(0).unwrap();
+    let r = heap.region();
+    let base = pool.logs[0].base.load(Acquire);
+    let pages = LOG / 4096;
+    if pool.populate_ahead(LOG) == 0 || r.resident_pages(base, LOG).is_none() {
+        eprintln!("populate or /proc/self/pagemap not available here; skipped");
+        return;
+    }
+    assert_eq!(r.resident_pages(base, LOG), Some(pages));
+    let mut n = 0;
+    append(&pool, 0, 3 * LOG / 4, &mut n);
+    let tail = pool.logs[0].tail.load(Acquire);
+
+    // Nothing applied yet: nothing to give back.
+    assert_eq!(pool.release_behind(0), 0);
+    assert_eq!(r.resident_pages(base, LOG), Some(pages));
+
+    // Everything applied: the head moves to the tail, and the whole pages
+    // behind it go (the one holding the head stays until the head passes it).
+    pool.logs[0].head.store(tail, Release);
+    pool.persist_heads(&[(0, tail)]);
+    let given = pool.release_behind(0);
+    assert_eq!(given, tail & !4095);
+    assert_eq!(r.resident_pages(base, LOG), Some(pages - given / 4096));
+    assert_eq!(pool.release_behind(0), 0, "given back twice");
+
+    // The bytes are still there: every record written still checks.
+    assert_eq!(records(&pool, 0, 0, tail), n, "records lost by the release");
+
+    // The next lap maps them again ahead of the writer...
+    pool.populate_ahead(LOG);
+    assert_eq!(r.resident_pages(base, LOG), Some(pages));
+    // ...and those are kept, now that the next lap needs them, when the head
+    // moves on: only the newly applied records' pages go.
+    append(&pool, 0, LOG / 8, &mut n);
+    let tail2 = pool.logs[0].tail.load(Acquire);
+    pool.logs[0].head.store(tail2, Release);
+    pool.persist_heads(&[(0, tail2)]);
+    assert_eq!(pool.release_behind(0), (tail2 & !4095) - tail);
+    let kept = tail & !4095;
+    assert_eq!(
+        r.resident_pages(base, kept),
+        Some(kept / 4096),
+        "pages of the next lap given back"
+    );
+
+    // A log whose next lap was mapped before its records were applied keeps
+    // those pages: giving them back would only make the writer fault.
+    let (heap, pool, _) = new_pool(d.path(), "h2", 1);
+    pool.ensure_buffer(0).unwrap();
+    let r = heap.region();
+    let base = pool.logs[0].base.load(Acquire);
+    pool.populate_ahead(LOG);
+    append(&pool, 0, 3 * LOG / 4, &mut n);
+    let tail = pool.logs[0].tail.load(Acquire);
+    pool.populate_ahead(LOG);
+    pool.logs[0].head.store(tail, Release);
+    pool.persist_heads(&[(0, tail)]);
+    assert_eq!(pool.release_behind(0), 0, "next lap's pages given back");
+    assert_eq!(r.resident_pages(base, LOG), Some(pages));
+}
+
+/// The advancer's pacing: an idle log keeps only `min` mapped ahead of its
+/// tail, a busy one four times its appends since the last call, up to `max`.
+#[test]
+fn population_is_paced_by_each_logs_appends() {
+    use std::sync::atomic::Ordering::Acquire;
+    let d = tempfile::tempdir().unwrap();
+    let (_heap, pool, _) = new_pool(d.path(), "h", 2);
+    pool.ensure_buffer(0).unwrap();
+    pool.ensure_buffer(1).unwrap();
+    let (min, max) = (64 << 10, LOG / 2);
+    if pool.populate_paced(min, max) == 0 {
+        eprintln!("populate: MADV_POPULATE_WRITE not supported by this kernel; skipped");
+        return;
+    }
+    assert!(pool.logs.iter().all(|l| l.populated.load(Acquire) == min));
+    let mut n = 0;
+    append(&pool, 0, 40 << 10, &mut n);
+    pool.populate_paced(min, max);
+    let t0 = pool.logs[0].tail.load(Acquire);
+    assert_eq!(pool.logs[0].populated.load(Acquire), t0 + 4 * t0);
+    assert_eq!(
+        pool.logs[1].populated.load(Acquire),
+        min,
+        "an idle log grew"
+    );
+    append(&pool, 0, LOG / 4, &mut n);
+    pool.populate_paced(min, max);
+    let t1 = pool.logs[0].tail.load(Acquire);
+    assert_eq!(pool.logs[0].populated.load(Acquire), t1 + max);
 }

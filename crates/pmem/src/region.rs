@@ -711,7 +711,54 @@ impl Region {
         self.populate_with(off, len, libc::MADV_POPULATE_READ)
     }
 
+    /// A hint: unmaps from this process the pages wholly inside
+    /// `[off, off+len)` (`MADV_DONTNEED`), so that they leave its resident set
+    /// until next touched. The heap is a shared file mapping: the pages' bytes
+    /// stay in the file's page cache (dirty ones are written back as usual) and
+    /// the next access maps the same bytes again, so no byte of the heap and no
+    /// durability state changes. For space that is not read again soon, such
+    /// as a log's records already applied. Returns whether the kernel did it:
+    /// false on a private check mapping (where it would drop the private
+    /// copies), under the crash simulator, or outside the heap.
+    pub fn release(&self, off: u64, len: u64) -> bool {
+        // Inward: only pages that lie wholly inside the range. The mapping
+        // is MAP_SHARED on the file (`Access::ReadWrite`, checked by
+        // `advise`), for which MADV_DONTNEED keeps every byte.
+        self.advise(off, len, libc::MADV_DONTNEED, true)
+    }
+
+    /// Diagnostics and tests: how many of the pages covering `[off, off+len)`
+    /// are in this process's page tables now (its resident set), from
+    /// `/proc/self/pagemap`; `None` where that cannot be read or the range is
+    /// outside the heap.
+    pub fn resident_pages(&self, off: u64, len: u64) -> Option<u64> {
+        use std::io::{Read, Seek, SeekFrom};
+        if len == 0 || !self.contains(off, len) {
+            return None;
+        }
+        let page = os_page() as u64;
+        let first = (self.base as u64 + off) / page;
+        let last = (self.base as u64 + off + len).div_ceil(page);
+        let mut f = std::fs::File::open("/proc/self/pagemap").ok()?;
+        f.seek(SeekFrom::Start(first * 8)).ok()?;
+        let mut buf = vec![0u8; ((last - first) * 8) as usize];
+        f.read_exact(&mut buf).ok()?;
+        Some(
+            buf.chunks_exact(8)
+                .filter(|e| u64::from_le_bytes((*e).try_into().unwrap_or_default()) >> 63 == 1)
+                .count() as u64,
+        )
+    }
+
     fn populate_with(&self, off: u64, len: u64, advice: libc::c_int) -> bool {
+        self.advise(off, len, advice, false)
+    }
+
+    /// `madvise` over the pages covering `[off, off+len)` (`inward`: only
+    /// those wholly inside it), on the shared read-write mapping only: the
+    /// advice given (populate, or drop from the page tables) changes no byte
+    /// of the heap and no durability state there.
+    fn advise(&self, off: u64, len: u64, advice: libc::c_int, inward: bool) -> bool {
         if self.access != Access::ReadWrite || self.sim.is_some() || len == 0 {
             return false;
         }
@@ -719,14 +766,20 @@ impl Region {
             return false;
         }
         let page = os_page() as u64;
-        let (a, b) = (off & !(page - 1), (off + len).div_ceil(page) * page);
+        let (a, b) = if inward {
+            (off.div_ceil(page) * page, (off + len) & !(page - 1))
+        } else {
+            (off & !(page - 1), (off + len).div_ceil(page) * page)
+        };
         let b = b.min(self.size());
         if a >= b {
             return false;
         }
         // SAFETY: `[a, b)` lies inside the mapped part of our own reservation
-        // (checked against `size` above; the mapping only ever grows). The advice
-        // faults the pages in as a write would, without writing any byte.
+        // (checked against `size` above; the mapping only ever grows), a
+        // MAP_SHARED file mapping: populating faults pages in as an access
+        // would, and MADV_DONTNEED only unmaps them (the page cache keeps
+        // their bytes; the next access maps them again).
         let rc = unsafe {
             libc::madvise(
                 self.base.add(a as usize) as *mut libc::c_void,

@@ -19,7 +19,7 @@ pub struct ServeArgs {
     /// A configuration file in redis.conf syntax (port, bind, requirepass,
     /// user, aclfile, maxclients, timeout, hz, protected-mode, databases, proto-max-bulk-len,
     /// client-query-buffer-limit, heap, heap-size, heap-max-size, engine,
-    /// durability, commit-pipeline, threads, metrics-port, logs, log-size, log-backlog, fence-ns,
+    /// durability, commit-pipeline, threads, metrics-port, logs, log-size, log-backlog, frontend-max-keys, fence-ns,
     /// tcp-backlog, busy-poll-us, shutdown-worker-timeout,
     /// enable-debug-command, tls-port, tls-cert-file, tls-key-file,
     /// tls-ca-cert-file, tls-auth-clients, client-output-buffer-limit,
@@ -114,6 +114,11 @@ pub struct ServeArgs {
     /// (0: the logs' size) [default: 4mb].
     #[arg(long)]
     pub log_backlog: Option<String>,
+    /// Bullet: most keys the DRAM frontend holds (Bullet's bounded frontend:
+    /// past it, the least recently used entries leave DRAM and a miss reads
+    /// the heap); 0 keeps a DRAM copy of every key [default: 0].
+    #[arg(long)]
+    pub frontend_max_keys: Option<u64>,
     /// Emulated extra latency per fence in ns (always reported in INFO) [default: 0].
     #[arg(long)]
     pub fence_ns: Option<u64>,
@@ -408,6 +413,8 @@ pub struct Config {
     pub log_size: u64,
     /// Bullet's backlog bound (`BulletOptions::backlog_limit`; 0: none).
     pub log_backlog: u64,
+    /// Bullet's bounded frontend (`BulletOptions::cache_entries`; 0: none).
+    pub frontend_max_keys: u64,
     pub fence_ns: u64,
     pub tcp_backlog: u32,
     /// Microseconds a worker polls without sleeping after finding work.
@@ -508,6 +515,7 @@ impl Default for Config {
             logs: 8,
             log_size: 32 * MB,
             log_backlog: 4 * MB,
+            frontend_max_keys: 0,
             fence_ns: 0,
             busy_poll_us: 50,
             busy_reply_threshold: 5000,
@@ -655,6 +663,7 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("logs", false),
     ("log-size", false),
     ("log-backlog", false),
+    ("frontend-max-keys", false),
     ("fence-ns", false),
     ("tcp-backlog", false),
     ("busy-poll-us", true),
@@ -880,6 +889,7 @@ impl Config {
             }
             "log-size" => self.log_size = parse_size(one()?)?,
             "log-backlog" => self.log_backlog = parse_size(one()?)?,
+            "frontend-max-keys" => self.frontend_max_keys = parse_u64(one()?)?,
             "fence-ns" => self.fence_ns = parse_u64(one()?)?,
             "busy-poll-us" => {
                 let n = parse_u64(one()?)?;
@@ -1144,6 +1154,10 @@ impl Config {
         set("logs", a.logs.map(|v| v.to_string()))?;
         set("log-size", a.log_size.clone())?;
         set("log-backlog", a.log_backlog.clone())?;
+        set(
+            "frontend-max-keys",
+            a.frontend_max_keys.map(|v| v.to_string()),
+        )?;
         set("fence-ns", a.fence_ns.map(|v| v.to_string()))?;
         set("busy-poll-us", a.busy_poll_us.map(|v| v.to_string()))?;
         set("tcp-backlog", a.tcp_backlog.map(|v| v.to_string()))?;
@@ -1230,6 +1244,7 @@ impl Config {
             "logs" => self.logs.to_string(),
             "log-size" => self.log_size.to_string(),
             "log-backlog" => self.log_backlog.to_string(),
+            "frontend-max-keys" => self.frontend_max_keys.to_string(),
             "fence-ns" => self.fence_ns.to_string(),
             "busy-poll-us" => self.busy_poll_us.to_string(),
             "tcp-backlog" => self.tcp_backlog.to_string(),

@@ -45,6 +45,59 @@ pub(crate) fn rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
+/// Two parts of the resident set: pages of the heap file's mappings (the
+/// persistent heap, Bullet's logs among it), from `/proc/self/smaps` (the
+/// mappings named by the heap's path), and anonymous memory (`RssAnon` of
+/// `/proc/self/status`: DRAM, the Bullet frontend's table among it). The rest
+/// of `used_memory_rss` is the executable's and libraries' pages.
+pub(crate) fn rss_parts(heap: Option<&std::path::Path>) -> (u64, u64) {
+    let mut mapped = 0;
+    if let (Some(path), Ok(smaps)) = (heap, std::fs::read_to_string("/proc/self/smaps")) {
+        // smaps names files by absolute path.
+        let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let want = abs.to_string_lossy();
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some(kb) = line.strip_prefix("Rss:") {
+                if inside {
+                    mapped += kb_field(kb);
+                }
+            } else if line.split_whitespace().nth(1).is_some_and(|p| p.len() == 4)
+                && line
+                    .as_bytes()
+                    .first()
+                    .is_some_and(|b| b.is_ascii_hexdigit())
+                && line.contains('-')
+            {
+                // A mapping's header: address range, perms, offset, device,
+                // inode, then the path (may contain spaces; " (deleted)" after).
+                let path = line
+                    .splitn(6, char::is_whitespace)
+                    .nth(5)
+                    .unwrap_or("")
+                    .trim();
+                inside = path == want || path.strip_suffix(" (deleted)") == Some(&*want);
+            }
+        }
+    }
+    let anon = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("RssAnon:").map(kb_field))
+        })
+        .unwrap_or(0);
+    (mapped, anon)
+}
+
+/// "   1234 kB" as bytes.
+fn kb_field(s: &str) -> u64 {
+    s.split_whitespace()
+        .next()
+        .and_then(|n| n.parse::<u64>().ok())
+        .map_or(0, |k| k * 1024)
+}
+
 fn human(n: u64) -> String {
     let f = n as f64;
     if f >= 1024.0 * 1024.0 * 1024.0 {
@@ -125,9 +178,10 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, crate::keyspace:
     if on("memory") {
         let rss = rss_bytes();
         let used = heap.map(heap_used).unwrap_or(rss);
+        let (rss_heap, rss_anon) = rss_parts(heap.map(|h| h.region().path()));
         let _ = write!(
             o,
-            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{}\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{}\r\nmaxmemory:{}\r\nmaxmemory_human:{}\r\nmaxmemory_policy:{}\r\nmem_allocator:ember-heap\r\nlazyfree_pending_objects:{}\r\nlazyfreed_objects:{}\r\n\r\n",
+            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{}\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{}\r\nused_memory_rss_heap:{rss_heap}\r\nused_memory_rss_dram:{rss_anon}\r\nmaxmemory:{}\r\nmaxmemory_human:{}\r\nmaxmemory_policy:{}\r\nmem_allocator:ember-heap\r\nlazyfree_pending_objects:{}\r\nlazyfreed_objects:{}\r\n\r\n",
             human(used),
             human(rss),
             cfg.maxmemory,
@@ -271,14 +325,17 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, crate::keyspace:
         );
         let _ = write!(
             o,
-            "store_keys_estimate:{}\r\nfrontend_entries:{}\r\nlog_occupancy:{:.4}\r\ngleaners:{}\r\nrecords_appended:{}\r\nrecords_applied:{}\r\nrecords_collapsed:{}\r\nbackend_loads:{}\r\nlog_full_waits:{}\r\nepochs:{}\r\ngleaner_roles_lowered:{}\r\nlast_start_clean:{}\r\nlast_start_ms:{:.3}\r\nlast_start_log_records:{}\r\nlast_start_log_bytes:{}\r\nlast_start_log_replayed:{}\r\nlast_start_leaked_freed:{}\r\nignored_config:{}\r\n\r\n",
+            "store_keys_estimate:{}\r\nfrontend_entries:{}\r\nfrontend_max_keys:{}\r\nfrontend_evictions:{}\r\nlog_occupancy:{:.4}\r\ngleaners:{}\r\nrecords_appended:{}\r\nrecords_applied:{}\r\nrecords_collapsed:{}\r\nlog_bytes_released:{}\r\nbackend_loads:{}\r\nlog_full_waits:{}\r\nepochs:{}\r\ngleaner_roles_lowered:{}\r\nlast_start_clean:{}\r\nlast_start_ms:{:.3}\r\nlast_start_log_records:{}\r\nlast_start_log_bytes:{}\r\nlast_start_log_replayed:{}\r\nlast_start_leaked_freed:{}\r\nignored_config:{}\r\n\r\n",
             st.keys,
             st.frontend_entries,
+            cfg.frontend_max_keys,
+            st.evictions,
             st.log_occupancy,
             st.gleaners,
             st.records_appended,
             st.records_applied,
             st.records_collapsed,
+            st.log_bytes_released,
             st.backend_loads,
             st.log_full_waits,
             st.epochs,

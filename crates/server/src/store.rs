@@ -245,6 +245,8 @@ fn bullet_options(cfg: &Config, variant: engine::bullet::Variant) -> BulletOptio
         role_threads: usize::from(cfg.durability == DurabilityMode::Msync || cfg.threads == 1),
         // A restart after a crash replays at most this much log.
         backlog_limit: cfg.log_backlog,
+        // Bullet's bounded frontend: at most this many keys in DRAM.
+        cache_entries: cfg.frontend_max_keys,
         ..Default::default()
     }
 }

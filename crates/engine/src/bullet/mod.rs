@@ -144,6 +144,7 @@ struct Counters {
     waits: AtomicU64,
     epochs: AtomicU64,
     lowered: AtomicU64,
+    released: AtomicU64,
 }
 
 /// A head advance waiting for its grace period: the epoch it bumped to, and the
@@ -640,6 +641,7 @@ impl Store for BulletStore {
             records_applied: c.applied.load(Ordering::Relaxed),
             records_collapsed: c.collapsed.load(Ordering::Relaxed),
             log_bytes_appended: self.sh.pool.appended_bytes(),
+            log_bytes_released: c.released.load(Ordering::Relaxed),
             backend_loads: c.loads.load(Ordering::Relaxed),
             evictions: c.evictions.load(Ordering::Relaxed),
             log_full_waits: c.waits.load(Ordering::Relaxed),

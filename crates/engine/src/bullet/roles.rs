@@ -9,9 +9,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How far past each log's tail the advancer maps pages writable every epoch
-/// (`Pool::populate_ahead`): several epochs of appends at a million puts a
-/// second per writer.
+/// (`Pool::populate_paced`) at most: several epochs of appends at a million
+/// puts a second per writer. Each log gets four epochs of its own recent
+/// appends, at least `POPULATE_MIN`: an idle log's pages do not sit in the
+/// resident set (8 logs × 8 MiB would be 64 MiB of RSS for nothing).
 const POPULATE_AHEAD: u64 = 8 << 20;
+const POPULATE_MIN: u64 = 1 << 20;
+
+/// The least run of applied log behind a head that the advancer gives back
+/// to the kernel at once (`Pool::release_behind`): each call costs a system
+/// call and a TLB shootdown.
+const RELEASE_MIN: u64 = 1 << 20;
 
 /// A role thread (`role_gleaner`) as the advancer sees it.
 #[derive(Default)]
@@ -258,7 +266,9 @@ pub(super) fn advancer(sh: Arc<Shared>) {
             backoff("epoch advancer", &e, &mut last);
             continue;
         }
-        sh.pool.populate_ahead(POPULATE_AHEAD);
+        sh.pool.populate_paced(POPULATE_MIN, POPULATE_AHEAD);
+        let given = sh.pool.release_behind(RELEASE_MIN);
+        sh.c.released.fetch_add(given, Ordering::Relaxed);
         let (used, cap) = sh.pool.occupancy();
         // Against the backlog bound when there is one: gleaners are wanted
         // before writers reach it and wait.

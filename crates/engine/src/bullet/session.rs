@@ -671,35 +671,42 @@ impl BulletSession {
     }
 
     /// Keeps a bounded frontend within its size: evicts entries with nothing
-    /// pending from a few random buckets (§2.1: only entries whose records are all
-    /// applied may go).
+    /// pending from consecutive buckets after a random one (§2.1: only entries
+    /// whose records are all applied may go), until about `EVICT_EXAMINE`
+    /// entries were looked at or `EVICT_BUCKETS` buckets. Consecutive, not
+    /// random buckets: a table much emptier than its bucket array (a small
+    /// bound, 65,536 buckets to begin with) would otherwise find almost no
+    /// entry per call and stay over its bound.
     fn evict(&mut self) {
+        const EVICT_EXAMINE: usize = 8;
+        const EVICT_BUCKETS: usize = 256;
         let cap = self.sh.opts.cache_entries;
         if cap == 0 || (self.sh.table.len() as u64) <= cap {
             return;
         }
         self.sh.complete.store(false, Ordering::Release);
         let base = self.sh.epoch_base();
-        // About as many entries examined as the table holds per 8 buckets
-        // (its load factor is at most 1).
-        for _ in 0..8 {
-            let b = self.sh.table.buckets();
-            let i = (self.next_rand() as usize) % b.max(1);
-            let Some(mut l) = self.sh.table.lock_index(i) else {
-                continue;
-            };
-            let pool = &self.sh.pool;
-            let n = l.retain(|node| {
-                let le = node.meta().lentry.load(Ordering::Acquire);
-                // A key marked by a batch in progress is not settled.
-                let settled = le == 0 || (!lentry::is_pending(le) && pool.reclaimed(RecPtr(le)));
-                let recent = node.meta().version.load(Ordering::Acquire) >= base;
-                !settled || recent
-            });
-            self.sh.c.evictions.fetch_add(n as u64, Ordering::Relaxed);
-            if (self.sh.table.len() as u64) <= cap {
-                break;
+        let b = self.sh.table.buckets().max(1);
+        let mut i = (self.next_rand() as usize) % b;
+        let mut examined = 0;
+        for _ in 0..EVICT_BUCKETS.min(b) {
+            if let Some(mut l) = self.sh.table.lock_index(i) {
+                let pool = &self.sh.pool;
+                let n = l.retain(|node| {
+                    examined += 1;
+                    let le = node.meta().lentry.load(Ordering::Acquire);
+                    // A key marked by a batch in progress is not settled.
+                    let settled =
+                        le == 0 || (!lentry::is_pending(le) && pool.reclaimed(RecPtr(le)));
+                    let recent = node.meta().version.load(Ordering::Acquire) >= base;
+                    !settled || recent
+                });
+                self.sh.c.evictions.fetch_add(n as u64, Ordering::Relaxed);
+                if (self.sh.table.len() as u64) <= cap || examined >= EVICT_EXAMINE {
+                    break;
+                }
             }
+            i = (i + 1) % b;
         }
     }
 }

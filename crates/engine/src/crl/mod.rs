@@ -275,6 +275,11 @@ pub struct LogState {
     /// Pages of the buffer up to this position are mapped writable ahead of the
     /// writer (`Pool::populate_ahead`; a hint, never persisted).
     pub populated: AtomicU64,
+    /// Pages of the buffer behind this position were given back to the kernel
+    /// (`Pool::release_behind`; a hint, never persisted).
+    pub released: AtomicU64,
+    /// The tail at the advancer's last `populate_paced` (a hint).
+    pub paced: AtomicU64,
     /// Held by a writer.
     pub writer: AtomicBool,
     /// Held by a gleaner.
@@ -455,6 +460,8 @@ impl Pool {
                 durable: AtomicU64::new(head),
                 committing: AtomicU64::new(head),
                 populated: AtomicU64::new(head),
+                released: AtomicU64::new(head),
+                paced: AtomicU64::new(head),
                 writer: AtomicBool::new(false),
                 gleaner: AtomicBool::new(false),
                 scan: AtomicU64::new(head),
@@ -603,7 +610,41 @@ impl Pool {
     /// watermark is per lap (positions grow), so every lap is populated again.
     /// Returns the bytes it asked the kernel for.
     pub fn populate_ahead(&self, ahead: u64) -> u64 {
-        let ahead = ahead.min(self.size);
+        self.populate_with(|_| ahead)
+    }
+
+    /// [`Pool::populate_ahead`] paced by each log's appends: each log gets
+    /// four times what was appended to it since the previous call, between
+    /// `min` and `max` bytes. An idle log keeps only `min` mapped ahead of its
+    /// tail (with `release_behind`, its resident pages stay that few), a busy
+    /// one up to `max`.
+    pub fn populate_paced(&self, min: u64, max: u64) -> u64 {
+        self.populate_with(|l| {
+            let tail = l.tail.load(Ordering::Acquire);
+            let last = l.paced.swap(tail, Ordering::Relaxed);
+            tail.saturating_sub(last)
+                .saturating_mul(4)
+                .clamp(min, max.max(min))
+        })
+    }
+
+    /// The buffer's byte runs `(offset, length)` that log positions
+    /// `[from, to)` (at most one buffer apart) occupy: one, or two where the
+    /// range crosses the end of the ring.
+    fn ring_runs(&self, from: u64, to: u64) -> impl Iterator<Item = (u64, u64)> {
+        let (a, b) = (from % self.size, to % self.size);
+        let runs = if from >= to {
+            [None, None]
+        } else if a < b || b == 0 {
+            let stop = if b == 0 { self.size } else { b };
+            [Some((a, stop - a)), None]
+        } else {
+            [Some((a, self.size - a)), Some((0, b))]
+        };
+        runs.into_iter().flatten()
+    }
+
+    fn populate_with(&self, ahead_of: impl Fn(&LogState) -> u64) -> u64 {
         let r = self.r();
         let stages = self.stages();
         let mut asked = 0;
@@ -612,28 +653,22 @@ impl Pool {
             if base == 0 {
                 continue;
             }
+            let ahead = ahead_of(l).min(self.size);
             let tail = l.tail.load(Ordering::Acquire);
             let from = l.populated.load(Ordering::Relaxed).max(tail);
             let to = tail + ahead;
             if from >= to {
                 continue;
             }
-            let (a, b) = (from % self.size, to % self.size);
             // Pages written through the file only need to be in memory: mapped
             // writable, their write-back would clean and shoot down a mapping.
-            let populate = |off, len| {
+            let ok = self.ring_runs(from, to).all(|(off, len)| {
                 if stages {
-                    r.populate_read(off, len)
+                    r.populate_read(base + off, len)
                 } else {
-                    r.populate(off, len)
+                    r.populate(base + off, len)
                 }
-            };
-            let ok = if a < b || b == 0 {
-                let stop = if b == 0 { self.size } else { b };
-                populate(base + a, stop - a)
-            } else {
-                populate(base + a, self.size - a) && populate(base, b)
-            };
+            });
             if !ok {
                 // Not supported here (or refused): stop asking.
                 return asked;
@@ -642,6 +677,49 @@ impl Pool {
             l.populated.store(to, Ordering::Relaxed);
         }
         asked
+    }
+
+    /// Gives the pages of each log's buffer behind its persisted head back to
+    /// the kernel (`Region::release`), in runs of at least `min` bytes: their
+    /// records are applied and never read again, and the pages are not needed
+    /// before the writer comes round to them on the next lap, when
+    /// `populate_ahead` maps them again. Without it every page of every buffer
+    /// stays in the process's resident set once a lap has touched it (8 logs of
+    /// 32 MiB: 256 MiB of RSS for at most the backlog bound of live records).
+    /// Pages the next lap's `populate_ahead` already mapped (or a writer near a
+    /// full log may be writing) are kept. Run by the epoch advancer after
+    /// `populate_ahead`. Returns the bytes given back.
+    pub fn release_behind(&self, min: u64) -> u64 {
+        let r = self.r();
+        let mut released = 0;
+        for l in &self.logs {
+            let base = l.base.load(Ordering::Acquire);
+            if base == 0 {
+                continue;
+            }
+            // Whole pages only: the page holding the head waits for the next
+            // call, when the head has passed it.
+            let to = l.free_to.load(Ordering::Acquire) & !4095;
+            // Position p's page is next used at p + size: keep it once the
+            // writer or the next lap's population has reached that.
+            let ahead = l
+                .populated
+                .load(Ordering::Relaxed)
+                .max(l.tail.load(Ordering::Acquire));
+            let from = l
+                .released
+                .load(Ordering::Relaxed)
+                .max(ahead.saturating_sub(self.size));
+            if to <= from || to - from < min.max(1) {
+                continue;
+            }
+            for (off, len) in self.ring_runs(from, to) {
+                r.release(base + off, len);
+            }
+            released += to - from;
+            l.released.store(to, Ordering::Relaxed);
+        }
+        released
     }
 
     /// Bytes ever appended across the pool (the sum of the logs' tails, which
