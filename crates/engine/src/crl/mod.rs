@@ -273,7 +273,8 @@ pub struct LogState {
     /// to here (see `Pool::committing`).
     pub committing: AtomicU64,
     /// Pages of the buffer up to this position are mapped writable ahead of the
-    /// writer (`Pool::populate_ahead`; a hint, never persisted).
+    /// writer (`Pool::populate_ahead`, `Pool::populate_paced`; a hint, never
+    /// persisted).
     pub populated: AtomicU64,
     /// Pages of the buffer behind this position were given back to the kernel
     /// (`Pool::release_behind`; a hint, never persisted).
@@ -686,9 +687,11 @@ impl Pool {
     /// `populate_ahead` maps them again. Without it every page of every buffer
     /// stays in the process's resident set once a lap has touched it (8 logs of
     /// 32 MiB: 256 MiB of RSS for at most the backlog bound of live records).
-    /// Pages the next lap's `populate_ahead` already mapped (or a writer near a
-    /// full log may be writing) are kept. Run by the epoch advancer after
-    /// `populate_ahead`. Returns the bytes given back.
+    /// Pages the next lap already reached (the population watermark, or the
+    /// published tail of a writer near a full log) are kept; a page a writer
+    /// is filling past its published tail may be given back, which costs it
+    /// a page fault and changes no byte. Run by the epoch advancer after
+    /// `populate_paced`. Returns the bytes given back.
     pub fn release_behind(&self, min: u64) -> u64 {
         let r = self.r();
         let mut released = 0;
