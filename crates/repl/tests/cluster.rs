@@ -188,6 +188,25 @@ fn a_snapshot_installs_and_a_torn_install_rolls_forward_at_open() {
     assert!(!snap_file.exists(), "the snapshot's file is removed");
     assert!(!recv.exists(), "the received file is gone");
     drop(log);
+    // Leftovers of a run (an install file with no mark: an install that
+    // failed before it; bytes received; a dump offered) go at open.
+    for f in [
+        snap_file.clone(),
+        recv.clone(),
+        repl::storage::part_path(&snap_file),
+        repl::storage::dump_path(&snap_file, 7),
+    ] {
+        std::fs::write(&f, b"stale").unwrap();
+    }
+    drop(open(&[1, 2, 3]).unwrap());
+    for f in [&snap_file, &recv] {
+        assert!(!f.exists(), "{} left", f.display());
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "only the heap"
+    );
     // A torn install: the install file written (the records, then the
     // snapshot's metadata: protobuf, its u32 length, "EmbSnapT") and the
     // mark set (the file's length, the CRC-32 of that trailer), the
