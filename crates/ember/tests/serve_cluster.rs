@@ -1416,6 +1416,46 @@ struct FetchProxy {
     fetches: Arc<std::sync::atomic::AtomicUsize>,
     cuts: Arc<std::sync::atomic::AtomicUsize>,
     bytes: Arc<std::sync::atomic::AtomicU64>,
+    /// Chunks seen in the answers to fetches, and the largest.
+    chunks: Arc<std::sync::atomic::AtomicUsize>,
+    max_chunk: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Follows an answer to a fetch through the proxy: a `u32` status, then
+/// chunks, each a `u32` length and its bytes.
+#[derive(Default)]
+struct ChunkReader {
+    status_seen: usize,
+    hdr: [u8; 4],
+    hdr_at: usize,
+    in_chunk: usize,
+}
+
+impl ChunkReader {
+    /// Takes the next bytes of the answer; calls `chunk` with each chunk's
+    /// length as its header is read.
+    fn feed(&mut self, mut b: &[u8], mut chunk: impl FnMut(usize)) {
+        while !b.is_empty() {
+            if self.status_seen < 4 {
+                let n = (4 - self.status_seen).min(b.len());
+                self.status_seen += n;
+                b = &b[n..];
+            } else if self.in_chunk > 0 {
+                let n = self.in_chunk.min(b.len());
+                self.in_chunk -= n;
+                b = &b[n..];
+            } else {
+                self.hdr[self.hdr_at] = b[0];
+                self.hdr_at += 1;
+                b = &b[1..];
+                if self.hdr_at == 4 {
+                    self.hdr_at = 0;
+                    self.in_chunk = u32::from_le_bytes(self.hdr) as usize;
+                    chunk(self.in_chunk);
+                }
+            }
+        }
+    }
 }
 
 impl FetchProxy {
@@ -1428,6 +1468,8 @@ impl FetchProxy {
             fetches: Arc::default(),
             cuts: Arc::default(),
             bytes: Arc::default(),
+            chunks: Arc::default(),
+            max_chunk: Arc::default(),
         };
         let (cut, rate, fetches, cuts, bytes) = (
             p.cut.clone(),
@@ -1436,6 +1478,7 @@ impl FetchProxy {
             p.cuts.clone(),
             p.bytes.clone(),
         );
+        let (chunks, max_chunk) = (p.chunks.clone(), p.max_chunk.clone());
         std::thread::spawn(move || {
             use std::io::{Read, Write};
             for c in l.incoming() {
@@ -1462,9 +1505,11 @@ impl FetchProxy {
                 });
                 let (cut, rate, cuts, bytes) =
                     (cut.clone(), rate.clone(), cuts.clone(), bytes.clone());
+                let (chunks, max_chunk) = (chunks.clone(), max_chunk.clone());
                 std::thread::spawn(move || {
                     let mut buf = vec![0u8; 16 << 10];
                     let mut passed = 0;
+                    let mut answer = ChunkReader::default();
                     loop {
                         let n = match up.read(&mut buf) {
                             Ok(0) | Err(_) => break,
@@ -1480,6 +1525,10 @@ impl FetchProxy {
                                 std::thread::sleep(Duration::from_micros(us));
                             }
                             bytes.fetch_add(n as u64, Ordering::Relaxed);
+                            answer.feed(&buf[..n], |len| {
+                                chunks.fetch_add(1, Ordering::Relaxed);
+                                max_chunk.fetch_max(len, Ordering::Relaxed);
+                            });
                         }
                         passed += n;
                         if c.write_all(&buf[..n]).is_err() {
@@ -1640,6 +1689,17 @@ fn snapshots_go_in_chunks_and_survive_cut_transfers_and_a_killed_sender() {
         "{fetched} fetches: {stats:?}, sender {sender}, follower {fi}\n{}",
         nodes[fi].log()
     );
+    // In 1 KiB chunks: thousands of them for one whole transfer.
+    let chunks: usize = proxies
+        .iter()
+        .map(|p| p.chunks.load(Ordering::Relaxed))
+        .sum();
+    let max = proxies
+        .iter()
+        .map(|p| p.max_chunk.load(Ordering::Relaxed))
+        .max();
+    assert_eq!(max, Some(1024));
+    assert!(chunks >= 7_000, "{chunks} chunks");
     // The killed leader comes back and catches up too.
     nodes[sender].launch();
     caught_up(&nodes[sender], &ports, &keys);
