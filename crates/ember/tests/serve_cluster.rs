@@ -1238,9 +1238,15 @@ fn caught_up(n: &Node, ports: &[u16], keys: &[String]) {
                 return;
             }
         }
+        // (Sizes and how many values differ: the values may be large.)
+        let brief = got.as_ref().map(|(size, v)| {
+            let differ = v.iter().zip(&vals).filter(|(a, b)| a != b).count();
+            (*size, differ)
+        });
         assert!(
             t.elapsed() < Duration::from_secs(60),
-            "node {} did not catch up: {got:?} vs {want}\n{}",
+            "node {} did not catch up: (dbsize, values differing) {brief:?} vs dbsize \
+             {want}\n{}",
             n.id,
             n.log()
         );

@@ -1187,6 +1187,9 @@ impl<T: Send + 'static> Driver<T> {
             }
             Incoming::Fetching(d, held) if d.same_bytes(&desc) => *held = m,
             Incoming::Fetching(..) => {}
+            // raft-rs holds a snapshot restored from the received file,
+            // which its install reads next: a fetch must not replace it.
+            _ if self.node.raft.raft_log.unstable.snapshot.is_some() => {}
             _ => {
                 let f = crate::net::Fetch {
                     me: self.sh.id,
