@@ -1238,9 +1238,15 @@ fn caught_up(n: &Node, ports: &[u16], keys: &[String]) {
                 return;
             }
         }
+        // (Sizes and how many values differ: the values may be large.)
+        let brief = got.as_ref().map(|(size, v)| {
+            let differ = v.iter().zip(&vals).filter(|(a, b)| a != b).count();
+            (*size, differ)
+        });
         assert!(
             t.elapsed() < Duration::from_secs(60),
-            "node {} did not catch up: {got:?} vs {want}\n{}",
+            "node {} did not catch up: (dbsize, values differing) {brief:?} vs dbsize \
+             {want}\n{}",
             n.id,
             n.log()
         );
@@ -1357,6 +1363,418 @@ fn snapshots_and_membership_changes_bring_nodes_up_to_date() {
     let () = at_leader(&live, &set_cmd("after-restart", "yes"));
     keys.push("after-restart".into());
     caught_up(&n4, &live, &keys);
+}
+
+/// The first four bytes of a snapshot fetch on a Raft port (`repl::net::
+/// FETCH`), in place of a frame's length.
+const FETCH: [u8; 4] = 0xFFFF_FF01u32.to_le_bytes();
+
+/// A connection to a loopback port whose receive buffer is small (32 KiB,
+/// set before it connects): a sender it reads slowly from cannot have
+/// more than its own send buffer (4 MiB at most) and this in flight.
+fn connect_small_rcvbuf(port: u16) -> std::io::Result<std::net::TcpStream> {
+    use std::os::fd::FromRawFd;
+    let size: libc::c_int = 32 << 10;
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: a new socket of ours, configured through pointers to locals
+    // that outlive the calls, and owned by the TcpStream once connected
+    // (closed here otherwise).
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        if libc::connect(
+            fd,
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        ) != 0
+        {
+            let e = std::io::Error::last_os_error();
+            libc::close(fd);
+            return Err(e);
+        }
+        Ok(std::net::TcpStream::from_raw_fd(fd))
+    }
+}
+
+/// A proxy in front of a node's Raft port that watches the snapshot
+/// fetches through it: it can cut them (after 64 KiB of the answer) or
+/// slow them down (bytes per second), and counts them and their bytes.
+struct FetchProxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+    rate: Arc<std::sync::atomic::AtomicU64>,
+    fetches: Arc<std::sync::atomic::AtomicUsize>,
+    cuts: Arc<std::sync::atomic::AtomicUsize>,
+    bytes: Arc<std::sync::atomic::AtomicU64>,
+    /// Chunks seen in the answers to fetches, and the largest.
+    chunks: Arc<std::sync::atomic::AtomicUsize>,
+    max_chunk: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Follows an answer to a fetch through the proxy: a `u32` status, then
+/// chunks, each a `u32` length and its bytes.
+#[derive(Default)]
+struct ChunkReader {
+    status_seen: usize,
+    hdr: [u8; 4],
+    hdr_at: usize,
+    in_chunk: usize,
+}
+
+impl ChunkReader {
+    /// Takes the next bytes of the answer; calls `chunk` with each chunk's
+    /// length as its header is read.
+    fn feed(&mut self, mut b: &[u8], mut chunk: impl FnMut(usize)) {
+        while !b.is_empty() {
+            if self.status_seen < 4 {
+                let n = (4 - self.status_seen).min(b.len());
+                self.status_seen += n;
+                b = &b[n..];
+            } else if self.in_chunk > 0 {
+                let n = self.in_chunk.min(b.len());
+                self.in_chunk -= n;
+                b = &b[n..];
+            } else {
+                self.hdr[self.hdr_at] = b[0];
+                self.hdr_at += 1;
+                b = &b[1..];
+                if self.hdr_at == 4 {
+                    self.hdr_at = 0;
+                    self.in_chunk = u32::from_le_bytes(self.hdr) as usize;
+                    chunk(self.in_chunk);
+                }
+            }
+        }
+    }
+}
+
+impl FetchProxy {
+    fn start(upstream: u16) -> FetchProxy {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = FetchProxy {
+            port: l.local_addr().unwrap().port(),
+            cut: Arc::default(),
+            rate: Arc::default(),
+            fetches: Arc::default(),
+            cuts: Arc::default(),
+            bytes: Arc::default(),
+            chunks: Arc::default(),
+            max_chunk: Arc::default(),
+        };
+        let (cut, rate, fetches, cuts, bytes) = (
+            p.cut.clone(),
+            p.rate.clone(),
+            p.fetches.clone(),
+            p.cuts.clone(),
+            p.bytes.clone(),
+        );
+        let (chunks, max_chunk) = (p.chunks.clone(), p.max_chunk.clone());
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            for c in l.incoming() {
+                let Ok(mut c) = c else { continue };
+                let Ok(mut up) = connect_small_rcvbuf(upstream) else {
+                    continue;
+                };
+                let fetch = Arc::new(AtomicBool::new(false));
+                let (mut c2, mut up2) = (c.try_clone().unwrap(), up.try_clone().unwrap());
+                let (f2, fetches) = (fetch.clone(), fetches.clone());
+                std::thread::spawn(move || {
+                    let mut first = [0u8; 4];
+                    if c2.read_exact(&mut first).is_ok() {
+                        if first == FETCH {
+                            f2.store(true, Ordering::Relaxed);
+                            fetches.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if up2.write_all(&first).is_ok() {
+                            let _ = std::io::copy(&mut c2, &mut up2);
+                        }
+                    }
+                    let _ = c2.shutdown(std::net::Shutdown::Both);
+                    let _ = up2.shutdown(std::net::Shutdown::Both);
+                });
+                let (cut, rate, cuts, bytes) =
+                    (cut.clone(), rate.clone(), cuts.clone(), bytes.clone());
+                let (chunks, max_chunk) = (chunks.clone(), max_chunk.clone());
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 16 << 10];
+                    let mut passed = 0;
+                    let mut answer = ChunkReader::default();
+                    loop {
+                        let n = match up.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if fetch.load(Ordering::Relaxed) {
+                            if cut.load(Ordering::Relaxed) && passed >= 64 << 10 {
+                                cuts.fetch_add(1, Ordering::Relaxed);
+                                break;
+                            }
+                            let r = rate.load(Ordering::Relaxed);
+                            if let Some(us) = (n as u64 * 1_000_000).checked_div(r) {
+                                std::thread::sleep(Duration::from_micros(us));
+                            }
+                            bytes.fetch_add(n as u64, Ordering::Relaxed);
+                            answer.feed(&buf[..n], |len| {
+                                chunks.fetch_add(1, Ordering::Relaxed);
+                                max_chunk.fetch_max(len, Ordering::Relaxed);
+                            });
+                        }
+                        passed += n;
+                        if c.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = c.shutdown(std::net::Shutdown::Both);
+                    let _ = up.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        p
+    }
+}
+
+/// Every 40th of `keys` and the last few (DBSIZE covers the others: the
+/// values are 10 KB each, and `caught_up` polls).
+fn sample(keys: &[String]) -> Vec<String> {
+    let tail = keys.len().saturating_sub(3);
+    keys.iter()
+        .enumerate()
+        .filter(|(i, _)| i % 40 == 0 || *i >= tail)
+        .map(|(_, k)| k.clone())
+        .collect()
+}
+
+/// What each node says of its Raft state, and what each proxy saw (for a
+/// failure's message).
+fn fetch_report(nodes: &[Node], proxies: &[FetchProxy]) -> String {
+    let mut out = String::new();
+    for (n, p) in nodes.iter().zip(proxies) {
+        let raft: String = n
+            .try_con()
+            .and_then(|mut c| {
+                redis::cmd("INFO")
+                    .arg("replication")
+                    .query::<String>(&mut c)
+                    .ok()
+            })
+            .map(|i| {
+                i.lines()
+                    .filter(|l| l.starts_with("raft_"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_else(|| "down".into());
+        out += &format!(
+            "node {}: {raft}; its proxy: {} fetches, {} cut, {} bytes\n",
+            n.id,
+            p.fetches.load(Ordering::Relaxed),
+            p.cuts.load(Ordering::Relaxed),
+            p.bytes.load(Ordering::Relaxed)
+        );
+    }
+    out
+}
+
+/// A snapshot of a few MB goes in 1 KiB chunks (thousands of them) and
+/// installs the leader's exact keyspace; transfers cut midway (the
+/// connection dropped, again and again; then the sender SIGKILLed in the
+/// middle of a slowed transfer) leave the receiver as it was, serving its
+/// own keyspace with no snapshot file installed, and a later transfer
+/// (from the new leader) succeeds.
+#[test]
+fn snapshots_go_in_chunks_and_survive_cut_transfers_and_a_killed_sender() {
+    let dir = tempfile::tempdir().unwrap();
+    let raft: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let client: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    // Every node is known at its proxy's port (the leader names that
+    // address in its snapshots' descriptors: receivers fetch through it).
+    let proxies: Vec<FetchProxy> = raft.iter().map(|&r| FetchProxy::start(r)).collect();
+    let via: Vec<(u16, u16)> = (0..3).map(|i| (proxies[i].port, client[i])).collect();
+    let peers = peers_for(&via);
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let own = raft[i].to_string();
+            let args = [
+                "--raft-port",
+                &own,
+                "--raft-log-keep",
+                "20",
+                "--raft-snapshot-chunk",
+                "1024",
+            ];
+            let d = dir.path().join(format!("n{}", i + 1));
+            let mut n = Node::new(i as u64 + 1, client[i], d, &peers, &args);
+            n.launch();
+            n
+        })
+        .collect();
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    // 8 MB of values: more than a killed sender's socket buffers hold (in
+    // entries of 100 KB: a follower persists a Ready's entries as one
+    // batch, which must fit in one of the store's logs, 4 MB here).
+    let mut keys = Vec::new();
+    for batch in 0..80 {
+        let mut c = redis::cmd("MSET");
+        for i in 0..10 {
+            let k = format!("big{batch}-{i}");
+            c.arg(&k).arg(format!("{k}:{}", "v".repeat(10_000)));
+            keys.push(k);
+        }
+        let () = at_leader(&ports, &c);
+    }
+    // A follower (once it has them all) goes down; the log is compacted
+    // past it.
+    let lp = leader_port(&ports);
+    let fi = nodes.iter().position(|n| n.port != lp).unwrap();
+    caught_up(&nodes[fi], &ports, &sample(&keys));
+    nodes[fi].kill9();
+    let t = Instant::now();
+    let mut done = 0;
+    while done < 60 {
+        let r = ports.iter().find_map(|&p| {
+            let mut c = redis::Client::open(format!("redis://127.0.0.1:{p}/"))
+                .ok()?
+                .get_connection_with_timeout(Duration::from_millis(500))
+                .ok()?;
+            c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+            redis::cmd("INCR").arg("counter").query::<i64>(&mut c).ok()
+        });
+        match r {
+            Some(_) => done += 1,
+            None => {
+                assert!(
+                    t.elapsed() < Duration::from_secs(60),
+                    "no INCR taken:\n{}",
+                    fetch_report(&nodes, &proxies)
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    keys.push("counter".into());
+    // Every fetch is cut: the follower stays as it was.
+    for p in &proxies {
+        p.cut.store(true, Ordering::Relaxed);
+    }
+    nodes[fi].launch();
+    let t = Instant::now();
+    while proxies
+        .iter()
+        .map(|p| p.cuts.load(Ordering::Relaxed))
+        .sum::<usize>()
+        < 3
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no fetch cut: {}\n{}",
+            nodes[fi].log(),
+            fetch_report(&nodes, &proxies)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut fc = nodes[fi].con();
+    let () = redis::cmd("READONLY").query(&mut fc).unwrap();
+    let size: i64 = redis::cmd("DBSIZE").query(&mut fc).unwrap();
+    assert_eq!(size, 800, "the follower's own keyspace, untouched");
+    let counter: Option<i64> = fc.get("counter").unwrap();
+    assert_eq!(counter, None);
+    let heap = nodes[fi].heap().into_os_string().into_string().unwrap();
+    for suffix in [".raft-snapshot", ".raft-snapshot.recv"] {
+        assert!(
+            !Path::new(&format!("{heap}{suffix}")).exists(),
+            "{suffix} after cut transfers"
+        );
+    }
+    // Slowed down, then its sender killed midway.
+    for p in &proxies {
+        p.bytes.store(0, Ordering::Relaxed);
+        p.rate.store(300 << 10, Ordering::Relaxed);
+        p.cut.store(false, Ordering::Relaxed);
+    }
+    let t = Instant::now();
+    let sender = loop {
+        if let Some(j) = proxies
+            .iter()
+            .position(|p| p.bytes.load(Ordering::Relaxed) >= 400 << 10)
+        {
+            break j;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no transfer under way:\n{}",
+            fetch_report(&nodes, &proxies)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_ne!(sender, fi);
+    nodes[sender].kill9();
+    for p in &proxies {
+        p.rate.store(0, Ordering::Relaxed);
+    }
+    drop(fc);
+    // What its socket buffers held went through; not the whole snapshot.
+    std::thread::sleep(Duration::from_millis(500));
+    let passed = proxies[sender].bytes.load(Ordering::Relaxed);
+    assert!(
+        passed < 7 << 20,
+        "{passed} bytes of a transfer whose sender died"
+    );
+    // The new leader's snapshot brings it up to date.
+    let live: Vec<u16> = (0..3).filter(|&j| j != sender).map(|j| ports[j]).collect();
+    let () = at_leader(&live, &set_cmd("after-kill", "yes"));
+    keys.push("after-kill".into());
+    caught_up(&nodes[fi], &live, &sample(&keys));
+    // The cut ones, the one its sender died in, the new leader's.
+    let fetched: usize = proxies
+        .iter()
+        .map(|p| p.fetches.load(Ordering::Relaxed))
+        .sum();
+    let stats: Vec<_> = proxies
+        .iter()
+        .map(|p| {
+            (
+                p.fetches.load(Ordering::Relaxed),
+                p.cuts.load(Ordering::Relaxed),
+                p.bytes.load(Ordering::Relaxed),
+            )
+        })
+        .collect();
+    assert!(
+        fetched >= 5,
+        "{fetched} fetches: {stats:?}, sender {sender}, follower {fi}\n{}",
+        nodes[fi].log()
+    );
+    // In 1 KiB chunks: thousands of them for one whole transfer.
+    let chunks: usize = proxies
+        .iter()
+        .map(|p| p.chunks.load(Ordering::Relaxed))
+        .sum();
+    let max = proxies
+        .iter()
+        .map(|p| p.max_chunk.load(Ordering::Relaxed))
+        .max();
+    assert_eq!(max, Some(1024));
+    assert!(chunks >= 7_000, "{chunks} chunks");
+    // The killed leader comes back and catches up too.
+    nodes[sender].launch();
+    caught_up(&nodes[sender], &ports, &sample(&keys));
 }
 
 /// PUBLISH (and SPUBLISH) at any node reaches the subscribers of every

@@ -1,4 +1,5 @@
-//! The transport between nodes: Raft messages over TCP.
+//! The transport between nodes: Raft messages over TCP, and snapshots'
+//! bytes.
 //!
 //! A frame is a 4-byte little-endian length and a protobuf-encoded
 //! `eraftpb::Message`. Each peer has one sender thread that owns the
@@ -8,22 +9,68 @@
 //! connections each get a reader thread that hands decoded messages to the
 //! node's inbox. Plain threads and blocking sockets: a node has a handful of
 //! peers, and the raft-rs state machine is synchronous. A message for a node
-//! whose address is not known here goes to every peer, which forwards it
+//! whose address is not known here goes to every peer, which forward it
 //! ([`Transport::send`]).
+//!
+//! # Snapshots: pulled in chunks
+//! A `MsgSnapshot` carries only a descriptor ([`SnapDesc`]); the receiver
+//! pulls the bytes from the node named in it ([`fetch_snapshot`]): it
+//! connects to that node's Raft port and sends, instead of a frame's
+//! length, [`FETCH`] and the request (its id, the snapshot's index, length
+//! and CRC-32: 28 bytes). The server ([`serve`], on the same port) answers
+//! a `u32 LE` status (0: on offer; 1: not, and closes), then the bytes in
+//! chunks, each a `u32 LE` length (1 ..= the chunk size, `NodeConfig::
+//! snapshot_chunk`, 4 MiB by default, well under [`MAX_FRAME`]) and that
+//! many bytes, until the length is sent; the receiver writes each chunk to
+//! its file as it comes ([`SnapSink`]), checks the length and CRC-32, and
+//! answers one byte (1) once the file is whole and checked. Either side
+//! gives up when the other is silent for [`IDLE`]. Memory on either side is
+//! one chunk. Pulled, not pushed before the `MsgSnapshot` on the sender's
+//! connection: that connection (one per peer, in order) would be held for
+//! the whole transfer, with the heartbeats behind it; a `MsgSnapshot`
+//! relayed through a peer (a leader with no address for the member) would
+//! need its chunks relayed too; and the receiver decides whether it needs
+//! the bytes at all (raft-rs would not restore a snapshot it is past) and
+//! takes one at a time.
 
+use crate::node::Event;
+use crate::storage::{open_offered, Shelf, SnapDesc, SnapSink};
 use protobuf::Message as _;
 use raft::eraftpb::Message;
 use std::collections::HashMap;
 use std::io::{BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The largest frame accepted (a batch of entries; raft-rs keeps messages
-/// near `max_size_per_msg`).
-const MAX_FRAME: usize = 256 << 20;
+/// near `max_size_per_msg`; a snapshot's chunk).
+pub const MAX_FRAME: usize = 256 << 20;
+
+/// A snapshot's chunk size unless configured (`NodeConfig::snapshot_chunk`).
+pub const DEFAULT_SNAPSHOT_CHUNK: usize = 4 << 20;
+
+/// Sent in place of a frame's length: a snapshot fetch request follows.
+pub const FETCH: u32 = 0xFFFF_FF01;
+
+/// How long either end of a snapshot transfer waits for the other.
+pub const IDLE: Duration = Duration::from_secs(30);
+
+/// A snapshot's bytes to fetch: asked by the raft thread, answered with
+/// [`Event::Fetched`] in its inbox.
+#[derive(Clone, Debug)]
+pub struct Fetch {
+    /// The node fetching (the server reports the transfer under it).
+    pub me: u64,
+    pub desc: SnapDesc,
+    /// Where the bytes are written as they come, and where the file goes
+    /// once whole and checked.
+    pub part: PathBuf,
+    pub dest: PathBuf,
+}
 
 /// Where the raft thread sends its messages: [`Transport`] in a server; a
 /// simulated network in the replication simulation (tests), which decides
@@ -41,20 +88,30 @@ pub trait Net {
     fn add(&mut self, id: u64, addr: &str);
     /// Stops sending to peer `id` (a member removed).
     fn remove(&mut self, id: u64);
+    /// Starts fetching a snapshot's bytes from the node its descriptor
+    /// names; [`Event::Fetched`] arrives in the node's inbox when it ends.
+    fn fetch(&mut self, f: Fetch);
 }
 
 /// Outgoing queues, one per peer.
 pub struct Transport {
     peers: HashMap<u64, Sender<Message>>,
     stop: Arc<AtomicBool>,
+    /// The node's inbox (fetches report there).
+    inbox: Sender<Event>,
 }
 
 impl Transport {
     /// Starts a sender thread per peer (`id` → raft address).
-    pub fn start(peers: &[(u64, String)], stop: Arc<AtomicBool>) -> Transport {
+    pub fn start(
+        peers: &[(u64, String)],
+        stop: Arc<AtomicBool>,
+        inbox: Sender<Event>,
+    ) -> Transport {
         let mut t = Transport {
             peers: HashMap::new(),
             stop,
+            inbox,
         };
         for (id, addr) in peers {
             t.add(*id, addr);
@@ -118,6 +175,22 @@ impl Net for Transport {
     fn remove(&mut self, id: u64) {
         Transport::remove(self, id);
     }
+    fn fetch(&mut self, f: Fetch) {
+        let (stop, inbox) = (self.stop.clone(), self.inbox.clone());
+        let desc = f.desc.clone();
+        let spawned = std::thread::Builder::new()
+            .name("raft-fetch".into())
+            .spawn(move || {
+                let ok = fetch_snapshot(&f, &stop);
+                let _ = inbox.send(Event::Fetched { desc: f.desc, ok });
+            });
+        if let Err(e) = spawned {
+            let _ = self.inbox.send(Event::Fetched {
+                desc,
+                ok: Err(e.to_string()),
+            });
+        }
+    }
 }
 
 fn resolve(addr: &str) -> Option<SocketAddr> {
@@ -165,9 +238,17 @@ fn send_loop(addr: &str, rx: &Receiver<Message>, stop: &AtomicBool) {
 }
 
 /// Accepts peers' connections on `listener` and hands every message read to
-/// `inbox` until `stop` is set.
-pub fn serve(listener: TcpListener, inbox: Sender<crate::node::Event>, stop: Arc<AtomicBool>) {
+/// `inbox` until `stop` is set; serves the bytes of the snapshot on
+/// `shelf` to the nodes that fetch them, in chunks of `chunk` bytes.
+pub fn serve(
+    listener: TcpListener,
+    inbox: Sender<Event>,
+    stop: Arc<AtomicBool>,
+    shelf: Shelf,
+    chunk: usize,
+) {
     let _ = listener.set_nonblocking(true);
+    let chunk = chunk.clamp(1, MAX_FRAME);
     std::thread::Builder::new()
         .name("raft-accept".into())
         .spawn(move || {
@@ -176,9 +257,10 @@ pub fn serve(listener: TcpListener, inbox: Sender<crate::node::Event>, stop: Arc
                     Ok((s, _)) => {
                         let inbox = inbox.clone();
                         let stop = stop.clone();
+                        let shelf = shelf.clone();
                         let _ = std::thread::Builder::new()
                             .name("raft-recv".into())
-                            .spawn(move || read_loop(s, &inbox, &stop));
+                            .spawn(move || read_loop(s, &inbox, &stop, &shelf, chunk));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(20)),
                 }
@@ -187,17 +269,22 @@ pub fn serve(listener: TcpListener, inbox: Sender<crate::node::Event>, stop: Arc
         .expect("spawn the raft accept thread");
 }
 
-fn read_loop(s: TcpStream, inbox: &Sender<crate::node::Event>, stop: &AtomicBool) {
+fn read_loop(s: TcpStream, inbox: &Sender<Event>, stop: &AtomicBool, shelf: &Shelf, chunk: usize) {
     let _ = s.set_nonblocking(false);
     let _ = s.set_nodelay(true);
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
     let mut r = std::io::BufReader::with_capacity(256 << 10, s);
     let mut len = [0u8; 4];
     let mut buf = Vec::new();
+    let mut first = true;
     while !stop.load(Ordering::Relaxed) {
         match read_full(&mut r, &mut len, stop) {
             Ok(true) => {}
             Ok(false) | Err(_) => return,
+        }
+        if std::mem::take(&mut first) && u32::from_le_bytes(len) == FETCH {
+            serve_fetch(r, inbox, stop, shelf, chunk);
+            return;
         }
         let n = u32::from_le_bytes(len) as usize;
         if n > MAX_FRAME {
@@ -210,13 +297,143 @@ fn read_loop(s: TcpStream, inbox: &Sender<crate::node::Event>, stop: &AtomicBool
         let Ok(m) = Message::parse_from_bytes(&buf) else {
             return;
         };
-        if inbox
-            .send(crate::node::Event::Message(Box::new(m)))
-            .is_err()
-        {
+        if inbox.send(Event::Message(Box::new(m))).is_err() {
             return;
         }
     }
+}
+
+/// Serves one fetch request (its [`FETCH`] read): the snapshot's bytes in
+/// chunks, if it is the one on offer. The raft thread hears of the
+/// transfer ([`Event::Transfer`]): when it starts and how it ended (true
+/// once the receiver has the whole file checked).
+fn serve_fetch(
+    mut r: std::io::BufReader<TcpStream>,
+    inbox: &Sender<Event>,
+    stop: &AtomicBool,
+    shelf: &Shelf,
+    chunk: usize,
+) {
+    let mut req = [0u8; 28];
+    if !matches!(read_full(&mut r, &mut req, stop), Ok(true)) {
+        return;
+    }
+    let word = |at: usize| u64::from_le_bytes(req[at..at + 8].try_into().unwrap_or_default());
+    let (to, index, len) = (word(0), word(8), word(16));
+    let crc = u32::from_le_bytes(req[24..28].try_into().unwrap_or_default());
+    let mut s = r.into_inner();
+    let _ = s.set_nodelay(false);
+    let _ = s.set_write_timeout(Some(IDLE));
+    let Some(file) = open_offered(shelf, index, len, crc) else {
+        let _ = s.write_all(&1u32.to_le_bytes());
+        return;
+    };
+    if s.write_all(&0u32.to_le_bytes()).is_err() {
+        return;
+    }
+    let _ = inbox.send(Event::Transfer { to, done: None });
+    let ok = send_chunks(&mut s, file, len, chunk, stop).is_ok();
+    let _ = inbox.send(Event::Transfer { to, done: Some(ok) });
+}
+
+/// Writes `len` bytes of `file` to `s` in chunks, then waits for the
+/// receiver's byte saying it has them all, checked.
+fn send_chunks(
+    s: &mut TcpStream,
+    mut file: std::fs::File,
+    len: u64,
+    chunk: usize,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; chunk.min(usize::try_from(len).unwrap_or(usize::MAX)).max(1)];
+    let mut left = len;
+    while left > 0 {
+        if stop.load(Ordering::Relaxed) {
+            return Err(std::io::ErrorKind::Interrupted.into());
+        }
+        let n = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        file.read_exact(&mut buf[..n])?;
+        s.write_all(&(n as u32).to_le_bytes())?;
+        s.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    s.flush()?;
+    s.set_read_timeout(Some(Duration::from_millis(500)))?;
+    let mut ack = [0u8; 1];
+    read_idle(s, &mut ack, stop)?;
+    if ack[0] != 1 {
+        return Err(std::io::ErrorKind::InvalidData.into());
+    }
+    Ok(())
+}
+
+/// Fetches the bytes of snapshot `f.desc` from the node it names into
+/// `f.part`, checks them and moves the file to `f.dest` (see the module
+/// docs). A cut transfer leaves no file behind.
+pub fn fetch_snapshot(f: &Fetch, stop: &AtomicBool) -> Result<(), String> {
+    let addr = resolve(&f.desc.source).ok_or_else(|| format!("no address {}", f.desc.source))?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .map_err(|e| format!("{}: {e}", f.desc.source))?;
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let _ = s.set_write_timeout(Some(IDLE));
+    let mut req = Vec::with_capacity(32);
+    req.extend_from_slice(&FETCH.to_le_bytes());
+    req.extend_from_slice(&f.me.to_le_bytes());
+    req.extend_from_slice(&f.desc.index.to_le_bytes());
+    req.extend_from_slice(&f.desc.len.to_le_bytes());
+    req.extend_from_slice(&f.desc.crc.to_le_bytes());
+    s.write_all(&req).map_err(|e| e.to_string())?;
+    let mut r = std::io::BufReader::with_capacity(256 << 10, s);
+    let mut word = [0u8; 4];
+    read_idle(&mut r, &mut word, stop).map_err(|e| e.to_string())?;
+    if u32::from_le_bytes(word) != 0 {
+        return Err("the snapshot is no longer on offer".into());
+    }
+    let mut sink = SnapSink::create(&f.part, &f.desc).map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    while sink.received() < f.desc.len {
+        read_idle(&mut r, &mut word, stop).map_err(|e| e.to_string())?;
+        let n = u32::from_le_bytes(word) as usize;
+        if n == 0 || n > MAX_FRAME {
+            return Err(format!("a chunk of {n} bytes"));
+        }
+        buf.resize(n, 0);
+        read_idle(&mut r, &mut buf, stop).map_err(|e| e.to_string())?;
+        sink.write(&buf)?;
+    }
+    sink.finish(&f.dest)?;
+    let mut s = r.into_inner();
+    let _ = s.write_all(&[1]);
+    Ok(())
+}
+
+/// Fills `buf`; an error at the end of the stream, when `stop` is set, or
+/// after [`IDLE`] without a byte (the socket's read timeout is short).
+fn read_idle(r: &mut impl Read, buf: &mut [u8], stop: &AtomicBool) -> std::io::Result<()> {
+    let mut at = 0;
+    let mut last = Instant::now();
+    while at < buf.len() {
+        match r.read(&mut buf[at..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                at += n;
+                last = Instant::now();
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if stop.load(Ordering::Relaxed) || last.elapsed() >= IDLE {
+                    return Err(std::io::ErrorKind::TimedOut.into());
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Fills `buf`, riding out read timeouts (they only let `stop` be seen);

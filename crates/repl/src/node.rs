@@ -25,10 +25,10 @@
 //! applied (the entry may still commit: the outcome is then unknown to the
 //! client, as after a timeout).
 
-use crate::storage::{read_applied, HeapStorage};
+use crate::storage::{read_applied, DumpFile, HeapStorage, SnapDesc};
 use protobuf::Message as _;
 use raft::eraftpb::{ConfChange, ConfChangeType, Entry, EntryType, Message, MessageType, Snapshot};
-use raft::{Config, RawNode, SnapshotStatus, StateRole};
+use raft::{Config, ProgressState, RawNode, SnapshotStatus, StateRole};
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -115,8 +115,13 @@ pub struct NodeConfig {
     /// member in `peers` as voters.
     pub join: bool,
     /// Where a snapshot received is kept while it is installed (beside the
-    /// heap); None: this node cannot install one.
+    /// heap); the files of snapshots being received or offered are named
+    /// after it (see [`crate::storage::part_path`] and its neighbours).
+    /// None: this node can neither install nor offer one.
     pub snapshot_file: Option<std::path::PathBuf>,
+    /// The size of the chunks a snapshot's bytes are served in (0: 4 MiB,
+    /// [`crate::net::DEFAULT_SNAPSHOT_CHUNK`]).
+    pub snapshot_chunk: usize,
     /// Threads applying committed entries (see [`crate::apply`]): 1 applies
     /// every entry in log order on one thread.
     pub apply_lanes: usize,
@@ -167,9 +172,10 @@ pub trait StateMachine<T> {
     /// Handles an event entry (see [`Handle::propose_event`]) and persists
     /// `index` as applied. `own` as for [`Self::apply`].
     fn event(&mut self, index: u64, data: &[u8], own: bool) -> T;
-    /// The keyspace as a snapshot's data ([`crate::storage::dump`]), at the
-    /// last applied index (called between entries).
-    fn dump(&mut self) -> Result<Vec<u8>, String>;
+    /// Writes the keyspace to `out` as a snapshot's data
+    /// ([`crate::storage::dump_to`]), at the last applied index (called
+    /// between entries; `out` is a buffered file).
+    fn dump(&mut self, out: &mut dyn std::io::Write) -> Result<(), String>;
     /// Makes what was applied durable (a store with group commit); called
     /// after each run of entries, before their proposers are answered.
     fn sync(&mut self) {}
@@ -217,10 +223,24 @@ pub enum Event {
         seq: u64,
         cc: ConfChange,
     },
-    /// The apply thread's dump of the keyspace at applied index `index`.
+    /// The apply thread's dump of the keyspace at applied index `index`,
+    /// in a file.
     Dumped {
         index: u64,
-        data: Result<Vec<u8>, String>,
+        data: Result<DumpFile, String>,
+    },
+    /// A fetch of a snapshot's bytes ended (see [`crate::net::Net::fetch`]):
+    /// on success they are in the received file, checked.
+    Fetched {
+        desc: SnapDesc,
+        ok: Result<(), String>,
+    },
+    /// At the node offering a snapshot: member `to` started fetching its
+    /// bytes (`done` None), or the transfer ended (whether the member has
+    /// them all, checked).
+    Transfer {
+        to: u64,
+        done: Option<bool>,
     },
     Campaign,
     Stop,
@@ -241,8 +261,9 @@ type ReadWaiter = SyncSender<Result<(), ReplError>>;
 /// What the apply thread is handed.
 pub(crate) enum ApplyMsg {
     Entries(Vec<Entry>),
-    /// Dump the keyspace for a snapshot (answered with `Event::Dumped`).
-    Dump,
+    /// Dump the keyspace for a snapshot into a new file at this path
+    /// (answered with `Event::Dumped`).
+    Dump(std::path::PathBuf),
 }
 
 pub(crate) struct Shared<T> {
@@ -353,8 +374,12 @@ impl<T: Send + 'static> Handle<T> {
             applied_in_parallel: AtomicU64::new(0),
         });
         let (tx, rx) = std::sync::mpsc::channel();
-        crate::net::serve(listener, tx.clone(), stop.clone());
-        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<(), String>>(1);
+        let (ready_tx, ready_rx) =
+            std::sync::mpsc::sync_channel::<Result<crate::storage::Shelf, String>>(1);
+        let chunk = match cfg.snapshot_chunk {
+            0 => crate::net::DEFAULT_SNAPSHOT_CHUNK,
+            n => n,
+        };
         let (apply_tx, apply_rx) = std::sync::mpsc::channel::<ApplyMsg>();
         let lanes = cfg.apply_lanes;
         {
@@ -364,24 +389,26 @@ impl<T: Send + 'static> Handle<T> {
             std::thread::Builder::new()
                 .name(format!("raft-{}", cfg.id))
                 .spawn(move || {
-                    let mut d = match Driver::open(cfg, log_session, sh.clone(), apply_tx) {
-                        Ok(d) => {
-                            let _ = ready_tx.send(Ok(()));
-                            d
-                        }
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
-                    };
+                    let mut d =
+                        match Driver::open(cfg, log_session, sh.clone(), apply_tx, inbox.clone()) {
+                            Ok(d) => {
+                                let _ = ready_tx.send(Ok(d.node.store().shelf()));
+                                d
+                            }
+                            Err(e) => {
+                                let _ = ready_tx.send(Err(e));
+                                return;
+                            }
+                        };
                     d.run(&rx);
                     drop(inbox);
                 })
                 .map_err(|e| e.to_string())?;
         }
-        ready_rx
+        let shelf = ready_rx
             .recv()
             .map_err(|_| "the raft thread ended".to_string())??;
+        crate::net::serve(listener, tx.clone(), stop.clone(), shelf, chunk);
         {
             let sh = sh.clone();
             let inbox = tx.clone();
@@ -621,6 +648,28 @@ pub(crate) fn fail_all<T>(sh: &Shared<T>, e: &ReplError) {
     }
 }
 
+/// A snapshot sent to member `to`: raft-rs is told it was delivered at
+/// `due` unless a transfer of its bytes is `running` then; one that fails
+/// is reported at once.
+struct SnapSent {
+    to: u64,
+    due: Instant,
+    running: u32,
+}
+
+/// The snapshot a node receives (see [`Driver::snapshot_arrived`]).
+enum Incoming {
+    None,
+    /// Its bytes are being fetched; its message is stepped once they are in.
+    Fetching(SnapDesc, Box<Message>),
+    /// Its bytes are in the received file, whole and checked.
+    Received(SnapDesc),
+}
+
+/// How long after a `MsgSnapshot` is sent, or after its bytes were all
+/// received, raft-rs is told it was delivered (unless a transfer runs).
+const SNAPSHOT_REPORT: Duration = Duration::from_secs(1);
+
 struct Driver<T> {
     node: RawNode<HeapStorage>,
     sh: Arc<Shared<T>>,
@@ -634,12 +683,21 @@ struct Driver<T> {
     restart_process: bool,
     installed: bool,
     apply: Sender<ApplyMsg>,
+    /// The install file (`NodeConfig::snapshot_file`), after which the
+    /// other snapshot files are named.
+    snap_file: Option<std::path::PathBuf>,
     /// A dump asked of the apply thread and not answered yet.
     dumping: bool,
-    /// Snapshots sent, and when raft-rs is told they were delivered (it
-    /// then probes the member again: entries if it installed it, another
-    /// snapshot if not).
-    snaps_sent: Vec<(u64, Instant)>,
+    /// Dumps asked for (their files are numbered).
+    dumps: u64,
+    /// No dump asked before then (the last one failed).
+    dump_after: Option<Instant>,
+    /// Snapshots sent, until raft-rs is told how they went (it then probes
+    /// the member again: entries if it installed it, another snapshot if
+    /// not).
+    snaps_sent: Vec<SnapSent>,
+    /// The snapshot this node is receiving or has received.
+    incoming: Incoming,
     tick: Duration,
     /// The index of this leader's first entry of its term: proposals wait
     /// until it is applied.
@@ -674,10 +732,11 @@ impl<T: Send + 'static> Driver<T> {
         log_session: Box<dyn FnOnce() -> engine::Result<Box<dyn engine::Session>> + Send>,
         sh: Arc<Shared<T>>,
         apply: Sender<ApplyMsg>,
+        inbox: Sender<Event>,
     ) -> Result<Driver<T>, String> {
         let stop = sh.stop.clone();
         Self::open_with(cfg, log_session, sh, apply, |others| {
-            Box::new(crate::net::Transport::start(others, stop))
+            Box::new(crate::net::Transport::start(others, stop, inbox))
         })
     }
 
@@ -756,8 +815,12 @@ impl<T: Send + 'static> Driver<T> {
             restart_process: true,
             installed: false,
             apply,
+            snap_file: cfg.snapshot_file.clone(),
             dumping: false,
+            dumps: 0,
+            dump_after: None,
             snaps_sent: Vec::new(),
+            incoming: Incoming::None,
             tick: cfg.tick,
             term_start: None,
             held: Vec::new(),
@@ -850,6 +913,11 @@ impl<T: Send + 'static> Driver<T> {
             // A message for another node, relayed through this one by a
             // member that has no address for it (see `Transport::send`).
             Event::Message(m) if m.to != self.sh.id => self.net.forward(*m),
+            Event::Message(m) if m.get_msg_type() == MessageType::MsgSnapshot => {
+                self.snapshot_arrived(m);
+            }
+            Event::Fetched { desc, ok } => self.fetched(&desc, ok),
+            Event::Transfer { to, done } => self.transfer(to, done),
             Event::Message(m) => {
                 let _ = self.node.step(*m);
             }
@@ -928,10 +996,11 @@ impl<T: Send + 'static> Driver<T> {
             Event::Dumped { index, data } => {
                 self.dumping = false;
                 match data {
-                    Ok(data) => self.offer_snapshot(index, data),
+                    Ok(file) => self.offer_snapshot(index, file),
                     Err(e) => {
-                        self.halt(format!("making a snapshot: {e}"));
-                        return false;
+                        // A full disk, say: the leader goes on without.
+                        eprintln!("ember: making a snapshot: {e}; trying again in 10 s");
+                        self.dump_after = Some((self.clock)() + Duration::from_secs(10));
                     }
                 }
             }
@@ -1071,32 +1140,131 @@ impl<T: Send + 'static> Driver<T> {
     /// Notes a snapshot sent: raft-rs waits for its delivery report.
     fn note_sent(&mut self, m: &Message) {
         if m.get_msg_type() == MessageType::MsgSnapshot {
-            // Time to send it and for the member to install and restart.
-            let secs = 1 + m.get_snapshot().data.len() as u64 / (20 << 20);
-            self.snaps_sent
-                .push((m.to, (self.clock)() + Duration::from_secs(secs)));
+            self.snaps_sent.retain(|s| s.to != m.to);
+            self.snaps_sent.push(SnapSent {
+                to: m.to,
+                due: (self.clock)() + SNAPSHOT_REPORT,
+                running: 0,
+            });
+        }
+    }
+
+    /// A transfer of the offered snapshot's bytes to member `to` started
+    /// (`done` None) or ended: raft-rs is told at once of a failure (it
+    /// probes the member again, which is then sent a snapshot again), and
+    /// of a success a moment later (time for the member to install it).
+    fn transfer(&mut self, to: u64, done: Option<bool>) {
+        let now = (self.clock)();
+        let Some(at) = self.snaps_sent.iter().position(|s| s.to == to) else {
+            return;
+        };
+        let s = &mut self.snaps_sent[at];
+        match done {
+            None => s.running += 1,
+            Some(ok) => {
+                s.running = s.running.saturating_sub(1);
+                if ok {
+                    s.due = now + SNAPSHOT_REPORT;
+                } else if s.running == 0 {
+                    self.snaps_sent.remove(at);
+                    self.node.report_snapshot(to, SnapshotStatus::Failure);
+                }
+            }
+        }
+    }
+
+    /// A `MsgSnapshot` for this node. raft-rs gets it only once its bytes
+    /// are here, whole and checked (in the received file), unless raft-rs
+    /// would not restore it anyway (an older term, an index below the
+    /// commit index or one the log already has): the first time, the
+    /// bytes are fetched from the node the descriptor names ([`Net::fetch`],
+    /// one snapshot at a time) and the message is stepped when they are
+    /// in; a copy arriving meanwhile replaces the one held; others are
+    /// dropped (the leader sends again).
+    fn snapshot_arrived(&mut self, m: Box<Message>) {
+        let meta = m.get_snapshot().get_metadata();
+        let r = &self.node.raft;
+        if m.term < r.term
+            || meta.index < r.raft_log.committed
+            || r.raft_log.match_term(meta.index, meta.term)
+        {
+            let _ = self.node.step(*m);
+            return;
+        }
+        let (Some(file), Some(desc)) = (
+            self.snap_file.as_ref(),
+            SnapDesc::decode(&m.get_snapshot().data),
+        ) else {
+            return;
+        };
+        match &mut self.incoming {
+            Incoming::Received(d) if d.same_bytes(&desc) => {
+                let _ = self.node.step(*m);
+            }
+            Incoming::Fetching(d, held) if d.same_bytes(&desc) => *held = m,
+            Incoming::Fetching(..) => {}
+            // raft-rs holds a snapshot restored from the received file,
+            // which its install reads next: a fetch must not replace it.
+            _ if self.node.raft.raft_log.unstable.snapshot.is_some() => {}
+            _ => {
+                let f = crate::net::Fetch {
+                    me: self.sh.id,
+                    desc: desc.clone(),
+                    part: crate::storage::part_path(file),
+                    dest: crate::storage::recv_path(file),
+                };
+                self.incoming = Incoming::Fetching(desc, m);
+                self.net.fetch(f);
+            }
+        }
+    }
+
+    /// A fetch ended: its snapshot's message is stepped if its bytes are
+    /// in (raft-rs installs it in the next Ready).
+    fn fetched(&mut self, desc: &SnapDesc, ok: Result<(), String>) {
+        match std::mem::replace(&mut self.incoming, Incoming::None) {
+            Incoming::Fetching(d, m) if d.same_bytes(desc) => {
+                if ok.is_ok() {
+                    self.incoming = Incoming::Received(d);
+                    let _ = self.node.step(*m);
+                }
+            }
+            other => self.incoming = other,
         }
     }
 
     /// Snapshot chores: asks the apply thread for a dump when a member
-    /// needs a snapshot, and reports sent snapshots as delivered once their
-    /// time is up.
+    /// needs a snapshot, withdraws an offer no longer of use (this node
+    /// no longer leads, or its log moved past it), and reports sent
+    /// snapshots as delivered once their time is up.
     fn snapshot_work(&mut self) {
-        if !self.dumping
-            && self.node.raft.state == StateRole::Leader
-            && self.node.store().snapshot_wanted() > 0
-            && self.apply.send(ApplyMsg::Dump).is_ok()
-        {
-            self.dumping = true;
+        let now = (self.clock)();
+        let leader = self.node.raft.state == StateRole::Leader;
+        if let Some((i, _)) = self.node.store().offered() {
+            if !leader || i + 1 < self.node.store().range().0 {
+                self.node.mut_store().drop_offer();
+            }
+        }
+        if let Some(file) = &self.snap_file {
+            if !self.dumping
+                && leader
+                && self.node.store().snapshot_wanted() > 0
+                && self.dump_after.is_none_or(|t| t <= now)
+            {
+                self.dumps += 1;
+                let path = crate::storage::dump_path(file, self.dumps);
+                if self.apply.send(ApplyMsg::Dump(path)).is_ok() {
+                    self.dumping = true;
+                }
+            }
         }
         if self.snaps_sent.is_empty() {
             return;
         }
-        let now = (self.clock)();
         let mut due = Vec::new();
-        self.snaps_sent.retain(|&(to, at)| {
-            if at <= now {
-                due.push(to);
+        self.snaps_sent.retain(|s| {
+            if s.running == 0 && s.due <= now {
+                due.push(s.to);
                 false
             } else {
                 true
@@ -1107,27 +1275,41 @@ impl<T: Send + 'static> Driver<T> {
         }
     }
 
-    /// Offers a snapshot of the dump made at applied index `index`, with
-    /// its term and the configuration (when the log still knows the term;
-    /// otherwise the next request makes another).
-    fn offer_snapshot(&mut self, index: u64, data: Vec<u8>) {
+    /// Offers a snapshot of the dump made at applied index `index` (its
+    /// bytes in `file`), with its term and the configuration (when the log
+    /// still knows the term; otherwise the next request makes another).
+    fn offer_snapshot(&mut self, index: u64, file: DumpFile) {
         let Some(term) = self.node.store().term_of(index).filter(|_| index > 0) else {
+            let _ = std::fs::remove_file(&file.path);
             return;
         };
-        // The members' addresses travel with the keyspace.
-        let peers = peers_spec(&self.sh.peers.lock().unwrap_or_else(|p| p.into_inner()));
-        let mut all = Vec::with_capacity(data.len() + peers.len() + 16);
-        crate::storage::push_record(&mut all, crate::storage::PEERS_KEY, peers.as_bytes());
-        all.extend_from_slice(&data);
+        // The members' addresses travel with the keyspace; the members
+        // fetch its bytes from this node's Raft address.
+        let (peers, source) = {
+            let p = self.sh.peers.lock().unwrap_or_else(|p| p.into_inner());
+            let source = p
+                .iter()
+                .find(|p| p.id == self.sh.id)
+                .map(|p| p.raft_addr.clone())
+                .unwrap_or_default();
+            (peers_spec(&p), source)
+        };
+        let desc = SnapDesc {
+            index,
+            len: file.len,
+            crc: file.crc,
+            source,
+            peers,
+        };
         let mut snap = Snapshot {
-            data: all.into(),
+            data: desc.encode().into(),
             ..Default::default()
         };
         let meta = snap.mut_metadata();
         meta.index = index;
         meta.term = term;
         meta.set_conf_state(self.node.store().conf_state());
-        self.node.mut_store().offer_snapshot(snap);
+        self.node.mut_store().offer_snapshot(snap, file);
     }
 
     /// Committed entries' effects on the node itself: compaction points,
@@ -1289,6 +1471,15 @@ impl<T: Send + 'static> Driver<T> {
             return;
         }
         let matched = r.prs().iter().map(|(_, p)| p.matched).min().unwrap_or(0);
+        // A member being sent a snapshot needs the entries after it once
+        // installed: the log keeps them while the transfer lasts.
+        let hold = r
+            .prs()
+            .iter()
+            .filter(|(_, p)| p.state == ProgressState::Snapshot)
+            .map(|(_, p)| p.pending_snapshot + 1)
+            .min()
+            .unwrap_or(u64::MAX);
         let keep = self.applied.saturating_sub(self.compact_after);
         let first = self.node.store().range().0;
         let (point, due) = if first <= 1 {
@@ -1301,7 +1492,7 @@ impl<T: Send + 'static> Driver<T> {
             // reaches only once that entry is applied: from the start, a
             // compaction's own entry (applied) would make the next due
             // before the first is applied, and so on, on an idle cluster.
-            let p = matched.max(keep).min(self.applied);
+            let p = matched.max(keep).min(self.applied).min(hold);
             (
                 p,
                 p >= first.max(self.compaction_proposed) + self.compact_after,

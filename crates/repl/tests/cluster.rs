@@ -103,6 +103,7 @@ fn a_snapshot_installs_and_a_torn_install_rolls_forward_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("h");
     let snap_file = dir.path().join("h.raft-snapshot");
+    let recv = repl::storage::recv_path(&snap_file);
     let heap = Heap::create(&path, &heap_opts()).unwrap();
     let st = DirectStore::create(&heap, &Default::default()).unwrap();
     // The leader's side: a keyspace and its dump.
@@ -137,18 +138,33 @@ fn a_snapshot_installs_and_a_torn_install_rolls_forward_at_open() {
         }),
     )
     .unwrap();
+    let desc = repl::storage::SnapDesc {
+        index: 40,
+        len: data.len() as u64,
+        crc: crc32fast::hash(&data),
+        source: "127.0.0.1:1".into(),
+        peers: "1=127.0.0.1:1:2".into(),
+    };
     let mut snap = raft::eraftpb::Snapshot {
-        data: data.clone().into(),
+        data: desc.encode().into(),
         ..Default::default()
     };
     snap.mut_metadata().index = 40;
     snap.mut_metadata().term = 3;
     snap.mut_metadata().mut_conf_state().voters = vec![1, 2, 3, 4];
-    // Corrupt data is refused before anything changes.
-    let mut bad = snap.clone();
-    bad.data = data[..data.len() - 1].to_vec().into();
-    assert!(log.install(&bad, None).is_err());
+    // Bytes that do not match the descriptor (short, damaged, missing) are
+    // refused before anything changes.
+    std::fs::write(&recv, &data[..data.len() - 1]).unwrap();
+    assert!(log.install(&snap, None).is_err());
+    let mut damaged = data.clone();
+    damaged[data.len() / 2] ^= 1;
+    std::fs::write(&recv, &damaged).unwrap();
+    assert!(log.install(&snap, None).is_err());
+    std::fs::remove_file(&recv).unwrap();
+    assert!(log.install(&snap, None).is_err());
     assert!(src.get(b"old", &mut Vec::new()).unwrap());
+    assert!(!src.get(repl::storage::SNAP_MARK, &mut Vec::new()).unwrap());
+    assert_eq!(log.range(), (1, 5));
     let check = |log: &mut HeapStorage, src: &mut dyn Session| {
         assert_eq!(log.range(), (41, 40));
         assert_eq!(log.term(40).unwrap(), 3);
@@ -161,20 +177,50 @@ fn a_snapshot_installs_and_a_torn_install_rolls_forward_at_open() {
         let mut v = Vec::new();
         assert!(src.get(b"k7", &mut v).unwrap());
         assert_eq!(v, b"v7");
+        assert!(src.get(repl::storage::PEERS_KEY, &mut v).unwrap());
+        assert_eq!(v, b"1=127.0.0.1:1:2");
         assert!(!src.get(&repl::entry_key(3), &mut Vec::new()).unwrap());
         assert!(!src.get(repl::storage::SNAP_MARK, &mut Vec::new()).unwrap());
     };
+    std::fs::write(&recv, &data).unwrap();
     log.install(&snap, None).unwrap();
     check(&mut log, &mut src);
     assert!(!snap_file.exists(), "the snapshot's file is removed");
+    assert!(!recv.exists(), "the received file is gone");
     drop(log);
-    // A torn install: the file written and the mark set, the keyspace half
-    // replaced, the log not yet reset.
+    // Leftovers of a run (an install file with no mark: an install that
+    // failed before it; bytes received; a dump offered) go at open.
+    for f in [
+        snap_file.clone(),
+        recv.clone(),
+        repl::storage::part_path(&snap_file),
+        repl::storage::dump_path(&snap_file, 7),
+    ] {
+        std::fs::write(&f, b"stale").unwrap();
+    }
+    drop(open(&[1, 2, 3]).unwrap());
+    for f in [&snap_file, &recv] {
+        assert!(!f.exists(), "{} left", f.display());
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "only the heap"
+    );
+    // A torn install: the install file written (the records, then the
+    // snapshot's metadata: protobuf, its u32 length, "EmbSnapT") and the
+    // mark set (the file's length, the CRC-32 of that trailer), the
+    // keyspace half replaced, the log not yet reset.
     let mut log = open(&[1, 2, 3]).unwrap();
     drop(log);
-    let bytes = protobuf::Message::write_to_bytes(&snap).unwrap();
-    let mut mark = (bytes.len() as u64).to_le_bytes().to_vec();
-    mark.extend_from_slice(&crc32fast::hash(&bytes).to_le_bytes());
+    let meta = protobuf::Message::write_to_bytes(&snap).unwrap();
+    let mut trailer = meta.clone();
+    trailer.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+    trailer.extend_from_slice(b"EmbSnapT");
+    let mut file = data.clone();
+    file.extend_from_slice(&trailer);
+    let mut mark = (file.len() as u64).to_le_bytes().to_vec();
+    mark.extend_from_slice(&crc32fast::hash(&trailer).to_le_bytes());
     let torn = |src: &mut dyn Session| {
         let mut b = WriteBatch::new();
         b.put(repl::storage::SNAP_MARK, &mark);
@@ -182,21 +228,29 @@ fn a_snapshot_installs_and_a_torn_install_rolls_forward_at_open() {
         b.remove(b"k9");
         src.apply_batch(&b, &mut Vec::new()).unwrap();
     };
-    std::fs::write(&snap_file, &bytes).unwrap();
+    std::fs::write(&snap_file, &file).unwrap();
     torn(&mut src);
     log = open(&[9]).unwrap();
     check(&mut log, &mut src);
     assert!(src.get(b"k9", &mut Vec::new()).unwrap());
+    assert!(!snap_file.exists(), "the snapshot's file is removed");
     drop(log);
-    // Its file damaged: the store refuses to open rather than guess.
-    let mut damaged = bytes.clone();
-    damaged[10] ^= 1;
-    std::fs::write(&snap_file, &damaged).unwrap();
-    torn(&mut src);
-    let e = open(&[9])
-        .err()
-        .expect("a torn install with a damaged file");
-    assert!(e.to_string().contains("does not match"), "{e}");
+    // Its file damaged (in the records, in the trailer) or cut short: the
+    // store refuses to open rather than guess.
+    for (at, cut) in [(10, false), (file.len() - 20, false), (0, true)] {
+        let mut damaged = file.clone();
+        if cut {
+            damaged.truncate(file.len() - 1);
+        } else {
+            damaged[at] ^= 1;
+        }
+        std::fs::write(&snap_file, &damaged).unwrap();
+        torn(&mut src);
+        let e = open(&[9])
+            .err()
+            .expect("a torn install with a damaged file");
+        assert!(e.to_string().contains("does not match"), "{e}");
+    }
     drop(src);
     st.close().unwrap();
 }
@@ -228,8 +282,8 @@ impl StateMachine<u64> for Sm {
         self.skip(index);
         index
     }
-    fn dump(&mut self) -> Result<Vec<u8>, String> {
-        repl::storage::dump(&mut *self.sess).map_err(|e| e.to_string())
+    fn dump(&mut self, out: &mut dyn std::io::Write) -> Result<(), String> {
+        repl::storage::dump_to(&mut *self.sess, out).map_err(|e| e.to_string())
     }
 }
 
@@ -263,6 +317,7 @@ fn start(id: u64, peers: &[Peer]) -> TestNode {
         apply_lanes: 1,
         join: false,
         snapshot_file: None,
+        snapshot_chunk: 0,
     };
     let (s1, s2) = (store.clone(), store.clone());
     let seen2 = seen.clone();

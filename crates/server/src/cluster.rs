@@ -400,8 +400,8 @@ impl repl::StateMachine<ApplyOut> for Applier {
         Ok((index, Vec::new()))
     }
 
-    fn dump(&mut self) -> Result<Vec<u8>, String> {
-        repl::storage::dump(&mut *self.ks.sess).map_err(|e| e.to_string())
+    fn dump(&mut self, out: &mut dyn std::io::Write) -> Result<(), String> {
+        repl::storage::dump_to(&mut *self.ks.sess, out).map_err(|e| e.to_string())
     }
 }
 
@@ -440,6 +440,7 @@ pub fn start(sh: &Arc<Shared>) -> Result<Option<Arc<Cluster>>, String> {
         compact_after: c.raft_log_keep,
         apply_lanes: c.raft_apply_lanes,
         join: c.join,
+        snapshot_chunk: c.raft_snapshot_chunk,
         snapshot_file: Some({
             let mut p = c.heap.clone().into_os_string();
             p.push(".raft-snapshot");

@@ -204,6 +204,10 @@ pub struct ServeArgs {
     /// in log order [default: 1].
     #[arg(long, value_name = "N")]
     pub raft_apply_lanes: Option<u64>,
+    /// Bytes per chunk in which a snapshot's data is served to a member
+    /// that fetches it (256mb at most) [default: 4mb].
+    #[arg(long, value_name = "BYTES")]
+    pub raft_snapshot_chunk: Option<String>,
     /// Output a client may have pending: "<class> <hard> <soft> <seconds>"
     /// for class normal, replica or pubsub, as Redis's directive; a client
     /// above the hard limit, or above the soft limit for longer than the
@@ -460,6 +464,8 @@ pub struct Config {
     pub raft_log_keep: u64,
     /// `raft-apply-lanes`: threads applying committed entries.
     pub raft_apply_lanes: usize,
+    /// `raft-snapshot-chunk`: bytes per chunk of a snapshot's transfer.
+    pub raft_snapshot_chunk: usize,
     /// `client-output-buffer-limit` per class (`OBUF_CLASSES`).
     pub client_output_buffer_limit: [ObufLimit; 3],
     /// Bytes above which a sparse HyperLogLog becomes dense (Redis's
@@ -539,6 +545,7 @@ impl Default for Config {
             join: false,
             raft_log_keep: 10_000,
             raft_apply_lanes: 1,
+            raft_snapshot_chunk: repl::net::DEFAULT_SNAPSHOT_CHUNK,
             memcached_item_size_max: MB,
             // Redis 7.0's defaults.
             client_output_buffer_limit: [
@@ -689,6 +696,7 @@ pub const HONOURED: &[(&str, bool)] = &[
     ("join", false),
     ("raft-log-keep", false),
     ("raft-apply-lanes", false),
+    ("raft-snapshot-chunk", false),
     ("client-output-buffer-limit", true),
     ("hll-sparse-max-bytes", true),
     ("tracking-table-max-keys", true),
@@ -983,6 +991,13 @@ impl Config {
                         format!("raft-apply-lanes must be between 1 and {}", repl::MAX_LANES)
                     })?
             }
+            "raft-snapshot-chunk" => {
+                let n = parse_size(one()?)?;
+                if !(1..=256 * MB).contains(&n) {
+                    return Err("raft-snapshot-chunk must be between 1 and 256mb".into());
+                }
+                self.raft_snapshot_chunk = n as usize;
+            }
             "memcached-item-size-max" => {
                 let n = parse_size(one()?)?;
                 if !(1024..=512 * MB).contains(&n) {
@@ -1187,6 +1202,7 @@ impl Config {
             "raft-apply-lanes",
             a.raft_apply_lanes.map(|v| v.to_string()),
         )?;
+        set("raft-snapshot-chunk", a.raft_snapshot_chunk.clone())?;
         set(
             "client-output-buffer-limit",
             a.client_output_buffer_limit.clone(),
@@ -1265,6 +1281,7 @@ impl Config {
             "join" => if self.join { "yes" } else { "no" }.into(),
             "raft-log-keep" => self.raft_log_keep.to_string(),
             "raft-apply-lanes" => self.raft_apply_lanes.to_string(),
+            "raft-snapshot-chunk" => self.raft_snapshot_chunk.to_string(),
             "client-output-buffer-limit" => OBUF_CLASSES
                 .iter()
                 .zip(&self.client_output_buffer_limit)

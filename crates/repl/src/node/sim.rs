@@ -21,7 +21,12 @@
 //! from and to it, and reopens the heap as it is (a process crash: what
 //! was written stays; a power loss is not modelled here). A snapshot's
 //! install ends with the node opened again from its heap, as the server's
-//! restart does.
+//! restart does. A snapshot's bytes are dumped to a file by the simulated
+//! apply thread, as the server's, and fetched in chunks (a few bytes to a
+//! few hundred: many chunks) through the simulated network: a fetch takes
+//! a few steps, and fails when either node crashes meanwhile, a link
+//! between them is cut, or by chance (a connection lost); now and then a
+//! chunk arrives damaged, which the receiver's check must refuse.
 //!
 //! Checked after every step: at most one leader per term; every node
 //! applies entry `i` with the same data and the same state before it (a
@@ -58,7 +63,8 @@
 //! listed).
 
 use super::*;
-use crate::storage::{dump, APPLIED_KEY};
+use crate::net::Fetch;
+use crate::storage::{dump, dump_to, open_offered, write_dump, SnapDesc, SnapSink, APPLIED_KEY};
 use engine::direct::DirectStore;
 use engine::{Session, Store, WriteBatch};
 use pmem::{Geometry, Heap, HeapOptions, Strategy};
@@ -161,6 +167,8 @@ struct SimNet {
     me: u64,
     out: Rc<RefCell<Vec<Hop>>>,
     peers: BTreeSet<u64>,
+    /// Fetches of snapshots' bytes asked for: (node, fetch).
+    fetches: Rc<RefCell<Vec<(u64, Fetch)>>>,
 }
 
 impl crate::net::Net for SimNet {
@@ -184,6 +192,22 @@ impl crate::net::Net for SimNet {
     fn remove(&mut self, id: u64) {
         self.peers.remove(&id);
     }
+    fn fetch(&mut self, f: Fetch) {
+        self.fetches.borrow_mut().push((self.me, f));
+    }
+}
+
+/// A snapshot's bytes on their way from node `from` to node `to` (indexes
+/// into the nodes, each at the run it had when the fetch began).
+struct Transfer {
+    to: usize,
+    to_run: u64,
+    from: usize,
+    from_run: u64,
+    desc: SnapDesc,
+    file: std::fs::File,
+    sink: Option<SnapSink>,
+    dest: std::path::PathBuf,
 }
 
 /// A running node (dropped at a crash: fields drop in order, the driver
@@ -218,6 +242,8 @@ struct SimNode {
     join: bool,
     /// Removed from the cluster: it stays down.
     gone: bool,
+    /// Counts its opens (a transfer fails when either end restarted).
+    run: u64,
 }
 
 /// A membership change proposed and not answered yet: (added, id).
@@ -250,6 +276,10 @@ struct Sim {
     nodes: Vec<SimNode>,
     peers: Vec<Peer>,
     out: Rc<RefCell<Vec<Hop>>>,
+    fetches: Rc<RefCell<Vec<(u64, Fetch)>>>,
+    transfers: Vec<Transfer>,
+    /// The chunk size of snapshots' transfers.
+    chunk: usize,
     /// Messages in flight: (arrival, sequence) → hop.
     wire: BTreeMap<(Duration, u64), Hop>,
     next_msg: u64,
@@ -286,6 +316,9 @@ struct Stats {
     reads: u64,
     crashes: u64,
     installs: u64,
+    /// Transfers of snapshots' bytes completed and failed.
+    fetched: u64,
+    fetch_failed: u64,
     compactions: u64,
     elections: u64,
     added: u64,
@@ -323,10 +356,11 @@ impl Sim {
                 tick_us: TICK_MS * 1000 * rng.random_range(90..=110) / 100,
                 join: false,
                 gone: false,
+                run: 0,
             })
             .collect();
         let base = Instant::now();
-        Sim {
+        let mut sim = Sim {
             seed,
             p_drop: if rng.random_bool(0.3) {
                 0.0
@@ -350,6 +384,9 @@ impl Sim {
             nodes,
             peers,
             out: Rc::new(RefCell::new(Vec::new())),
+            fetches: Rc::new(RefCell::new(Vec::new())),
+            transfers: Vec::new(),
+            chunk: 0,
             wire: BTreeMap::new(),
             next_msg: 0,
             cut: BTreeSet::new(),
@@ -366,7 +403,11 @@ impl Sim {
             step: 0,
             trace: VecDeque::new(),
             stats: Stats::default(),
-        }
+        };
+        // Chunks of a few bytes to a few hundred: the model's snapshots
+        // are small, and go in many chunks.
+        sim.chunk = sim.rng.random_range(1..=256);
+        sim
     }
 
     fn note(&mut self, s: String) {
@@ -399,6 +440,7 @@ impl Sim {
             compact_after: self.compact_after,
             join: n.join,
             snapshot_file: Some(n.snap_file.clone()),
+            snapshot_chunk: self.chunk,
             // The harness applies in log order, as one lane does.
             apply_lanes: 1,
         };
@@ -409,6 +451,7 @@ impl Sim {
         let (apply_tx, apply_rx) = std::sync::mpsc::channel();
         let st2 = store.clone();
         let out = self.out.clone();
+        let fetches = self.fetches.clone();
         let mut d = Driver::open_with(
             cfg,
             Box::new(move || Ok(Box::new(st2.session()?) as Box<dyn Session>)),
@@ -419,6 +462,7 @@ impl Sim {
                     me: n.id,
                     out,
                     peers: others.iter().map(|(id, _)| *id).collect(),
+                    fetches,
                 })
             },
         )?;
@@ -466,6 +510,7 @@ impl Sim {
         };
         let id = n.id;
         self.nodes[i].live = Some(live);
+        self.nodes[i].run += 1;
         self.set_timeout(i);
         self.note(format!("node {id} opens (applied {})", {
             self.nodes[i].live.as_ref().map_or(0, |l| l.model.applied)
@@ -632,6 +677,7 @@ impl Sim {
                 tick_us,
                 join: true,
                 gone: false,
+                run: 0,
             });
             self.open(self.nodes.len() - 1)?;
             let rx = self.nodes[l]
@@ -896,9 +942,11 @@ impl Sim {
             if l.pending.is_empty() {
                 match l.apply_rx.try_recv() {
                     Ok(ApplyMsg::Entries(ents)) => l.pending = ents.into(),
-                    Ok(ApplyMsg::Dump) => {
+                    Ok(ApplyMsg::Dump(path)) => {
                         let index = l.d.sh.applied.load(Ordering::Acquire);
-                        let data = dump(&mut *l.model.sess).map_err(|e| e.to_string());
+                        let sess = &mut *l.model.sess;
+                        let data =
+                            write_dump(&path, |out| dump_to(sess, out).map_err(|e| e.to_string()));
                         let _ = l.tx.send(Event::Dumped { index, data });
                         continue;
                     }
@@ -953,6 +1001,140 @@ impl Sim {
         Ok(())
     }
 
+    /// Sends `ev` to node `i`'s inbox if it still runs run `run`.
+    fn tell(&self, i: usize, run: u64, ev: Event) {
+        if self.nodes[i].run == run {
+            if let Some(l) = &self.nodes[i].live {
+                let _ = l.tx.send(ev);
+            }
+        }
+    }
+
+    /// Starts the fetches asked for and moves the transfers on: a few
+    /// chunks each, or a failure (see the module docs).
+    fn transfer_some(&mut self) -> Result<(), String> {
+        let asked = std::mem::take(&mut *self.fetches.borrow_mut());
+        for (me, f) in asked {
+            let Some(to) = self.nodes.iter().position(|n| n.id == me) else {
+                continue;
+            };
+            let to_run = self.nodes[to].run;
+            let from = self
+                .peers
+                .iter()
+                .find(|p| p.raft_addr == f.desc.source)
+                .and_then(|p| self.nodes.iter().position(|n| n.id == p.id));
+            let src = from.and_then(|j| {
+                let l = self.nodes[j].live.as_ref()?;
+                let shelf = l.d.node.store().shelf();
+                open_offered(&shelf, f.desc.index, f.desc.len, f.desc.crc)
+            });
+            let (Some(from), Some(file)) = (from, src) else {
+                self.tell(
+                    to,
+                    to_run,
+                    Event::Fetched {
+                        desc: f.desc,
+                        ok: Err("not on offer".into()),
+                    },
+                );
+                continue;
+            };
+            let sink = SnapSink::create(&f.part, &f.desc).map_err(|e| e.to_string())?;
+            let from_run = self.nodes[from].run;
+            self.tell(from, from_run, Event::Transfer { to: me, done: None });
+            self.note(format!(
+                "node {me} fetches snapshot {} ({} bytes) from node {}",
+                f.desc.index, f.desc.len, self.nodes[from].id
+            ));
+            self.transfers.push(Transfer {
+                to,
+                to_run,
+                from,
+                from_run,
+                desc: f.desc,
+                file,
+                sink: Some(sink),
+                dest: f.dest,
+            });
+        }
+        let mut transfers = std::mem::take(&mut self.transfers);
+        let mut err = None;
+        transfers.retain_mut(|t| {
+            let (to_id, from_id) = (self.nodes[t.to].id, self.nodes[t.from].id);
+            let up = |n: &SimNode, run| n.run == run && n.live.is_some();
+            let to_up = up(&self.nodes[t.to], t.to_run);
+            let from_up = up(&self.nodes[t.from], t.from_run);
+            let cut = self.cut.contains(&(from_id, to_id)) || self.cut.contains(&(to_id, from_id));
+            let lost = self.rng.random_bool(0.02);
+            let done: Option<Result<(), String>> = if !to_up || !from_up || cut || lost {
+                Some(Err("transfer cut".into()))
+            } else {
+                let mut r = None;
+                for _ in 0..self.rng.random_range(1..=4) {
+                    let Some(sink) = t.sink.as_mut() else {
+                        break;
+                    };
+                    let left = t.desc.len - sink.received();
+                    let n = (self.chunk as u64).min(left) as usize;
+                    let mut buf = vec![0u8; n];
+                    if let Err(e) = std::io::Read::read_exact(&mut t.file, &mut buf) {
+                        err = Some(format!("reading a snapshot's file: {e}"));
+                        return false;
+                    }
+                    if n > 0 && self.rng.random_bool(0.005) {
+                        buf[n / 2] ^= 0x20;
+                    }
+                    if let Err(e) = sink.write(&buf) {
+                        r = Some(Err(e));
+                        break;
+                    }
+                    if sink.received() == t.desc.len {
+                        r = t.sink.take().map(|s| s.finish(&t.dest));
+                        break;
+                    }
+                }
+                r
+            };
+            let Some(r) = done else {
+                return true;
+            };
+            if r.is_ok() {
+                self.stats.fetched += 1;
+            } else {
+                self.stats.fetch_failed += 1;
+            }
+            self.note(format!(
+                "node {to_id}'s fetch of snapshot {} from node {from_id}: {r:?}",
+                t.desc.index
+            ));
+            let ok = r.is_ok();
+            if to_up {
+                self.tell(
+                    t.to,
+                    t.to_run,
+                    Event::Fetched {
+                        desc: t.desc.clone(),
+                        ok: r,
+                    },
+                );
+            }
+            if from_up {
+                self.tell(
+                    t.from,
+                    t.from_run,
+                    Event::Transfer {
+                        to: to_id,
+                        done: Some(ok),
+                    },
+                );
+            }
+            false
+        });
+        self.transfers = transfers;
+        err.map_or(Ok(()), Err)
+    }
+
     fn step(&mut self) -> Result<(), String> {
         self.step += 1;
         self.now += Duration::from_micros(self.rng.random_range(500..=4000));
@@ -976,6 +1158,7 @@ impl Sim {
                 }
             }
         }
+        self.transfer_some()?;
         let mut order: Vec<usize> = (0..self.nodes.len()).collect();
         order.shuffle(&mut self.rng);
         for i in order {
@@ -1173,6 +1356,37 @@ impl Sim {
                 ));
             }
         }
+        // No snapshot file outlives its use: a node's dumps are the one it
+        // offers, if any; bytes received and not installed, one file.
+        for n in &self.nodes {
+            let Some(l) = n.live.as_ref() else {
+                continue;
+            };
+            let name = n
+                .snap_file
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let offered = l.d.node.store().offered().map(|(_, p)| p);
+            let mut files = Vec::new();
+            for e in std::fs::read_dir(self._dir.path()).map_err(|e| e.to_string())? {
+                let p = e.map_err(|e| e.to_string())?.path();
+                let f = p.file_name().unwrap().to_string_lossy().into_owned();
+                if f.starts_with(&name) && f != name {
+                    files.push(p);
+                }
+            }
+            let stray: Vec<_> = files
+                .iter()
+                .filter(|p| {
+                    Some(*p) != offered.as_ref() && **p != crate::storage::recv_path(&n.snap_file)
+                })
+                .collect();
+            if !stray.is_empty() {
+                return Err(format!("node {}'s stray snapshot files: {stray:?}", n.id));
+            }
+        }
         self.note(format!("converged at {applied} after {calm} calm steps"));
         Ok(())
     }
@@ -1240,6 +1454,8 @@ fn replication_glue_survives_loss_partitions_crashes_and_snapshots() {
         total.reads += s.reads;
         total.crashes += s.crashes;
         total.installs += s.installs;
+        total.fetched += s.fetched;
+        total.fetch_failed += s.fetch_failed;
         total.compactions += s.compactions;
         total.elections += s.elections;
         total.added += s.added;
@@ -1251,5 +1467,6 @@ fn replication_glue_survives_loss_partitions_crashes_and_snapshots() {
     assert!(total.acked > 0 && total.elections > 0);
     if seeds.len() >= 20 {
         assert!(total.installs > 0 && total.crashes > 0 && total.compactions > 0);
+        assert!(total.fetched >= total.installs && total.fetch_failed > 0);
     }
 }
