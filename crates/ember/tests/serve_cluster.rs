@@ -235,6 +235,56 @@ fn role_and_info_name_the_leader_and_followers_apply_its_writes() {
     }
 }
 
+/// A write or a PUBLISH larger than a replicated entry can be (the store's
+/// batch limit: the tests' Bullet logs of 4 MiB take batches of about 1.9
+/// MB) is
+/// refused before it is proposed, with the store's error, and the cluster
+/// goes on serving. Before, the entry went into the log, the leader could
+/// not persist it, its replication stopped (`raft_failed`) and the cluster
+/// was left without a leader that could write.
+#[test]
+fn a_write_too_large_for_an_entry_is_refused_and_the_cluster_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster(dir.path());
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let lp = leader_port(&ports);
+    let leader = nodes.iter().find(|n| n.port == lp).unwrap();
+    let mut lc = leader.con();
+    let big = vec![b'x'; 2_500_000];
+    let e = lc.set::<_, _, ()>("big", &big).unwrap_err();
+    assert!(
+        e.to_string().contains("does not fit in a persistent log"),
+        "{e}"
+    );
+    let e = redis::cmd("PUBLISH")
+        .arg("ch")
+        .arg(&big)
+        .query::<i64>(&mut lc)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("does not fit in a persistent log"),
+        "{e}"
+    );
+    // A value that fits goes to every node.
+    let _: () = lc.set("ok", vec![b'y'; 1_000_000]).unwrap();
+    let n: i64 = redis::cmd("WAIT")
+        .arg(2)
+        .arg(10_000)
+        .query(&mut lc)
+        .unwrap();
+    assert_eq!(n, 2);
+    let got: Option<Vec<u8>> = lc.get("big").unwrap();
+    assert_eq!(got, None);
+    for n in &nodes {
+        assert_eq!(
+            info(&mut n.con(), "raft_failed"),
+            "no",
+            "node on port {}",
+            n.port
+        );
+    }
+}
+
 /// What one writer knows: acknowledged values per key, its counter's
 /// acknowledged increments and those whose outcome it could not learn.
 #[derive(Default)]

@@ -336,6 +336,11 @@ impl Store for DirectStore {
 }
 
 impl Session for DirectSession {
+    fn batch_limit(&self) -> Option<u64> {
+        // A batch of several writes is one intent value (its redo record).
+        Some((index::MAX_VALUE - crate::value::STAMP_LEN) as u64)
+    }
+
     fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         if is_intent_key(key) {
             out.clear();

@@ -132,6 +132,14 @@ pub enum Durability {
     Heap,
 }
 
+/// Whether `batch` (`ops` operations, `bytes` of `WriteBatch` encoding) is
+/// sure to fit a store's [`Session::batch_limit`] `limit`: each operation's
+/// record costs at most 64 bytes more than its encoding (a 40-byte header
+/// and padding to 8).
+pub fn batch_fits(ops: usize, bytes: usize, limit: Option<u64>) -> bool {
+    limit.is_none_or(|l| (bytes as u64).saturating_add(64 * ops as u64) <= l)
+}
+
 /// Counters a store reports (INFO, benchmarks).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StoreStats {
@@ -233,6 +241,15 @@ pub trait Session {
     /// did some. Call it between requests; it is cheap when there is nothing to do.
     fn maintain(&mut self) -> Result<bool> {
         Ok(false)
+    }
+    /// The most bytes of records [`Session::apply_batch`] takes in one batch
+    /// (for a batch of `n` operations, a little less than this minus
+    /// `n` × 64 of `WriteBatch` bytes: [`batch_fits`]); None when only the
+    /// heap bounds it. A caller that must know a batch will be accepted
+    /// before it commits to it (a replicated node proposing an entry that
+    /// every node must persist and apply) checks it first.
+    fn batch_limit(&self) -> Option<u64> {
+        None
     }
     /// Makes every update this session applied durable. Needed only by a store
     /// opened with group commit (Bullet's `group_commit`), whose `apply`

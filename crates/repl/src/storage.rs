@@ -248,35 +248,65 @@ impl HeapStorage {
         if ents.is_empty() && hs.is_none() {
             return Ok(());
         }
-        self.batch.clear();
-        let mut last = self.last;
-        if let (Some(f), Some(l)) = (ents.first(), ents.last()) {
+        if let Some(f) = ents.first() {
             if f.index < self.first || f.index > self.last + 1 {
                 return Err(LogError::Corrupt(format!(
                     "append at {} to a log of {}..={}",
                     f.index, self.first, self.last
                 )));
             }
-            for e in ents {
+        }
+        // In batches that fit the store (a Ready may hold more entries than
+        // one store batch takes: many proposals of large values at a
+        // leader, a follower's catch-up): each batch puts its entries and
+        // the range ending at its last one, so a crash between batches
+        // leaves a prefix of them, which Raft allows (this node has not
+        // acknowledged any yet). The first batch also removes the whole
+        // conflicting suffix a new entry replaces (no stale entry is left
+        // past the range) and carries the hard state. One commit at the
+        // end: the range key's chain orders the batches' durability.
+        let limit = self.sess.batch_limit();
+        let before = self.before_term()?;
+        let old_last = self.last;
+        let mut last = self.last;
+        let mut next = 0;
+        let mut hs_left = hs;
+        while next < ents.len() || hs_left.is_some() {
+            self.batch.clear();
+            let mut ops = 2;
+            if next == 0 {
+                if let Some(f) = ents.first() {
+                    for i in f.index..=old_last {
+                        self.batch.remove(&entry_key(i));
+                        ops += 1;
+                    }
+                }
+            }
+            if let Some(h) = hs_left.take() {
+                let bytes = h.write_to_bytes().map_err(|_| corrupt("hard state"))?;
+                self.batch.put(&meta_key(b'h'), &bytes);
+            }
+            let start = next;
+            while let Some(e) = ents.get(next) {
                 let bytes = e.write_to_bytes().map_err(|_| corrupt("entry"))?;
+                // 64 bytes for the range put that ends the batch.
+                let size = self.batch.as_bytes().len() + bytes.len() + 64;
+                if next > start && !engine::batch_fits(ops + 1, size, limit) {
+                    break;
+                }
                 self.batch.put(&entry_key(e.index), &bytes);
+                ops += 1;
+                next += 1;
             }
-            // A conflicting suffix longer than the new entries goes.
-            for i in l.index + 1..=self.last {
-                self.batch.remove(&entry_key(i));
+            if next > start {
+                last = ents[next - 1].index;
+                self.batch
+                    .put(&meta_key(b'r'), &range_bytes(self.first, last, before));
             }
-            last = l.index;
-            let before = self.before_term()?;
-            self.batch
-                .put(&meta_key(b'r'), &range_bytes(self.first, last, before));
+            self.sess.apply_batch(&self.batch, &mut Vec::new())?;
+            self.last = last;
         }
-        if let Some(hs) = hs {
-            let bytes = hs.write_to_bytes().map_err(|_| corrupt("hard state"))?;
-            self.batch.put(&meta_key(b'h'), &bytes);
-        }
-        self.sess.apply_batch(&self.batch, &mut Vec::new())?;
         self.sess.commit()?;
-        self.last = last;
         let mut core = self.mem.wl();
         if !ents.is_empty() {
             core.append(ents).map_err(|_| corrupt("append"))?;

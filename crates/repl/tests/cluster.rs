@@ -94,6 +94,64 @@ fn the_log_survives_a_reopen_a_conflicting_suffix_is_replaced_and_compaction_dro
     assert_eq!(Entry::parse_from_bytes(&raw).unwrap().term, 2);
 }
 
+/// A Ready's entries larger together than one store batch (Bullet logs of
+/// 256 KiB take batches of about 120 KB) are persisted in several batches:
+/// 800 KB of entries go in, a conflicting suffix replaced across batches
+/// leaves no stale entry past the range, and all of it survives a reopen.
+/// (Before, the node stopped: "operation of N bytes does not fit in a log".)
+#[test]
+fn a_ready_larger_than_one_store_batch_is_persisted_in_several() {
+    use engine::bullet::{BulletOptions, BulletStore};
+    let opts = BulletOptions {
+        logs: 2,
+        log_size: 256 << 10,
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h");
+    let big = vec![7u8; 20_000];
+    {
+        let heap = Heap::create(&path, &heap_opts()).unwrap();
+        let st = BulletStore::create(&heap, &opts).unwrap();
+        let limit = st.session().unwrap().batch_limit().unwrap();
+        assert!(limit < 200_000, "batch limit {limit}");
+        let mut log = HeapStorage::open(Box::new(st.session().unwrap()), &[1]).unwrap();
+        let ents: Vec<Entry> = (1..=40).map(|i| entry(i, 1, &big)).collect();
+        let hs = HardState {
+            term: 1,
+            vote: 1,
+            commit: 0,
+            ..Default::default()
+        };
+        log.persist(&ents, Some(&hs)).unwrap();
+        assert_eq!(log.range(), (1, 40));
+        // A new leader's 5 entries of term 2 replace 10..=40.
+        let repl: Vec<Entry> = (10..=14).map(|i| entry(i, 2, &big)).collect();
+        log.persist(&repl, None).unwrap();
+        assert_eq!(log.range(), (1, 14));
+        drop(log);
+        st.close().unwrap();
+    }
+    let rec = Heap::open(&path, &heap_opts()).unwrap();
+    let (st, _) = BulletStore::open(rec, &opts).unwrap();
+    let log = HeapStorage::open(Box::new(st.session().unwrap()), &[9]).unwrap();
+    assert_eq!(log.range(), (1, 14));
+    assert_eq!(log.initial_state().unwrap().hard_state.vote, 1);
+    let got = log
+        .entries(1, 15, None, raft::GetEntriesContext::empty(false))
+        .unwrap();
+    let terms: Vec<u64> = got.iter().map(|e| e.term).collect();
+    assert_eq!(terms, [vec![1; 9], vec![2; 5]].concat());
+    assert!(got.iter().all(|e| e.data.as_ref() == big.as_slice()));
+    let mut s = st.session().unwrap();
+    for i in 15..=40 {
+        assert!(
+            !s.get(&repl::entry_key(i), &mut Vec::new()).unwrap(),
+            "stale entry {i} past the range"
+        );
+    }
+}
+
 /// A snapshot's install replaces the keyspace and the log; a store opened
 /// with the install's mark still set (a crash in the middle) finishes it
 /// from the snapshot's file (never shrinking the log a leader may count

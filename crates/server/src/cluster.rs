@@ -56,6 +56,24 @@ pub struct Cluster {
     /// leader: this node's client id -> (the leader, its connection's
     /// client id there), for CLIENT UNBLOCK.
     pub fwd_blocked: std::sync::Mutex<std::collections::HashMap<u64, (u64, u64)>>,
+    /// The store's batch limit (`Session::batch_limit`) less what persisting
+    /// or applying an entry adds to its data: a larger entry could be
+    /// persisted or applied by no node, and would stop replication.
+    pub entry_limit: Option<u64>,
+}
+
+/// What an entry's persist (its key, the protobuf around the data, the
+/// range and hard state) or apply (the applied-index mark) adds to its data,
+/// at most.
+const ENTRY_OVERHEAD: u64 = 4096;
+
+/// The refusal of an entry too large for the store's batches: the store's
+/// own error (`-ERR write of N bytes does not fit in a persistent log of M
+/// bytes (raise --log-size)`).
+fn too_large(limit: Option<u64>, ops: usize, bytes: usize) -> Option<engine::Error> {
+    let limit = limit?;
+    (!engine::batch_fits(ops, bytes, Some(limit)))
+        .then(|| engine::Error::RecordTooLarge(bytes as u64 + 64 * ops as u64, limit))
 }
 
 /// Why a replicated write failed, as the client is told.
@@ -76,6 +94,11 @@ impl Cluster {
         batch: &WriteBatch,
         out: &mut Vec<Outcome>,
     ) -> Result<u64, ReplFailure> {
+        // Refused before it is proposed: once in the log, an entry no node
+        // can persist or apply would stop them all.
+        if let Some(e) = too_large(self.entry_limit, batch.len(), batch.as_bytes().len()) {
+            return Err(ReplFailure::Store(e));
+        }
         let rx = self.node.propose(batch.as_bytes().to_vec());
         match rx.recv_timeout(self.write_timeout) {
             Ok(Ok(Ok((index, outs)))) => {
@@ -100,6 +123,9 @@ impl Cluster {
         data.extend_from_slice(&(channel.len() as u32).to_le_bytes());
         data.extend_from_slice(channel);
         data.extend_from_slice(payload);
+        if let Some(e) = too_large(self.entry_limit, 1, data.len()) {
+            return Err(crate::cmd::store_text(&e));
+        }
         match self
             .node
             .propose_event(&data)
@@ -471,10 +497,17 @@ pub fn start(sh: &Arc<Shared>) -> Result<Option<Arc<Cluster>>, String> {
             }) as Box<dyn repl::StateMachine<ApplyOut>>
         }),
     )?;
+    let entry_limit = sh
+        .store
+        .session()
+        .map_err(|e| e.to_string())?
+        .batch_limit()
+        .map(|l| l.saturating_sub(ENTRY_OVERHEAD));
     Ok(Some(Arc::new(Cluster {
         node,
         write_timeout: Duration::from_secs(30),
         fwd_blocked: Default::default(),
+        entry_limit,
     })))
 }
 

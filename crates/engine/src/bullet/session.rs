@@ -727,6 +727,11 @@ impl Drop for BulletSession {
 }
 
 impl Session for BulletSession {
+    fn batch_limit(&self) -> Option<u64> {
+        let pool = &self.sh.pool;
+        Some(pool.batch_limit(pool.size / REMOVE_RESERVE))
+    }
+
     fn prefetch(&mut self, keys: &[&[u8]]) {
         prefetch_keys(&self.sh.table, &self.sh.hasher, keys);
     }

@@ -485,6 +485,12 @@ impl CmdError {
     }
 }
 
+/// A store error in Redis's wording where Redis has one (its text, for
+/// callers outside a command's error path).
+pub(crate) fn store_text(e: &engine::Error) -> String {
+    store_error_text(e).into_owned()
+}
+
 /// A store error in Redis's wording where Redis has one.
 fn store_error_text(e: &engine::Error) -> Cow<'static, str> {
     use engine::ErrorKind as K;

@@ -33,6 +33,7 @@ pub use table::{
 
 pub(crate) use bits::bitfield_reads_only;
 pub use conn::REDIS_COMPAT_VERSION;
+pub(crate) use error::store_text;
 pub use error::CmdError;
 pub(crate) use keys::flush_dbs;
 pub use keys::{finish_flushes, finish_swap};
