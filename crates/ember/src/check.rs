@@ -361,10 +361,10 @@ fn print_raft(r: &LogReport) {
     if let Some(p) = &r.peers {
         println!("raft members:     {p}");
     }
-    if let Some(i) = r.install_interrupted {
+    if let Some(len) = r.install_interrupted {
         println!(
-            "note:             a crash interrupted the install of a snapshot at index {i}: the \
-             node wipes its keyspace and log at its next start and is sent the snapshot again"
+            "note:             a crash interrupted the install of a snapshot ({len} bytes): the \
+             node finishes it from its snapshot file at its next start"
         );
     }
     for p in &r.problems {
@@ -393,7 +393,7 @@ fn raft_json(r: &LogReport) -> Value {
         "conf_changes": r.conf_changes,
         "keys": r.keys,
         "members": r.peers,
-        "install_interrupted_at": r.install_interrupted,
+        "install_interrupted_bytes": r.install_interrupted,
         "problems": r.problems,
     })
 }

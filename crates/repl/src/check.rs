@@ -26,9 +26,10 @@
 //! - the members' addresses ([`PEERS_KEY`]), when recorded, parse as
 //!   `--peers` does and name every member of the configuration; a
 //!   configuration change adding a node names its address;
-//! - a snapshot install's mark ([`SNAP_MARK`]) is reported, not counted as a
-//!   problem: a crash interrupted the install, and the node wipes its
-//!   keyspace and log at its next start to be sent the snapshot again.
+//! - a snapshot install's mark ([`SNAP_MARK`]: the snapshot file's length
+//!   and its trailer's CRC-32, 12 bytes) is reported, not counted as a
+//!   problem: a crash interrupted the install, and the node finishes it
+//!   from its snapshot file at its next start.
 //!
 //! Nothing here panics or loops on corrupt input: every length and index is
 //! checked, and the problems listed are capped ([`MAX_PROBLEMS`]).
@@ -86,7 +87,8 @@ pub struct LogReport {
     /// The members' addresses recorded with the configuration (none before
     /// the first membership change or snapshot).
     pub peers: Option<String>,
-    /// The index of a snapshot whose install a crash interrupted.
+    /// The length of the snapshot file whose install a crash interrupted
+    /// (the install's mark).
     pub install_interrupted: Option<u64>,
     /// Everything wrong, as sentences; empty when the state is consistent.
     pub problems: Vec<String>,
@@ -479,10 +481,15 @@ pub fn check_log(sess: &mut dyn Session) -> Option<LogReport> {
         }
     }
     if read(sess, SNAP_MARK, &mut v, &mut probs) {
-        match <[u8; 8]>::try_from(v.as_slice()) {
-            Ok(b) => r.install_interrupted = Some(u64::from_le_bytes(b)),
+        // The file's length (u64) and its trailer's CRC-32 (u32), as
+        // `HeapStorage::install` writes them.
+        match <[u8; 12]>::try_from(v.as_slice()) {
+            Ok(b) => {
+                let len: [u8; 8] = b[..8].try_into().unwrap_or_default();
+                r.install_interrupted = Some(u64::from_le_bytes(len));
+            }
             Err(_) => probs.push(format!(
-                "the snapshot install mark is {} bytes, not 8",
+                "the snapshot install mark is {} bytes, not 12",
                 v.len()
             )),
         }
@@ -924,11 +931,14 @@ mod tests {
     #[test]
     fn an_interrupted_install_is_reported_but_no_problem() {
         let f = Fixture::new();
-        f.put(SNAP_MARK, &9u64.to_le_bytes());
+        // As `HeapStorage::install` writes it: length, then CRC-32.
+        let mut mark = 9000u64.to_le_bytes().to_vec();
+        mark.extend_from_slice(&0xdead_beefu32.to_le_bytes());
+        f.put(SNAP_MARK, &mark);
         let r = f.check();
         assert_eq!(r.problems, Vec::<String>::new());
-        assert_eq!(r.install_interrupted, Some(9));
-        f.put(SNAP_MARK, b"x");
-        f.expect("the snapshot install mark is 1 bytes, not 8");
+        assert_eq!(r.install_interrupted, Some(9000));
+        f.put(SNAP_MARK, &9u64.to_le_bytes());
+        f.expect("the snapshot install mark is 8 bytes, not 12");
     }
 }
