@@ -45,49 +45,24 @@ pub(crate) fn rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
-/// Two parts of the resident set: pages of the heap file's mappings (the
-/// persistent heap, Bullet's logs among it), from `/proc/self/smaps` (the
-/// mappings named by the heap's path), and anonymous memory (`RssAnon` of
-/// `/proc/self/status`: DRAM, the Bullet frontend's table among it). The rest
-/// of `used_memory_rss` is the executable's and libraries' pages.
-pub(crate) fn rss_parts(heap: Option<&std::path::Path>) -> (u64, u64) {
-    let mut mapped = 0;
-    if let (Some(path), Ok(smaps)) = (heap, std::fs::read_to_string("/proc/self/smaps")) {
-        // smaps names files by absolute path.
-        let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-        let want = abs.to_string_lossy();
-        let mut inside = false;
-        for line in smaps.lines() {
-            if let Some(kb) = line.strip_prefix("Rss:") {
-                if inside {
-                    mapped += kb_field(kb);
-                }
-            } else if line.split_whitespace().nth(1).is_some_and(|p| p.len() == 4)
-                && line
-                    .as_bytes()
-                    .first()
-                    .is_some_and(|b| b.is_ascii_hexdigit())
-                && line.contains('-')
-            {
-                // A mapping's header: address range, perms, offset, device,
-                // inode, then the path (may contain spaces; " (deleted)" after).
-                let path = line
-                    .splitn(6, char::is_whitespace)
-                    .nth(5)
-                    .unwrap_or("")
-                    .trim();
-                inside = path == want || path.strip_suffix(" (deleted)") == Some(&*want);
-            }
-        }
-    }
-    let anon = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("RssAnon:").map(kb_field))
-        })
-        .unwrap_or(0);
-    (mapped, anon)
+/// Two parts of the resident set, from `/proc/self/status`'s counters
+/// (no walk of the page tables, which `/proc/self/smaps` would take under
+/// the process's mmap lock, for milliseconds on a heap of many GB): pages
+/// of file mappings (`RssFile` + `RssShmem`: the heap's mapped pages,
+/// Bullet's logs among them, and the executable's few MB), and anonymous
+/// memory (`RssAnon`: DRAM, the Bullet frontend's table among it). They add
+/// up to `used_memory_rss`.
+pub(crate) fn rss_parts() -> (u64, u64) {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name).map(kb_field))
+            .unwrap_or(0)
+    };
+    (field("RssFile:") + field("RssShmem:"), field("RssAnon:"))
 }
 
 /// "   1234 kB" as bytes.
@@ -176,9 +151,13 @@ pub fn render(ctx: &mut Ctx, want: &[String]) -> Result<String, crate::keyspace:
     }
     let heap = sh.store.heap();
     if on("memory") {
-        let rss = rss_bytes();
+        // One read of the counters, so that the parts add up to the whole.
+        let (rss_heap, rss_anon) = rss_parts();
+        let rss = match rss_heap + rss_anon {
+            0 => rss_bytes(),
+            n => n,
+        };
         let used = heap.map(heap_used).unwrap_or(rss);
-        let (rss_heap, rss_anon) = rss_parts(heap.map(|h| h.region().path()));
         let _ = write!(
             o,
             "# Memory\r\nused_memory:{used}\r\nused_memory_human:{}\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{}\r\nused_memory_rss_heap:{rss_heap}\r\nused_memory_rss_dram:{rss_anon}\r\nmaxmemory:{}\r\nmaxmemory_human:{}\r\nmaxmemory_policy:{}\r\nmem_allocator:ember-heap\r\nlazyfree_pending_objects:{}\r\nlazyfreed_objects:{}\r\n\r\n",
