@@ -9,7 +9,7 @@
 //! connections each get a reader thread that hands decoded messages to the
 //! node's inbox. Plain threads and blocking sockets: a node has a handful of
 //! peers, and the raft-rs state machine is synchronous. A message for a node
-//! whose address is not known here goes to every peer, which forward it
+//! whose address is not known here goes to every peer, which forwards it
 //! ([`Transport::send`]).
 //!
 //! # Snapshots: pulled in chunks
@@ -410,10 +410,32 @@ pub fn fetch_snapshot(f: &Fetch, stop: &AtomicBool) -> Result<(), String> {
 /// Fills `buf`; an error at the end of the stream, when `stop` is set, or
 /// after [`IDLE`] without a byte (the socket's read timeout is short).
 fn read_idle(r: &mut impl Read, buf: &mut [u8], stop: &AtomicBool) -> std::io::Result<()> {
+    match fill(r, buf, stop, Some(IDLE))? {
+        true => Ok(()),
+        false => Err(std::io::ErrorKind::UnexpectedEof.into()),
+    }
+}
+
+/// Fills `buf`, riding out read timeouts (they only let `stop` be seen);
+/// false at a clean end of stream before the first byte.
+fn read_full(r: &mut impl Read, buf: &mut [u8], stop: &AtomicBool) -> std::io::Result<bool> {
+    fill(r, buf, stop, None)
+}
+
+/// Fills `buf`, riding out the socket's short read timeouts: false at a
+/// clean end of stream before the first byte or once `stop` is set; an
+/// error at an end of stream within `buf`, or after `idle` without a byte.
+fn fill(
+    r: &mut impl Read,
+    buf: &mut [u8],
+    stop: &AtomicBool,
+    idle: Option<Duration>,
+) -> std::io::Result<bool> {
     let mut at = 0;
     let mut last = Instant::now();
     while at < buf.len() {
         match r.read(&mut buf[at..]) {
+            Ok(0) if at == 0 => return Ok(false),
             Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => {
                 at += n;
@@ -425,34 +447,11 @@ fn read_idle(r: &mut impl Read, buf: &mut [u8], stop: &AtomicBool) -> std::io::R
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
-                if stop.load(Ordering::Relaxed) || last.elapsed() >= IDLE {
-                    return Err(std::io::ErrorKind::TimedOut.into());
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Fills `buf`, riding out read timeouts (they only let `stop` be seen);
-/// false at a clean end of stream before the first byte.
-fn read_full(r: &mut impl Read, buf: &mut [u8], stop: &AtomicBool) -> std::io::Result<bool> {
-    let mut at = 0;
-    while at < buf.len() {
-        match r.read(&mut buf[at..]) {
-            Ok(0) if at == 0 => return Ok(false),
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => at += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
                 if stop.load(Ordering::Relaxed) {
                     return Ok(false);
+                }
+                if idle.is_some_and(|d| last.elapsed() >= d) {
+                    return Err(std::io::ErrorKind::TimedOut.into());
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
