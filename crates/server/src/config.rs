@@ -111,7 +111,8 @@ pub struct ServeArgs {
     pub log_size: Option<String>,
     /// Bullet: most bytes of log not yet applied to the heap's index, which a
     /// restart after a crash replays; writers wait for the gleaners beyond it
-    /// (0: the logs' size) [default: 4mb].
+    /// (0: the logs' size) [default: 4mb with --durability pmem, 128mb with
+    /// msync, whose gleaners apply about a tenth as fast].
     #[arg(long)]
     pub log_backlog: Option<String>,
     /// Bullet: most keys the DRAM frontend holds (Bullet's bounded frontend:
@@ -417,6 +418,8 @@ pub struct Config {
     pub log_size: u64,
     /// Bullet's backlog bound (`BulletOptions::backlog_limit`; 0: none).
     pub log_backlog: u64,
+    /// `log-backlog` was set (else its default follows the durability mode).
+    pub log_backlog_given: bool,
     /// Bullet's bounded frontend (`BulletOptions::cache_entries`; 0: none).
     pub frontend_max_keys: u64,
     pub fence_ns: u64,
@@ -520,7 +523,8 @@ impl Default for Config {
             metrics_port: None,
             logs: 8,
             log_size: 32 * MB,
-            log_backlog: 4 * MB,
+            log_backlog: PMEM_BACKLOG,
+            log_backlog_given: false,
             frontend_max_keys: 0,
             fence_ns: 0,
             busy_poll_us: 50,
@@ -896,7 +900,10 @@ impl Config {
                 self.logs = n as usize;
             }
             "log-size" => self.log_size = parse_size(one()?)?,
-            "log-backlog" => self.log_backlog = parse_size(one()?)?,
+            "log-backlog" => {
+                self.log_backlog = parse_size(one()?)?;
+                self.log_backlog_given = true;
+            }
             "frontend-max-keys" => self.frontend_max_keys = parse_u64(one()?)?,
             "fence-ns" => self.fence_ns = parse_u64(one()?)?,
             "busy-poll-us" => {
@@ -1216,6 +1223,9 @@ impl Config {
         if c.heap_max_size < c.heap_size {
             c.heap_max_size = c.heap_size;
         }
+        if !c.log_backlog_given {
+            c.log_backlog = default_backlog(c.durability);
+        }
         if c.node_id != 0 && !c.threads_given {
             // A cluster node's worker holds a write's locks until a quorum
             // has it: the workers, not the CPUs, bound the writes in flight
@@ -1305,6 +1315,28 @@ impl Config {
 
 /// Workers by default on a cluster node (see [`Config::load`]).
 pub const CLUSTER_THREADS: usize = 16;
+
+/// The backlog bound by default with `--durability pmem`: a restart after a
+/// crash replays at most 4 MiB of log (10-50 ms), and its gleaners apply
+/// 400k+ SETs a second, so the bound holds back only long bursts (a
+/// 600,000-SET pipelined burst: 1.45x faster unbounded, BENCHMARKS.md).
+pub const PMEM_BACKLOG: u64 = 4 * MB;
+
+/// The backlog bound by default with `--durability msync`. Its gleaners
+/// apply about 45,000 SETs a second under load (each batch's scattered backend
+/// pages are written back by `msync`, a TLB shootdown and a page fault per
+/// page), so a 4 MiB bound held a pipelined burst to that pace: 45k SET/s
+/// against 520-550k with 128 MiB, where a restart after a crash in the
+/// middle of the burst took 0.25-0.5 s instead of 40-50 ms (BENCHMARKS.md).
+pub const MSYNC_BACKLOG: u64 = 128 * MB;
+
+/// The backlog bound a durability mode gets when `log-backlog` is not set.
+pub fn default_backlog(d: DurabilityMode) -> u64 {
+    match d {
+        DurabilityMode::Pmem => PMEM_BACKLOG,
+        DurabilityMode::Msync => MSYNC_BACKLOG,
+    }
+}
 
 /// Workers by default: one per CPU but one. The store's background threads (the
 /// epoch advancer, Bullet's gleaner and log population) and the kernel's network
@@ -1525,6 +1557,32 @@ mod tests {
         assert_eq!(Config::load(&a).unwrap().threads, 2);
         let lone = Config::load(&ServeArgs::default()).unwrap();
         assert_eq!(lone.threads, default_threads());
+    }
+
+    /// The backlog bound follows the durability mode unless given (flag or
+    /// file), and CONFIG GET shows the bound in force.
+    #[test]
+    fn the_backlog_bound_follows_the_durability_mode() {
+        let args = |durability: Option<&str>, backlog: Option<&str>| ServeArgs {
+            durability: durability.map(Into::into),
+            log_backlog: backlog.map(Into::into),
+            ..Default::default()
+        };
+        let c = Config::load(&args(None, None)).unwrap();
+        assert_eq!(c.log_backlog, PMEM_BACKLOG);
+        let c = Config::load(&args(Some("msync"), None)).unwrap();
+        assert_eq!(c.log_backlog, MSYNC_BACKLOG);
+        assert_eq!(c.get("log-backlog").unwrap(), (128u64 << 20).to_string());
+        assert_eq!(Config::load(&args(Some("msync"), Some("1mb"))).unwrap().log_backlog, 1 << 20);
+        assert_eq!(Config::load(&args(Some("msync"), Some("0"))).unwrap().log_backlog, 0);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("b.conf");
+        std::fs::write(&f, "durability msync\nlog-backlog 8mb\n").unwrap();
+        let a = ServeArgs {
+            config: Some(f),
+            ..Default::default()
+        };
+        assert_eq!(Config::load(&a).unwrap().log_backlog, 8 << 20);
     }
 
     #[test]
