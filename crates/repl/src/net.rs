@@ -12,6 +12,12 @@
 //! whose address is not known here goes to every peer, which forwards it
 //! ([`Transport::send`]).
 //!
+//! When an incoming connection ends, its reader tells the node whose
+//! messages came over it ([`Event::PeerGone`]); the node may then
+//! [`Net::probe`] a peer: a refused connection to its Raft address
+//! ([`Event::PeerDown`]) says its process is gone (see the node's
+//! `leader_down`).
+//!
 //! # Snapshots: pulled in chunks
 //! A `MsgSnapshot` carries only a descriptor ([`SnapDesc`]); the receiver
 //! pulls the bytes from the node named in it ([`fetch_snapshot`]): it
@@ -91,11 +97,27 @@ pub trait Net {
     /// Starts fetching a snapshot's bytes from the node its descriptor
     /// names; [`Event::Fetched`] arrives in the node's inbox when it ends.
     fn fetch(&mut self, f: Fetch);
+    /// Checks whether peer `id`'s process is gone: [`Event::PeerDown`]
+    /// arrives in the node's inbox if its Raft address refuses a
+    /// connection (nothing listens there: the process ended and the host
+    /// is up); nothing otherwise (it answers, or does not in time).
+    fn probe(&mut self, id: u64);
 }
+
+/// How long a [`Net::probe`]'s connection attempt may take.
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// A probe's attempts, [`PROBE_GAP`] apart: a process that is ending may
+/// close its connections a moment before its listener (a server stopping
+/// in-process does; SIGKILL closes them all at once).
+pub const PROBE_ATTEMPTS: u32 = 20;
+pub const PROBE_GAP: Duration = Duration::from_millis(5);
 
 /// Outgoing queues, one per peer.
 pub struct Transport {
     peers: HashMap<u64, Sender<Message>>,
+    /// Each peer's Raft address (for probes).
+    addrs: HashMap<u64, String>,
     stop: Arc<AtomicBool>,
     /// The node's inbox (fetches report there).
     inbox: Sender<Event>,
@@ -110,6 +132,7 @@ impl Transport {
     ) -> Transport {
         let mut t = Transport {
             peers: HashMap::new(),
+            addrs: HashMap::new(),
             stop,
             inbox,
         };
@@ -124,6 +147,7 @@ impl Transport {
     pub fn add(&mut self, id: u64, addr: &str) {
         let (tx, rx) = std::sync::mpsc::channel();
         let addr = addr.to_string();
+        self.addrs.insert(id, addr.clone());
         let stop = self.stop.clone();
         std::thread::Builder::new()
             .name(format!("raft-send-{id}"))
@@ -136,6 +160,7 @@ impl Transport {
     /// ends when it sees its queue closed.
     pub fn remove(&mut self, id: u64) {
         self.peers.remove(&id);
+        self.addrs.remove(&id);
     }
 
     /// Queues `m` for its recipient. A recipient with no address here
@@ -191,6 +216,39 @@ impl Net for Transport {
             });
         }
     }
+    fn probe(&mut self, id: u64) {
+        let Some(addr) = self.addrs.get(&id).cloned() else {
+            return;
+        };
+        let inbox = self.inbox.clone();
+        let _ = std::thread::Builder::new()
+            .name("raft-probe".into())
+            .spawn(move || {
+                for k in 0..PROBE_ATTEMPTS {
+                    if k > 0 {
+                        std::thread::sleep(PROBE_GAP);
+                    }
+                    if refused(&addr) {
+                        let _ = inbox.send(Event::PeerDown(id));
+                        return;
+                    }
+                }
+            });
+    }
+}
+
+/// True when `addr` refuses a connection at once: nothing listens there
+/// (the process ended; its host answers). False when it accepts, or does
+/// not answer within [`PROBE_TIMEOUT`] (a host or network down: the
+/// election timeout covers that), or the name does not resolve.
+fn refused(addr: &str) -> bool {
+    let Some(a) = resolve(addr) else {
+        return false;
+    };
+    matches!(
+        TcpStream::connect_timeout(&a, PROBE_TIMEOUT),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+    )
 }
 
 fn resolve(addr: &str) -> Option<SocketAddr> {
@@ -206,6 +264,14 @@ fn send_loop(addr: &str, rx: &Receiver<Message>, stop: &AtomicBool) {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
         };
+        if conn.as_ref().is_some_and(|w| closed_by_peer(w.get_ref())) {
+            // The peer's process ended (or restarted) since the last write:
+            // a write now would still succeed once, into a connection
+            // nobody reads, and the message would be lost (an election's
+            // vote request, which raft-rs does not resend before the next
+            // election timeout). Connect again instead.
+            conn = None;
+        }
         if conn.is_none() {
             conn = resolve(addr).and_then(|a| {
                 let s = TcpStream::connect_timeout(&a, Duration::from_millis(200)).ok()?;
@@ -237,6 +303,34 @@ fn send_loop(addr: &str, rx: &Receiver<Message>, stop: &AtomicBool) {
     }
 }
 
+/// Whether the peer closed `s`, an outgoing connection (the peer never
+/// writes on it, so anything readable is its end or an error).
+fn closed_by_peer(s: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut b = 0u8;
+    // SAFETY: a one-byte buffer that outlives the call; the descriptor is
+    // the stream's, open while it is borrowed. MSG_PEEK leaves the byte.
+    let n = unsafe {
+        libc::recv(
+            s.as_raw_fd(),
+            (&mut b as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match n {
+        0 => true,
+        n if n > 0 => false,
+        _ => {
+            let e = std::io::Error::last_os_error();
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            )
+        }
+    }
+}
+
 /// Accepts peers' connections on `listener` and hands every message read to
 /// `inbox` until `stop` is set; serves the bytes of the snapshot on
 /// `shelf` to the nodes that fetch them, in chunks of `chunk` bytes.
@@ -253,6 +347,13 @@ pub fn serve(
         .name("raft-accept".into())
         .spawn(move || {
             while !stop.load(Ordering::Relaxed) {
+                // A connection is taken as it arrives (an election's first
+                // messages between two followers open new connections: a
+                // polling sleep here added up to its length to each), and
+                // `stop` is seen within the wait.
+                if !readable(&listener, ACCEPT_WAIT) {
+                    continue;
+                }
                 match listener.accept() {
                     Ok((s, _)) => {
                         let inbox = inbox.clone();
@@ -262,6 +363,8 @@ pub fn serve(
                             .name("raft-recv".into())
                             .spawn(move || read_loop(s, &inbox, &stop, &shelf, chunk));
                     }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    // Out of descriptors, say: not a busy loop.
                     Err(_) => std::thread::sleep(Duration::from_millis(20)),
                 }
             }
@@ -269,7 +372,49 @@ pub fn serve(
         .expect("spawn the raft accept thread");
 }
 
+/// How long the accept thread waits for a connection before it looks at
+/// `stop` again.
+const ACCEPT_WAIT: Duration = Duration::from_millis(100);
+
+/// Waits up to `wait` for `listener` to have a connection to accept (or an
+/// error to report); false on timeout.
+fn readable(listener: &TcpListener, wait: Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, for the call's duration; the descriptor is
+    // the listener's, open while it is borrowed.
+    let n = unsafe { libc::poll(&mut p, 1, wait.as_millis() as libc::c_int) };
+    n > 0
+}
+
+/// Reads a peer's connection until it ends; then, unless the node is
+/// stopping, tells the node whose messages came over it
+/// ([`Event::PeerGone`]): a peer's sender keeps its connection while it
+/// runs, so its end is the first sign of the peer's process ending.
 fn read_loop(s: TcpStream, inbox: &Sender<Event>, stop: &AtomicBool, shelf: &Shelf, chunk: usize) {
+    let mut from = Vec::new();
+    read_messages(s, inbox, stop, shelf, chunk, &mut from);
+    if !from.is_empty() && !stop.load(Ordering::Relaxed) {
+        let _ = inbox.send(Event::PeerGone(from));
+    }
+}
+
+/// The senders seen on one connection: its peer's id, and those of
+/// messages it relayed (a few at most).
+const MAX_SENDERS: usize = 8;
+
+fn read_messages(
+    s: TcpStream,
+    inbox: &Sender<Event>,
+    stop: &AtomicBool,
+    shelf: &Shelf,
+    chunk: usize,
+    from: &mut Vec<u64>,
+) {
     let _ = s.set_nonblocking(false);
     let _ = s.set_nodelay(true);
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
@@ -297,6 +442,9 @@ fn read_loop(s: TcpStream, inbox: &Sender<Event>, stop: &AtomicBool, shelf: &She
         let Ok(m) = Message::parse_from_bytes(&buf) else {
             return;
         };
+        if m.from != 0 && !from.contains(&m.from) && from.len() < MAX_SENDERS {
+            from.push(m.from);
+        }
         if inbox.send(Event::Message(Box::new(m))).is_err() {
             return;
         }

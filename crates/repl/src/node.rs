@@ -243,6 +243,12 @@ pub enum Event {
         done: Option<bool>,
     },
     Campaign,
+    /// A connection from a peer ended (the transport's reader saw its end
+    /// or an error): the ids of the nodes whose messages came over it.
+    PeerGone(Vec<u64>),
+    /// Peer `id`'s Raft address refuses connections: its process is gone
+    /// (see [`crate::net::Net::probe`]).
+    PeerDown(u64),
     Stop,
 }
 
@@ -670,6 +676,17 @@ enum Incoming {
 /// received, raft-rs is told it was delivered (unless a transfer runs).
 const SNAPSHOT_REPORT: Duration = Duration::from_secs(1);
 
+/// A follower's campaign after its leader's process was seen gone: at
+/// `at`, unless a leader other than `dead` is known by then.
+#[derive(Clone, Copy, Debug)]
+struct Takeover {
+    at: Instant,
+    dead: u64,
+    /// The term `at` was set in: another node's election since then moves
+    /// `at` to half an election timeout after it.
+    term: u64,
+}
+
 struct Driver<T> {
     node: RawNode<HeapStorage>,
     sh: Arc<Shared<T>>,
@@ -722,6 +739,11 @@ struct Driver<T> {
     compactions: Vec<(u64, u64)>,
     /// The point of the compaction this leader proposed last.
     compaction_proposed: u64,
+    /// A campaign due because the leader's process is gone (see
+    /// [`Driver::leader_down`]).
+    takeover: Option<Takeover>,
+    /// Campaigns started by a takeover (the simulation counts them).
+    takeovers: u64,
     /// The term when this driver opened the log.
     started_term: u64,
 }
@@ -835,6 +857,8 @@ impl<T: Send + 'static> Driver<T> {
             compactions: Vec::new(),
             compaction_proposed: 0,
             started_term,
+            takeover: None,
+            takeovers: 0,
         })
     }
 
@@ -879,6 +903,7 @@ impl<T: Send + 'static> Driver<T> {
     /// stop (or, in the simulation, to be opened again after a snapshot's
     /// install). The caller does the snapshot chores first.
     fn turn(&mut self, tick: bool) -> bool {
+        self.maybe_take_over();
         if tick {
             self.maybe_propose_compaction();
             self.node.tick();
@@ -956,6 +981,13 @@ impl<T: Send + 'static> Driver<T> {
             Event::Campaign => {
                 let _ = self.node.campaign();
             }
+            Event::PeerGone(ids) => {
+                let l = self.node.raft.leader_id;
+                if self.node.raft.state == StateRole::Follower && ids.contains(&l) {
+                    self.net.probe(l);
+                }
+            }
+            Event::PeerDown(id) => self.leader_down(id),
             Event::Change { seq, cc } => {
                 let first = self.node.store().range().0;
                 if self.node.raft.state != StateRole::Leader {
@@ -1380,6 +1412,85 @@ impl<T: Send + 'static> Driver<T> {
     /// Notes a change of role or term: a new leader's first entry of its
     /// term (proposals wait for it to apply); a lost leadership fails the
     /// proposals still waiting.
+    /// The process of `dead`, this follower's leader, is gone (its Raft
+    /// port refuses connections after its connection here ended): instead
+    /// of waiting out the election timeout (50-100 ms by default), the
+    /// followers campaign at once, one after the other in the order of
+    /// their ids (rank `r` waits `r` half election timeouts, so that two
+    /// do not split the vote), each only while no other leader is known.
+    ///
+    /// The campaign is a leader transfer's (`MsgTimeoutNow`, as if `dead`
+    /// had handed over): no pre-vote, and voters grant it although they
+    /// heard from `dead` within the election timeout (raft-rs ignores
+    /// ordinary vote requests then, check-quorum's lease). Safety does not
+    /// rest on the probe: a vote is still granted once per term and only
+    /// to a log as up to date as the voter's, so a wrong "gone" (a leader
+    /// that is alive) costs at most a needless election.
+    fn leader_down(&mut self, dead: u64) {
+        let r = &self.node.raft;
+        if r.state != StateRole::Follower || r.leader_id != dead {
+            return;
+        }
+        let mut others: Vec<u64> = r
+            .prs()
+            .conf()
+            .voters()
+            .ids()
+            .iter()
+            .filter(|&v| v != dead)
+            .collect();
+        others.sort_unstable();
+        let Some(rank) = others.iter().position(|&v| v == self.sh.id) else {
+            return; // a learner, or not a member
+        };
+        let at = (self.clock)() + self.half_election() * rank as u32;
+        self.takeover = Some(Takeover {
+            at,
+            dead,
+            term: r.term,
+        });
+        self.maybe_take_over();
+    }
+
+    /// Half the election timeout.
+    fn half_election(&self) -> Duration {
+        self.tick * (self.node.raft.election_timeout() as u32) / 2
+    }
+
+    /// Starts the campaign of a takeover that is due (see
+    /// [`Driver::leader_down`]).
+    fn maybe_take_over(&mut self) {
+        let Some(mut t) = self.takeover else {
+            return;
+        };
+        let r = &self.node.raft;
+        let known = r.leader_id != raft::INVALID_ID && r.leader_id != t.dead;
+        if r.state != StateRole::Follower || known {
+            self.takeover = None;
+            return;
+        }
+        let now = (self.clock)();
+        if r.term != t.term {
+            // Another node campaigns (this one may have voted for it): it
+            // gets half an election timeout to win and be heard from.
+            t.term = r.term;
+            t.at = t.at.max(now + self.half_election());
+            self.takeover = Some(t);
+            return;
+        }
+        if now < t.at {
+            return;
+        }
+        self.takeover = None;
+        self.takeovers += 1;
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgTimeoutNow);
+        m.from = t.dead;
+        m.to = self.sh.id;
+        m.term = r.term;
+        let _ = self.node.step(m);
+    }
+
     fn after_role(&mut self) {
         self.note_term();
         let r = &self.node.raft;

@@ -1573,8 +1573,18 @@ mod tests {
         let c = Config::load(&args(Some("msync"), None)).unwrap();
         assert_eq!(c.log_backlog, MSYNC_BACKLOG);
         assert_eq!(c.get("log-backlog").unwrap(), (128u64 << 20).to_string());
-        assert_eq!(Config::load(&args(Some("msync"), Some("1mb"))).unwrap().log_backlog, 1 << 20);
-        assert_eq!(Config::load(&args(Some("msync"), Some("0"))).unwrap().log_backlog, 0);
+        assert_eq!(
+            Config::load(&args(Some("msync"), Some("1mb")))
+                .unwrap()
+                .log_backlog,
+            1 << 20
+        );
+        assert_eq!(
+            Config::load(&args(Some("msync"), Some("0")))
+                .unwrap()
+                .log_backlog,
+            0
+        );
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("b.conf");
         std::fs::write(&f, "durability msync\nlog-backlog 8mb\n").unwrap();

@@ -169,6 +169,18 @@ struct SimNet {
     peers: BTreeSet<u64>,
     /// Fetches of snapshots' bytes asked for: (node, fetch).
     fetches: Rc<RefCell<Vec<(u64, Fetch)>>>,
+    /// Probes asked for: (node, peer probed).
+    probes: Rc<RefCell<Vec<(u64, u64)>>>,
+}
+
+/// What the transport tells a node besides messages (see
+/// [`Sim::deliver_notices`]).
+#[derive(Clone, Debug)]
+enum Notice {
+    /// A connection from these peers ended.
+    Gone(Vec<u64>),
+    /// This peer's address refused a connection.
+    Down(u64),
 }
 
 impl crate::net::Net for SimNet {
@@ -194,6 +206,9 @@ impl crate::net::Net for SimNet {
     }
     fn fetch(&mut self, f: Fetch) {
         self.fetches.borrow_mut().push((self.me, f));
+    }
+    fn probe(&mut self, id: u64) {
+        self.probes.borrow_mut().push((self.me, id));
     }
 }
 
@@ -277,6 +292,9 @@ struct Sim {
     peers: Vec<Peer>,
     out: Rc<RefCell<Vec<Hop>>>,
     fetches: Rc<RefCell<Vec<(u64, Fetch)>>>,
+    probes: Rc<RefCell<Vec<(u64, u64)>>>,
+    /// Notices on their way: (arrival, sequence) → (node id, its run, notice).
+    notices: BTreeMap<(Duration, u64), (u64, u64, Notice)>,
     transfers: Vec<Transfer>,
     /// The chunk size of snapshots' transfers.
     chunk: usize,
@@ -323,6 +341,9 @@ struct Stats {
     elections: u64,
     added: u64,
     removed: u64,
+    /// Peers found down by a probe, and the campaigns that followed.
+    downs: u64,
+    takeovers: u64,
 }
 
 impl Sim {
@@ -385,6 +406,8 @@ impl Sim {
             peers,
             out: Rc::new(RefCell::new(Vec::new())),
             fetches: Rc::new(RefCell::new(Vec::new())),
+            probes: Rc::new(RefCell::new(Vec::new())),
+            notices: BTreeMap::new(),
             transfers: Vec::new(),
             chunk: 0,
             wire: BTreeMap::new(),
@@ -452,6 +475,7 @@ impl Sim {
         let st2 = store.clone();
         let out = self.out.clone();
         let fetches = self.fetches.clone();
+        let probes = self.probes.clone();
         let mut d = Driver::open_with(
             cfg,
             Box::new(move || Ok(Box::new(st2.session()?) as Box<dyn Session>)),
@@ -463,6 +487,7 @@ impl Sim {
                     out,
                     peers: others.iter().map(|(id, _)| *id).collect(),
                     fetches,
+                    probes,
                 })
             },
         )?;
@@ -543,6 +568,61 @@ impl Sim {
         self.out.borrow_mut().retain(|h| h.0 != id);
         self.stats.crashes += 1;
         self.note(format!("node {id} {why}"));
+        // Its connections end: the nodes it had one to (most) hear of it.
+        for j in self.live_ids() {
+            let to = self.nodes[j].id;
+            if !self.cut.contains(&(id, to)) && self.rng.random_bool(0.8) {
+                self.notify(j, Notice::Gone(vec![id]));
+            }
+        }
+    }
+
+    /// Sends `n` to node `j` (as it runs now), arriving in up to 3 ms.
+    fn notify(&mut self, j: usize, n: Notice) {
+        let at = self.now + Duration::from_micros(self.rng.random_range(0..=3000));
+        self.next_msg += 1;
+        let (id, run) = (self.nodes[j].id, self.nodes[j].run);
+        self.notices.insert((at, self.next_msg), (id, run, n));
+    }
+
+    /// Answers the probes asked for: a peer that is down (and reachable:
+    /// a cut link is a probe that times out) is reported down; then hands
+    /// the notices due to their nodes' inboxes (a node restarted since
+    /// loses them, as a new process has no such connection).
+    fn deliver_notices(&mut self) {
+        let asked = std::mem::take(&mut *self.probes.borrow_mut());
+        for (me, peer) in asked {
+            let down = self
+                .nodes
+                .iter()
+                .find(|n| n.id == peer)
+                .is_none_or(|n| n.live.is_none());
+            if down && !self.cut.contains(&(me, peer)) {
+                if let Some(j) = self.nodes.iter().position(|n| n.id == me) {
+                    self.notify(j, Notice::Down(peer));
+                }
+            }
+        }
+        while let Some(e) = self.notices.first_entry() {
+            if e.key().0 > self.now {
+                break;
+            }
+            let (id, run, n) = e.remove();
+            let Some(node) = self.nodes.iter().find(|x| x.id == id && x.run == run) else {
+                continue;
+            };
+            let Some(l) = node.live.as_ref() else {
+                continue;
+            };
+            let ev = match n {
+                Notice::Gone(ids) => Event::PeerGone(ids),
+                Notice::Down(p) => {
+                    self.stats.downs += 1;
+                    Event::PeerDown(p)
+                }
+            };
+            let _ = l.tx.send(ev);
+        }
     }
 
     /// Routes what the drivers sent.
@@ -636,6 +716,33 @@ impl Sim {
             }
         } else if r < 0.05 && self.membership {
             self.change_members()?;
+        } else if r < 0.053 {
+            // A connection between live nodes ends (the probe finds the
+            // peer up and nothing follows).
+            let live = self.live_ids();
+            if live.len() >= 2 {
+                let a = live[self.rng.random_range(0..live.len())];
+                let b = live[self.rng.random_range(0..live.len())];
+                if a != b {
+                    let from = self.nodes[a].id;
+                    self.notify(b, Notice::Gone(vec![from]));
+                }
+            }
+        } else if r < 0.0535 {
+            // A wrong "down" for a live leader (a refused connection for
+            // another reason): a needless election, never an unsafe one.
+            if let Some(l) = self.leader() {
+                let lid = self.nodes[l].id;
+                let live = self.live_ids();
+                let j = live[self.rng.random_range(0..live.len())];
+                if j != l {
+                    self.note(format!(
+                        "node {} told leader {lid} is down",
+                        self.nodes[j].id
+                    ));
+                    self.notify(j, Notice::Down(lid));
+                }
+            }
         }
         Ok(())
     }
@@ -873,6 +980,7 @@ impl Sim {
                 l.next_tick = now + Duration::from_micros(tick_us);
             }
             ok = l.d.turn(tick);
+            self.stats.takeovers += std::mem::take(&mut l.d.takeovers);
             installed = l.d.installed;
             let r = &l.d.node.raft;
             if !installed && r.state == StateRole::Leader && before != (r.term, r.state) {
@@ -1159,6 +1267,7 @@ impl Sim {
             }
         }
         self.transfer_some()?;
+        self.deliver_notices();
         let mut order: Vec<usize> = (0..self.nodes.len()).collect();
         order.shuffle(&mut self.rng);
         for i in order {
@@ -1460,6 +1569,8 @@ fn replication_glue_survives_loss_partitions_crashes_and_snapshots() {
         total.elections += s.elections;
         total.added += s.added;
         total.removed += s.removed;
+        total.downs += s.downs;
+        total.takeovers += s.takeovers;
     }
     assert!(failed.is_empty(), "seeds failed: {failed:?}");
     eprintln!("{} seeds x {steps} steps: {total:?}", seeds.len());
@@ -1468,5 +1579,6 @@ fn replication_glue_survives_loss_partitions_crashes_and_snapshots() {
     if seeds.len() >= 20 {
         assert!(total.installs > 0 && total.crashes > 0 && total.compactions > 0);
         assert!(total.fetched >= total.installs && total.fetch_failed > 0);
+        assert!(total.downs > 0 && total.takeovers > 0);
     }
 }
