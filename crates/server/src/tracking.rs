@@ -37,7 +37,12 @@
 //! under the table's mutex, which the reader took after it). After the
 //! command the key is put there again, as Redis remembers it, so an
 //! invalidation the command itself caused (a key it found expired) or one
-//! racing with it does not leave the new value untracked.
+//! racing with it does not leave the new value untracked. A flush after
+//! the command, of a write the read already saw (applied before the read,
+//! flushed at the end of another worker's command or by an apply thread
+//! after its commit), forgets the key and sends its invalidation behind the
+//! reply: the client drops the value it just cached; Redis, whose write and
+//! invalidation are one step, would not send it.
 //!
 //! # The relaxed load
 //! The count of tracking clients is raised (under the registry's mutex,
