@@ -1409,9 +1409,6 @@ impl<T: Send + 'static> Driver<T> {
         Ok(())
     }
 
-    /// Notes a change of role or term: a new leader's first entry of its
-    /// term (proposals wait for it to apply); a lost leadership fails the
-    /// proposals still waiting.
     /// The process of `dead`, this follower's leader, is gone (its Raft
     /// port refuses connections after its connection here ended): instead
     /// of waiting out the election timeout (50-100 ms by default), the
@@ -1491,6 +1488,9 @@ impl<T: Send + 'static> Driver<T> {
         let _ = self.node.step(m);
     }
 
+    /// Notes a change of role or term: a new leader's first entry of its
+    /// term (proposals wait for it to apply); a lost leadership fails the
+    /// proposals still waiting.
     fn after_role(&mut self) {
         self.note_term();
         let r = &self.node.raft;
