@@ -146,6 +146,11 @@ fn role(port: u16) -> Option<String> {
 }
 
 /// The port of the node that says it is master (waits for one).
+/// The nodes' client ports.
+fn ports(nodes: &[Node]) -> Vec<u16> {
+    nodes.iter().map(|n| n.port).collect()
+}
+
 fn leader_port(ports: &[u16]) -> u16 {
     let t = Instant::now();
     loop {
@@ -174,7 +179,7 @@ fn info(con: &mut redis::Connection, field: &str) -> String {
 fn role_and_info_name_the_leader_and_followers_apply_its_writes() {
     let dir = tempfile::tempdir().unwrap();
     let nodes = cluster(dir.path());
-    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let ports = ports(&nodes);
     let lp = leader_port(&ports);
     let leader = nodes.iter().find(|n| n.port == lp).unwrap();
     let mut lc = leader.con();
@@ -237,16 +242,15 @@ fn role_and_info_name_the_leader_and_followers_apply_its_writes() {
 
 /// A write or a PUBLISH larger than a replicated entry can be (the store's
 /// batch limit: the tests' Bullet logs of 4 MiB take batches of about 1.9
-/// MB) is
-/// refused before it is proposed, with the store's error, and the cluster
-/// goes on serving. Before, the entry went into the log, the leader could
+/// MB) is refused before it is proposed, with the store's error, and the
+/// cluster goes on serving. Before, the entry went into the log, the leader could
 /// not persist it, its replication stopped (`raft_failed`) and the cluster
 /// was left without a leader that could write.
 #[test]
 fn a_write_too_large_for_an_entry_is_refused_and_the_cluster_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let nodes = cluster(dir.path());
-    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let ports = ports(&nodes);
     let lp = leader_port(&ports);
     let leader = nodes.iter().find(|n| n.port == lp).unwrap();
     let mut lc = leader.con();
@@ -366,7 +370,7 @@ fn sigkill_of_a_follower_under_load_loses_no_acknowledged_write() {
 fn kill_under_load(kill_leader: bool, extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let mut nodes = cluster_with(dir.path(), extra);
-    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let ports = ports(&nodes);
     let lp = leader_port(&ports);
     // The node killed: the leader, or a follower.
     let victim = if kill_leader {
@@ -522,7 +526,7 @@ fn kill_under_load(kill_leader: bool, extra: &[&str]) {
 fn a_follower_forwards_to_the_leader_and_readonly_reads_locally() {
     let dir = tempfile::tempdir().unwrap();
     let nodes = cluster(dir.path());
-    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let ports = ports(&nodes);
     let lp = leader_port(&ports);
     let f = nodes.iter().find(|n| n.port != lp).unwrap();
     let mut fc = f.con();
@@ -578,7 +582,7 @@ fn a_follower_forwards_to_the_leader_and_readonly_reads_locally() {
 fn blocking_commands_at_a_follower_wait_at_the_leader() {
     let dir = tempfile::tempdir().unwrap();
     let nodes = cluster(dir.path());
-    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let ports = ports(&nodes);
     let lp = leader_port(&ports);
     let f = nodes.iter().find(|n| n.port != lp).unwrap();
     let leader = nodes.iter().find(|n| n.port == lp).unwrap();
@@ -715,7 +719,7 @@ fn tracking_clients_of_a_follower_are_invalidated_by_replicated_writes() {
     use std::io::{Read, Write};
     let dir = tempfile::tempdir().unwrap();
     let nodes = cluster(dir.path());
-    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let ports = ports(&nodes);
     let lp = leader_port(&ports);
     let f = nodes.iter().find(|n| n.port != lp).unwrap();
     let mut lc = nodes.iter().find(|n| n.port == lp).unwrap().con();
@@ -768,7 +772,7 @@ fn keyspace_notifications_reach_a_followers_subscribers() {
     use std::io::{Read, Write};
     let dir = tempfile::tempdir().unwrap();
     let nodes = cluster(dir.path());
-    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let ports = ports(&nodes);
     let lp = leader_port(&ports);
     for n in &nodes {
         let _: () = redis::cmd("CONFIG")
@@ -865,7 +869,7 @@ fn keyspace_notifications_reach_a_followers_subscribers() {
 fn sentinel_clients_find_the_leader_and_follow_a_failover() {
     let dir = tempfile::tempdir().unwrap();
     let mut nodes = cluster(dir.path());
-    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let ports = ports(&nodes);
     let lp = leader_port(&ports);
     for n in &nodes {
         let mut c = n.con();
@@ -979,7 +983,7 @@ print("redis-py ok")
 fn a_partitioned_leader_serves_no_stale_read_and_the_majority_moves_on() {
     let dir = tempfile::tempdir().unwrap();
     let (nodes, links) = proxied_cluster(dir.path(), &[]);
-    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let ports = ports(&nodes);
     // On a loaded machine the first leader may lose its term at once: the
     // write is tried again at whoever leads.
     let t = Instant::now();
@@ -1170,7 +1174,7 @@ fn histories_under_partitions_and_kills_are_linearizable() {
     );
     // Two apply threads: the registers' entries apply in parallel.
     let (mut nodes, links) = proxied_cluster(dir.path(), &["--raft-apply-lanes", "2"]);
-    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let ports = ports(&nodes);
     leader_port(&ports);
     let t0 = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
@@ -1333,7 +1337,7 @@ fn set_cmd(k: &str, v: impl redis::ToRedisArgs) -> redis::Cmd {
 fn snapshots_and_membership_changes_bring_nodes_up_to_date() {
     let dir = tempfile::tempdir().unwrap();
     let mut nodes = cluster_with(dir.path(), &["--raft-log-keep", "20"]);
-    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let ports = ports(&nodes);
     let mut keys = Vec::new();
     for i in 0..100 {
         let k = format!("s{i}");
@@ -1689,7 +1693,7 @@ fn snapshots_go_in_chunks_and_survive_cut_transfers_and_a_killed_sender() {
             n
         })
         .collect();
-    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let ports = ports(&nodes);
     // 8 MB of values: more than a killed sender's socket buffers hold (in
     // entries of 100 KB: a follower persists a Ready's entries as one
     // batch, which must fit in one of the store's logs, 4 MB here).
@@ -1849,7 +1853,7 @@ fn snapshots_go_in_chunks_and_survive_cut_transfers_and_a_killed_sender() {
 fn messages_published_at_any_node_reach_every_nodes_subscribers() {
     let dir = tempfile::tempdir().unwrap();
     let nodes = cluster(dir.path());
-    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let ports = ports(&nodes);
     let lp = leader_port(&ports);
     let mut subs: Vec<redis::Connection> = nodes
         .iter()
